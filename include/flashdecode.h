@@ -1,0 +1,406 @@
+/**
+ * @file flashdecode.h
+ * @brief flashdecode: flash-decoding attention behind a stable C ABI.
+ *
+ * One new query token per sequence attends to a long key/value cache. The
+ * cache is split along the sequence; each split computes a partial softmax
+ * (running max m, running sum l, unnormalised accumulator acc) in parallel,
+ * and the splits are merged into the output.
+ *
+ * This header is the whole public API: if it is not declared here, it is not
+ * API. It is C99 and C++ compatible and includes only `<stddef.h>` and
+ * `<stdint.h>`; CUDA types are declared opaquely so that no CUDA header is
+ * needed to use it.
+ *
+ * Reading order: version, status codes and errors, tensors, handle creation,
+ * the decode call, workspace control.
+ *
+ * @par Thread safety
+ * - fd_version_number(), fd_version_string(), fd_status_string(),
+ *   fd_options_init(), fd_decode_args_init() and fd_last_error_message() may
+ *   be called from any thread at any time.
+ * - Distinct handles are independent: any calls on different handles may run
+ *   concurrently from different threads.
+ * - Calls on one handle must not overlap: a handle owns a workspace that every
+ *   fd_decode() uses. Use one handle per thread (or serialise access).
+ * - The detailed error message is thread-local: it describes the last failed
+ *   call made by the calling thread.
+ *
+ * @par Exceptions and crashes
+ * No C++ exception ever crosses this ABI. Every argument is checked before any
+ * work starts; on error nothing is written to the output and a specific status
+ * is returned together with a message naming the offending argument.
+ */
+#ifndef FLASHDECODE_H_INCLUDED
+#define FLASHDECODE_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @brief Marks a function exported from libflashdecode (every other symbol is hidden). */
+#if defined(_WIN32)
+#define FD_API
+#elif defined(__GNUC__) && (__GNUC__ >= 4)
+#define FD_API __attribute__((visibility("default")))
+#else
+#define FD_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/** @name Version
+ * The macros describe the header you compiled against; the functions describe
+ * the library you loaded. A binding or a dlopen() user compares the two: the
+ * ABI is stable within one major version.
+ * @{ */
+
+/** @brief Major version: changes when the ABI breaks; it is the SONAME suffix. */
+#define FD_VERSION_MAJOR 0
+/** @brief Minor version: changes when API is added in an ABI-compatible way. */
+#define FD_VERSION_MINOR 1
+/** @brief Patch version: changes for fixes only. */
+#define FD_VERSION_PATCH 0
+/** @brief The version as one number: major * 10000 + minor * 100 + patch. */
+#define FD_VERSION_NUMBER (FD_VERSION_MAJOR * 10000 + FD_VERSION_MINOR * 100 + FD_VERSION_PATCH)
+
+/**
+ * @brief Version of the loaded library, encoded like #FD_VERSION_NUMBER.
+ * @return major * 10000 + minor * 100 + patch of the library at run time.
+ */
+FD_API unsigned fd_version_number(void);
+
+/**
+ * @brief Version of the loaded library as text, e.g. "0.1.0".
+ * @return A static NUL-terminated string; never NULL, never freed.
+ */
+FD_API const char *fd_version_string(void);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Status codes and error messages
+ * @{ */
+
+/**
+ * @brief Result of every fallible call. Values are pinned and never renumbered.
+ *
+ * On any status other than #FD_SUCCESS, fd_last_error_message() returns a
+ * detailed message for the calling thread, naming the argument at fault.
+ */
+typedef enum fd_status {
+  FD_SUCCESS = 0,                     /**< The call succeeded. */
+  FD_ERROR_NULL_POINTER = 1,          /**< A required pointer (handle, argument struct or tensor data) was NULL. */
+  FD_ERROR_INVALID_ARGUMENT = 2,      /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a too-small struct_size). */
+  FD_ERROR_INVALID_DTYPE = 3,         /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes differ. */
+  FD_ERROR_INVALID_HEAD_DIM = 4,      /**< head_dim is out of range for the API or for the handle's backend. */
+  FD_ERROR_INVALID_HEAD_COUNT = 5,    /**< A head count is out of range, or query heads are not a multiple of KV heads. */
+  FD_ERROR_INVALID_SHAPE = 6,         /**< A tensor's rank or extents are invalid, or disagree with another tensor's (batch, heads, head_dim). */
+  FD_ERROR_INVALID_STRIDE = 7,        /**< A stride is negative, or head_dim is not contiguous (stride of head_dim must be 1). */
+  FD_ERROR_INVALID_LENGTH = 8,        /**< A length is negative or too large, or a sequence is longer than its cache. */
+  FD_ERROR_INVALID_BLOCK_TABLE = 9,   /**< A paged-cache block table entry points outside the page pool. */
+  FD_ERROR_INVALID_SPLITS = 10,       /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
+  FD_ERROR_WORKSPACE_TOO_SMALL = 11,  /**< The caller-provided workspace is smaller than fd_workspace_size() requires. */
+  FD_ERROR_INVALID_HANDLE = 12,       /**< The handle was already destroyed (or never created by fd_create()). */
+  FD_ERROR_UNSUPPORTED = 13,          /**< Valid input the handle's backend does not support (yet), e.g. several query tokens. */
+  FD_ERROR_NO_DEVICE = 14,            /**< No usable CUDA device with that ordinal, or the library was built without CUDA. */
+  FD_ERROR_OUT_OF_MEMORY = 15,        /**< Host or device memory could not be allocated. */
+  FD_ERROR_CUDA = 16,                 /**< The CUDA runtime reported an error; the message carries its text. */
+  FD_ERROR_INTERNAL = 17              /**< A bug in flashdecode; please report it with the message. */
+} fd_status;
+
+/**
+ * @brief A short static description of a status, e.g. "shape mismatch".
+ * @param status Any value; unknown values give "unknown status".
+ * @return A static NUL-terminated string; never NULL, never freed.
+ */
+FD_API const char *fd_status_string(fd_status status);
+
+/**
+ * @brief Copies the calling thread's last detailed error message.
+ *
+ * The message is set by every failing call and describes the argument at
+ * fault, e.g. "k: stride of head_dim must be 1, got 3". Successful calls do not
+ * clear it. It is empty if this thread has seen no error.
+ *
+ * @param buffer Where to copy the message (NUL-terminated, truncated to fit);
+ *        may be NULL when @p buffer_size is 0, to query the length.
+ * @param buffer_size Size of @p buffer in bytes.
+ * @return The full length of the message in bytes, without the terminating
+ *         NUL (as snprintf does); the message was truncated if this is
+ *         >= @p buffer_size.
+ */
+FD_API size_t fd_last_error_message(char *buffer, size_t buffer_size);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Tensors
+ * @{ */
+
+/** @brief Element type of a tensor. Values are pinned. */
+typedef enum fd_dtype {
+  FD_DTYPE_F32 = 0,   /**< IEEE binary32. */
+  FD_DTYPE_F16 = 1,   /**< IEEE binary16 (half). */
+  FD_DTYPE_BF16 = 2,  /**< bfloat16: the upper 16 bits of a binary32. */
+  FD_DTYPE_I32 = 3    /**< int32, for sequence lengths and block tables. */
+} fd_dtype;
+
+/** @brief Largest number of dimensions of an #fd_tensor. */
+#define FD_MAX_DIMS 4
+
+/**
+ * @brief A strided view of memory: pointer, dtype, shape and element strides.
+ *
+ * The meaning of each dimension is fixed by the tensor's role (see
+ * #fd_decode_args); the memory layout is given only by the strides, so BHND
+ * (`[batch, heads, seq, dim]`) and BNHD (`[batch, seq, heads, dim]`) caches, or
+ * a slice of a larger cache, are all the same call with different strides.
+ * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
+ * elements, not bytes, and must not be negative.
+ *
+ * Memory is host memory for the CPU backend and device memory (of the
+ * handle's device) for the CUDA backend.
+ */
+typedef struct fd_tensor {
+  void *data;                   /**< First element; NULL marks an optional tensor as absent. */
+  fd_dtype dtype;               /**< Element type. */
+  int32_t ndim;                 /**< Number of dimensions used in @p shape and @p strides. */
+  int64_t shape[FD_MAX_DIMS];   /**< Extent of each dimension. */
+  int64_t strides[FD_MAX_DIMS]; /**< Distance in elements between neighbours along each dimension. */
+} fd_tensor;
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Handles
+ * @{ */
+
+/** @brief An opaque decode handle: a backend, its device and its workspace. */
+typedef struct fd_handle fd_handle;
+
+/** @brief A CUDA stream (`cudaStream_t`), declared without CUDA headers. NULL is the legacy default stream. */
+typedef struct CUstream_st *fd_cuda_stream;
+
+/** @brief Which backend a handle runs on. Values are pinned. */
+typedef enum fd_backend {
+  FD_BACKEND_AUTO = 0,  /**< CUDA on fd_options::device if the library has a CUDA backend and the device is usable, else the CPU. */
+  FD_BACKEND_CPU = 1,   /**< The multi-threaded CPU backend; always available. */
+  FD_BACKEND_CUDA = 2   /**< The CUDA backend on fd_options::device. */
+} fd_backend;
+
+/**
+ * @brief Options for fd_create(). Initialise with fd_options_init().
+ *
+ * The struct starts with its own size so fields can be appended in later
+ * minor versions without breaking callers compiled against older headers.
+ */
+typedef struct fd_options {
+  size_t struct_size;   /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
+  fd_backend backend;   /**< Backend to use; default #FD_BACKEND_AUTO. */
+  int32_t device;       /**< CUDA device ordinal for the CUDA backend; default 0. */
+  int32_t num_threads;  /**< Worker threads for the CPU backend; 0 (default) uses every online core. */
+} fd_options;
+
+/**
+ * @brief Fills @p options with defaults and sets its struct_size.
+ * @param options The struct to fill; ignored if NULL.
+ */
+FD_API void fd_options_init(fd_options *options);
+
+/**
+ * @brief Creates a decode handle.
+ *
+ * Allocates no workspace yet: that happens on the first fd_decode() or on
+ * fd_reserve_workspace(). For the CUDA backend this initialises the device's
+ * primary context.
+ *
+ * @param[out] handle Receives the new handle; set to NULL on failure.
+ * @param options Options, or NULL for the defaults of fd_options_init().
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p handle is NULL;
+ *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend or thread
+ *         count; #FD_ERROR_NO_DEVICE if the CUDA backend was requested but
+ *         the device is missing or the library has no CUDA backend;
+ *         #FD_ERROR_OUT_OF_MEMORY.
+ */
+FD_API fd_status fd_create(fd_handle **handle, const fd_options *options);
+
+/**
+ * @brief Destroys a handle and frees its library-owned workspace.
+ *
+ * Waits for nothing: the caller must ensure no decode enqueued with this
+ * handle is still running on the device (for example by synchronising the
+ * stream it used). Caller-provided workspace is not freed.
+ *
+ * @param handle The handle; NULL is accepted and does nothing.
+ * @return #FD_SUCCESS; #FD_ERROR_INVALID_HANDLE if it was already destroyed.
+ */
+FD_API fd_status fd_destroy(fd_handle *handle);
+
+/**
+ * @brief Reports the backend a handle runs on (resolves #FD_BACKEND_AUTO).
+ * @param handle A live handle.
+ * @param[out] backend Receives #FD_BACKEND_CPU or #FD_BACKEND_CUDA.
+ * @return #FD_SUCCESS, #FD_ERROR_NULL_POINTER or #FD_ERROR_INVALID_HANDLE.
+ */
+FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Decode
+ * @{ */
+
+/** @brief Largest accepted head_dim. */
+#define FD_MAX_HEAD_DIM 256
+/** @brief Largest accepted number of query heads (and of KV heads). */
+#define FD_MAX_HEADS 4096
+/** @brief Largest accepted KV capacity per sequence (tokens). */
+#define FD_MAX_KV_LEN INT32_MAX
+/** @brief Largest accepted split count in fd_decode_args::num_splits. */
+#define FD_MAX_SPLITS 1024
+
+/**
+ * @brief Everything one decode call reads and writes. Initialise with
+ *        fd_decode_args_init(), then fill in the tensors.
+ *
+ * Shapes, by role (dimension order is fixed; layout comes from strides):
+ * - `q`:   `[batch, q_len, q_heads, head_dim]`; q_len must be 1 in this
+ *          version (the dimension exists so several query tokens per sequence
+ *          can be added without an ABI change).
+ * - `k`, `v` (dense cache, @p block_table absent):
+ *          `[batch, kv_capacity, kv_heads, head_dim]`. A BHND cache
+ *          `[batch, heads, seq, dim]` is the same tensor with strides
+ *          `{H*N*D, D, N*D, 1}`.
+ * - `k`, `v` (paged cache, @p block_table present):
+ *          `[num_pages, page_size, kv_heads, head_dim]`: the page pool. NHD
+ *          pages (`[page, slot, head, dim]`) and HND pages
+ *          (`[page, head, slot, dim]`) differ only in strides.
+ * - `out`: `[batch, q_len, q_heads, head_dim]`, dtype of q or #FD_DTYPE_F32.
+ * - `lse`: optional, `[batch, q_len, q_heads]`, #FD_DTYPE_F32: the natural
+ *          logarithm of the softmax denominator, log(sum_j exp(scale * q.k_j)).
+ *          Natural log (not base 2), so partial results from different
+ *          libraries merge correctly. -inf for an empty sequence.
+ * - `seq_lens`: optional, `[batch]`, #FD_DTYPE_I32: tokens of each sequence
+ *          (0 allowed: its output is zeros and its LSE -inf). Absent: every
+ *          sequence uses the whole kv_capacity. Only the first seq_lens[b]
+ *          tokens are ever read, so padding may hold anything, NaN included.
+ * - `block_table`: optional, `[batch, max_pages]`, #FD_DTYPE_I32: page
+ *          indices into the pool; a sequence's capacity is max_pages * page_size.
+ *
+ * q, k and v share one dtype of F32, F16 or BF16. Query head h attends to KV
+ * head h / (q_heads / kv_heads) (grouped-query attention; MQA when kv_heads
+ * is 1). Arithmetic is in float32 whatever the storage type.
+ *
+ * The CPU backend validates seq_lens and block_table contents (host memory).
+ * The CUDA backend cannot read them without synchronising, so it clamps each
+ * length to [0, kv_capacity] and does not check page indices.
+ */
+typedef struct fd_decode_args {
+  size_t struct_size;      /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init(). */
+  fd_tensor q;             /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor k;             /**< Key cache (dense or page pool, see above). */
+  fd_tensor v;             /**< Value cache, same shape as @p k. */
+  fd_tensor out;           /**< Output, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor lse;           /**< Optional log-sum-exp output (data NULL: not written). */
+  fd_tensor seq_lens;      /**< Optional per-sequence KV lengths (data NULL: full capacity). */
+  fd_tensor block_table;   /**< Optional paged-cache block table (data NULL: dense cache). */
+  double softmax_scale;    /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must be finite. */
+  int32_t num_splits;      /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
+} fd_decode_args;
+
+/**
+ * @brief Fills @p args with defaults (all tensors absent, automatic scale and
+ *        splits) and sets its struct_size.
+ * @param args The struct to fill; ignored if NULL.
+ */
+FD_API void fd_decode_args_init(fd_decode_args *args);
+
+/**
+ * @brief Computes decode attention for one query token per sequence.
+ *
+ * For every batch b and query head h:
+ * `out[b,0,h,:] = softmax(scale * q[b,0,h,:] . K[b,0:len_b,g,:]^T) V[b,0:len_b,g,:]`
+ * with g the KV head of h's group. The KV sequence is split into
+ * fd_decode_args::num_splits parts whose partial softmax states are merged in
+ * a fixed order: the same inputs and the same plan give bitwise-identical
+ * results.
+ *
+ * CUDA backend: asynchronous on @p stream; does not allocate, copy to or from
+ * the host, or synchronise once the workspace is large enough (see
+ * fd_reserve_workspace()), so it may be captured in a CUDA graph.
+ * CPU backend: synchronous, on the handle's worker threads; @p stream is
+ * ignored.
+ *
+ * Everything is validated before any work; on error the outputs are untouched.
+ *
+ * @param handle A live handle; not used concurrently by another thread.
+ * @param args The problem; see #fd_decode_args.
+ * @param stream CUDA stream to enqueue on (NULL: legacy default stream).
+ * @return #FD_SUCCESS or the status of the first problem found; see
+ *         fd_last_error_message() for details.
+ */
+FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Workspace
+ * The per-split partial results (m, l, acc) live in a workspace. By default
+ * the handle owns it, grows it on demand and reuses it across calls. To keep
+ * fd_decode() free of allocation (CUDA graph capture, real-time loops),
+ * reserve capacity ahead with fd_reserve_workspace(), or hand the handle
+ * memory of your own with fd_set_workspace().
+ * @{ */
+
+/**
+ * @brief Bytes of workspace fd_decode() needs for a problem on this handle.
+ *
+ * Depends only on shapes and num_splits, never on tensor contents.
+ *
+ * @param handle A live handle.
+ * @param args The problem, validated as fd_decode() validates it.
+ * @param[out] bytes Receives the size in bytes (0 if none is needed).
+ * @return #FD_SUCCESS or the validation status of @p args.
+ */
+FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args *args, size_t *bytes);
+
+/**
+ * @brief Makes sure the handle owns at least @p bytes of workspace.
+ *
+ * Allocates (on the handle's device for CUDA) if the library-owned workspace
+ * is smaller; never shrinks it. Has no effect on a caller-provided workspace
+ * other than checking its size.
+ *
+ * @param handle A live handle.
+ * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
+ * @return #FD_SUCCESS; #FD_ERROR_OUT_OF_MEMORY; #FD_ERROR_WORKSPACE_TOO_SMALL
+ *         if a caller-provided workspace is smaller than @p bytes.
+ */
+FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
+
+/**
+ * @brief Hands the handle caller-owned workspace memory, or goes back to
+ *        library-owned workspace.
+ *
+ * The memory must be host memory for the CPU backend and device memory of
+ * the handle's device for the CUDA backend, aligned to 256 bytes, and stay
+ * valid until it is replaced or the handle destroyed. A library-owned
+ * workspace is freed.
+ *
+ * @param handle A live handle.
+ * @param workspace The memory, or NULL to return to library-owned workspace.
+ * @param bytes Its size in bytes (ignored when @p workspace is NULL).
+ * @return #FD_SUCCESS; #FD_ERROR_INVALID_ARGUMENT if misaligned.
+ */
+FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
+
+/** @} */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHDECODE_H_INCLUDED */

@@ -1,0 +1,228 @@
+// The exported C functions: argument checks, handle lifetime, workspace
+// ownership, and dispatch to a backend. No templates and no kernels here.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
+#include "api/guard.h"
+#include "backend/backend.h"
+#include "core/plan.h"
+#include "core/problem.h"
+
+struct fd_handle {
+  std::unique_ptr<fd::Backend> backend;
+  void *workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool workspace_owned = true;  // false: the caller's memory, never freed here
+};
+
+namespace fd {
+namespace {
+
+// Live handles. A destroyed or foreign pointer is recognised without being
+// dereferenced, so use-after-destroy is reported instead of crashing.
+class HandleRegistry {
+ public:
+  void add(const fd_handle *h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.insert(h);
+  }
+  bool remove(const fd_handle *h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.erase(h) == 1;
+  }
+  bool contains(const fd_handle *h) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.count(h) == 1;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<const fd_handle *> live_;
+};
+
+HandleRegistry &registry() {
+  static HandleRegistry *instance = new HandleRegistry;  // never destroyed: usable during exit
+  return *instance;
+}
+
+template <class Handle>
+Handle &checked_handle(Handle *handle) {
+  if (handle == nullptr) fail(FD_ERROR_NULL_POINTER, "handle is NULL");
+  if (!registry().contains(handle)) {
+    fail(FD_ERROR_INVALID_HANDLE, "handle %p is not a live handle (destroyed, or not made by fd_create)",
+         static_cast<const void *>(handle));
+  }
+  return *handle;
+}
+
+fd_options read_options(const fd_options *caller) {
+  fd_options options;
+  fd_options_init(&options);
+  if (caller == nullptr) return options;
+  const size_t required = offsetof(fd_options, backend) + sizeof(caller->backend);
+  if (caller->struct_size < required) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "options: struct_size is %zu, expected at least %zu (call fd_options_init)",
+         caller->struct_size, required);
+  }
+  std::memcpy(&options, caller, caller->struct_size < sizeof options ? caller->struct_size : sizeof options);
+  return options;
+}
+
+std::unique_ptr<Backend> make_backend(const fd_options &options) {
+  if (options.num_threads < 0) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "options: num_threads must be >= 0 (0 = all cores), got %d",
+         static_cast<int>(options.num_threads));
+  }
+  switch (raw_enum_value(options.backend)) {
+    case FD_BACKEND_CPU: return make_cpu_backend(options.num_threads);
+    case FD_BACKEND_CUDA:
+      if (options.device < 0) {
+        fail(FD_ERROR_INVALID_ARGUMENT, "options: device must be >= 0, got %d", static_cast<int>(options.device));
+      }
+      return make_cuda_backend(options.device);
+    case FD_BACKEND_AUTO:
+      if (options.device >= 0 && cuda_backend_available(options.device)) return make_cuda_backend(options.device);
+      return make_cpu_backend(options.num_threads);
+  }
+  fail(FD_ERROR_INVALID_ARGUMENT, "options: unknown backend %d", raw_enum_value(options.backend));
+}
+
+struct PlannedDecode {
+  Problem problem;
+  Plan plan;
+};
+
+PlannedDecode plan_decode(const fd_handle &h, const fd_decode_args *args) {
+  PlannedDecode planned;
+  planned.problem = validate_decode_args(args);
+  h.backend->check_supported(planned.problem);
+  planned.plan = make_plan(planned.problem, h.backend->parallelism(planned.problem));
+  return planned;
+}
+
+void release_owned_workspace(fd_handle &h) noexcept {
+  if (h.workspace_owned && h.workspace != nullptr) h.backend->free_workspace(h.workspace);
+  h.workspace = nullptr;
+  h.workspace_bytes = 0;
+  h.workspace_owned = true;
+}
+
+// Ensures the workspace holds `bytes`: grows library-owned memory, rejects a
+// too-small caller buffer.
+void ensure_workspace(fd_handle &h, size_t bytes) {
+  if (bytes <= h.workspace_bytes) return;
+  if (!h.workspace_owned) {
+    fail(FD_ERROR_WORKSPACE_TOO_SMALL, "workspace: %zu bytes needed, the caller's workspace has %zu", bytes,
+         h.workspace_bytes);
+  }
+  void *grown = h.backend->allocate_workspace(bytes);
+  release_owned_workspace(h);
+  h.workspace = grown;
+  h.workspace_bytes = bytes;
+}
+
+}  // namespace
+}  // namespace fd
+
+#define FD_STRINGIFY_(x) #x
+#define FD_STRINGIFY(x) FD_STRINGIFY_(x)
+
+extern "C" {
+
+FD_API unsigned fd_version_number(void) { return FD_VERSION_NUMBER; }
+
+FD_API const char *fd_version_string(void) { 
+  return FD_STRINGIFY(FD_VERSION_MAJOR) "." FD_STRINGIFY(FD_VERSION_MINOR) "." FD_STRINGIFY(FD_VERSION_PATCH);
+ }
+
+FD_API void fd_options_init(fd_options *options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof *options);
+  options->struct_size = sizeof *options;
+  options->backend = FD_BACKEND_AUTO;
+  options->device = 0;
+  options->num_threads = 0;
+}
+
+FD_API void fd_decode_args_init(fd_decode_args *args) {
+  if (args == nullptr) return;
+  std::memset(args, 0, sizeof *args);
+  args->struct_size = sizeof *args;
+  args->softmax_scale = 0.0;
+  args->num_splits = 0;
+}
+
+FD_API fd_status fd_create(fd_handle **handle, const fd_options *options) {
+  return fd::guarded([&] {
+    if (handle == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "handle: the output pointer is NULL");
+    *handle = nullptr;
+    auto created = std::make_unique<fd_handle>();
+    created->backend = fd::make_backend(fd::read_options(options));
+    fd::registry().add(created.get());
+    *handle = created.release();
+  });
+}
+
+FD_API fd_status fd_destroy(fd_handle *handle) {
+  return fd::guarded([&] {
+    if (handle == nullptr) return;
+    if (!fd::registry().remove(handle)) {
+      fd::fail(FD_ERROR_INVALID_HANDLE, "handle %p is not a live handle (already destroyed?)",
+               static_cast<const void *>(handle));
+    }
+    fd::release_owned_workspace(*handle);
+    delete handle;
+  });
+}
+
+FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend) {
+  return fd::guarded([&] {
+    const fd_handle &h = fd::checked_handle(handle);
+    if (backend == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "backend: the output pointer is NULL");
+    *backend = h.backend->kind();
+  });
+}
+
+FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args *args, size_t *bytes) {
+  return fd::guarded([&] {
+    const fd_handle &h = fd::checked_handle(handle);
+    if (bytes == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "bytes: the output pointer is NULL");
+    *bytes = fd::plan_decode(h, args).plan.workspace_bytes;
+  });
+}
+
+FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes) {
+  return fd::guarded([&] { fd::ensure_workspace(fd::checked_handle(handle), bytes); });
+}
+
+FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes) {
+  return fd::guarded([&] {
+    fd_handle &h = fd::checked_handle(handle);
+    if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % fd::kWorkspaceAlignment != 0) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %p is not aligned to %zu bytes", workspace,
+               fd::kWorkspaceAlignment);
+    }
+    fd::release_owned_workspace(h);
+    if (workspace != nullptr) {
+      h.workspace = workspace;
+      h.workspace_bytes = bytes;
+      h.workspace_owned = false;
+    }
+  });
+}
+
+FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream) {
+  return fd::guarded([&] {
+    fd_handle &h = fd::checked_handle(handle);
+    const fd::PlannedDecode planned = fd::plan_decode(h, args);
+    h.backend->check_contents(planned.problem);
+    if (planned.problem.batch == 0) return;  // nothing to compute, nothing to write
+    fd::ensure_workspace(h, planned.plan.workspace_bytes);
+    h.backend->decode(planned.problem, planned.plan, h.workspace, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,49 @@
+// What every backend provides. The C ABI layer (src/api) owns handles and
+// workspaces and calls these; backends know nothing of the C ABI structs.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/plan.h"
+#include "core/problem.h"
+#include "flashdecode.h"
+
+namespace fd {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual fd_backend kind() const = 0;
+
+  // Rejects valid problems this backend cannot run (FD_ERROR_UNSUPPORTED or a
+  // more specific status), before any work.
+  virtual void check_supported(const Problem &problem) const = 0;
+
+  // Validates what only tensor contents can tell (lengths, page indices)
+  // where this backend can read them without synchronising.
+  virtual void check_contents(const Problem &problem) const = 0;
+
+  virtual ParallelismHint parallelism(const Problem &problem) const = 0;
+
+  // Workspace memory in this backend's address space (host or device).
+  virtual void *allocate_workspace(size_t bytes) = 0;
+  virtual void free_workspace(void *workspace) noexcept = 0;
+
+  // Runs (or enqueues) one validated, planned decode. `workspace` holds at
+  // least plan.workspace_bytes. Must not allocate.
+  virtual void decode(const Problem &problem, const Plan &plan, void *workspace, fd_cuda_stream stream) = 0;
+};
+
+// num_threads: 0 = every online core.
+std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+
+// Throws FD_ERROR_NO_DEVICE if the library was built without CUDA or the
+// device is missing.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+// Whether make_cuda_backend(device) would succeed; never throws.
+bool cuda_backend_available(int device) noexcept;
+
+}  // namespace fd

@@ -1,0 +1,89 @@
+// Software fp16 / bf16 <-> float conversion for the CPU backend, so it needs
+// no compiler half-precision support. Rounding is to nearest, ties to even,
+// as the GPU's conversion instructions do.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "flashdecode.h"
+
+namespace fd {
+
+inline float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint32_t float_to_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN
+  if (exponent != 0) return bits_to_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  if (mantissa == 0) return bits_to_float(sign);  // signed zero
+  // Subnormal: normalise the mantissa.
+  int shift = 0;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    ++shift;
+  }
+  return bits_to_float(sign | static_cast<uint32_t>(113 - shift) << 23 | ((mantissa & 0x3ffu) << 13));
+}
+
+inline uint16_t float_to_half(float f) {
+  const uint32_t bits = float_to_bits(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs >= 0x38800000u) {  // normal half
+    const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  }
+  if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // rounds to zero
+  // Subnormal half: shift the implicit-one mantissa into place, ties to even.
+  const uint32_t exponent = abs >> 23;
+  const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - exponent;  // 14..24
+  const uint32_t half_mantissa = mantissa >> shift;
+  const uint32_t remainder = mantissa & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  const uint32_t round_up = remainder > halfway || (remainder == halfway && (half_mantissa & 1u));
+  return static_cast<uint16_t>(sign | (half_mantissa + round_up));
+}
+
+inline float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
+
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t bits = float_to_bits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Element access by storage type, for kernels templated on fd_dtype.
+template <fd_dtype D> struct Storage;
+template <> struct Storage<FD_DTYPE_F32> {
+  using type = float;
+  static float load(const float *p) { return *p; }
+  static void store(float *p, float x) { *p = x; }
+};
+template <> struct Storage<FD_DTYPE_F16> {
+  using type = uint16_t;
+  static float load(const uint16_t *p) { return half_to_float(*p); }
+  static void store(uint16_t *p, float x) { *p = float_to_half(x); }
+};
+template <> struct Storage<FD_DTYPE_BF16> {
+  using type = uint16_t;
+  static float load(const uint16_t *p) { return bf16_to_float(*p); }
+  static void store(uint16_t *p, float x) { *p = float_to_bf16(x); }
+};
+
+}  // namespace fd

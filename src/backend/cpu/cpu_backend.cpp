@@ -1,0 +1,206 @@
+// The CPU backend: the same two-phase split-K algorithm as the GPU (per split
+// an online softmax in base 2 into the workspace, then a merge in split
+// order), on a pool of threads. It is the reference the CUDA backend is
+// tested against and a fallback for hosts without a GPU, so it favours
+// clarity over speed; every task writes only its own outputs, so results do
+// not depend on thread timing.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/convert.h"
+#include "backend/cpu/thread_pool.h"
+#include "core/error.h"
+
+namespace fd {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t sequence_length(const Problem &p, int64_t b) {
+  if (!p.has_seq_lens) return p.kv_capacity;
+  return static_cast<const int32_t *>(p.seq_lens.data)[b * p.seq_lens.strides[0]];
+}
+
+// Element offset of token `token` of sequence b, KV head h, in a k/v view.
+int64_t cache_offset(const Problem &p, const StridedView &cache, int64_t b, int64_t token, int64_t h) {
+  if (!p.paged) return b * cache.strides[0] + token * cache.strides[1] + h * cache.strides[2];
+  const auto *table = static_cast<const int32_t *>(p.block_table.data);
+  const int64_t page = table[b * p.block_table.strides[0] + (token / p.page_size) * p.block_table.strides[1]];
+  return page * cache.strides[0] + (token % p.page_size) * cache.strides[1] + h * cache.strides[2];
+}
+
+struct Partials {
+  float *m;
+  float *l;
+  float *acc;
+};
+
+Partials partials_of(const Plan &plan, void *workspace) {
+  auto *base = static_cast<char *>(workspace);
+  return {reinterpret_cast<float *>(base + plan.m_offset), reinterpret_cast<float *>(base + plan.l_offset),
+          reinterpret_cast<float *>(base + plan.acc_offset)};
+}
+
+// Phase 1 for one (sequence, KV head, split): every query head of the GQA
+// group walks the split's tokens with an online softmax. Each K/V row is
+// converted once and used by the whole group.
+template <fd_dtype D>
+void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head,
+                    int32_t split, std::vector<float> &scratch) {
+  using T = typename Storage<D>::type;
+  const int64_t dim = p.head_dim;
+  const int64_t group = p.group_size;
+  const int64_t len = sequence_length(p, b);
+  const int64_t begin = std::min<int64_t>(len, split * plan.split_tokens);
+  const int64_t end = std::min<int64_t>(len, begin + plan.split_tokens);
+
+  scratch.resize(static_cast<size_t>((group + 2) * dim));
+  float *q = scratch.data();  // [group][dim], pre-scaled into log2 units
+  float *k_row = q + group * dim;
+  float *v_row = k_row + dim;
+  const float q_scale = p.softmax_scale * kLog2e;
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t head = kv_head * group + g;
+    const T *src = static_cast<const T *>(p.q.data) + b * p.q.strides[0] + head * p.q.strides[2];
+    for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = Storage<D>::load(src + d) * q_scale;
+  }
+
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t row = b * p.q_heads + kv_head * group + g;  // q_len is 1
+    const size_t state = static_cast<size_t>(row) * plan.num_splits + split;
+    std::fill(out.acc + state * dim, out.acc + (state + 1) * dim, 0.0f);
+    out.m[state] = kNegInf;
+    out.l[state] = 0.0f;
+  }
+
+  for (int64_t token = begin; token < end; ++token) {
+    const T *k_src = static_cast<const T *>(p.k.data) + cache_offset(p, p.k, b, token, kv_head);
+    const T *v_src = static_cast<const T *>(p.v.data) + cache_offset(p, p.v, b, token, kv_head);
+    for (int64_t d = 0; d < dim; ++d) k_row[d] = Storage<D>::load(k_src + d);
+    for (int64_t d = 0; d < dim; ++d) v_row[d] = Storage<D>::load(v_src + d);
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t row = b * p.q_heads + kv_head * group + g;
+      const size_t state = static_cast<size_t>(row) * plan.num_splits + split;
+      float score = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) score += q[g * dim + d] * k_row[d];
+      float *acc = out.acc + state * dim;
+      float &m = out.m[state];
+      float &l = out.l[state];
+      if (score > m) {  // new running max: rescale what we have
+        const float alpha = std::exp2(m - score);
+        l = l * alpha + 1.0f;
+        for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * alpha + v_row[d];
+        m = score;
+      } else {
+        const float weight = std::exp2(score - m);
+        l += weight;
+        for (int64_t d = 0; d < dim; ++d) acc[d] += weight * v_row[d];
+      }
+    }
+  }
+}
+
+// Phase 2 for one query row: rescale every split to the common max and sum
+// in split order. A row whose splits are all empty gets zeros and LSE -inf.
+template <fd_dtype OutD>
+void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t row) {
+  using T = typename Storage<OutD>::type;
+  const int64_t dim = p.head_dim;
+  const int64_t b = row / p.q_heads;
+  const int64_t head = row % p.q_heads;
+  const size_t first = static_cast<size_t>(row) * plan.num_splits;
+
+  float m_max = kNegInf;
+  for (int32_t s = 0; s < plan.num_splits; ++s) m_max = std::max(m_max, in.m[first + s]);
+
+  T *out = static_cast<T *>(p.out.data) + b * p.out.strides[0] + head * p.out.strides[2];
+  float lse = kNegInf;
+  if (m_max == kNegInf) {
+    for (int64_t d = 0; d < dim; ++d) Storage<OutD>::store(out + d, 0.0f);
+  } else {
+    float l_sum = 0.0f;
+    for (int32_t s = 0; s < plan.num_splits; ++s) l_sum += in.l[first + s] * std::exp2(in.m[first + s] - m_max);
+    const float inv_l = 1.0f / l_sum;
+    for (int64_t d = 0; d < dim; ++d) {
+      float sum = 0.0f;
+      for (int32_t s = 0; s < plan.num_splits; ++s) {
+        sum += in.acc[(first + s) * dim + d] * std::exp2(in.m[first + s] - m_max);
+      }
+      Storage<OutD>::store(out + d, sum * inv_l);
+    }
+    lse = (m_max + std::log2(l_sum)) * kLn2;
+  }
+  if (p.has_lse) static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + head * p.lse.strides[2]] = lse;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+
+  fd_backend kind() const override { return FD_BACKEND_CPU; }
+  void check_supported(const Problem &) const override {}
+  void check_contents(const Problem &problem) const override { validate_host_contents(problem); }
+
+  ParallelismHint parallelism(const Problem &) const override {
+    ParallelismHint hint;
+    hint.workers = pool_.size();
+    hint.min_split_tokens = 256;
+    return hint;
+  }
+
+  void *allocate_workspace(size_t bytes) override {
+    return ::operator new(bytes, std::align_val_t(kWorkspaceAlignment));
+  }
+  void free_workspace(void *workspace) noexcept override {
+    ::operator delete(workspace, std::align_val_t(kWorkspaceAlignment));
+  }
+
+  void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream) override {
+    switch (p.dtype) {
+      case FD_DTYPE_F32: run<FD_DTYPE_F32>(p, plan, workspace); break;
+      case FD_DTYPE_F16: run<FD_DTYPE_F16>(p, plan, workspace); break;
+      case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, workspace); break;
+      default: fail(FD_ERROR_INTERNAL, "cpu backend: unexpected dtype %d", static_cast<int>(p.dtype));
+    }
+  }
+
+ private:
+  template <fd_dtype D>
+  void run(const Problem &p, const Plan &plan, void *workspace) {
+    const Partials partials = partials_of(plan, workspace);
+    const int64_t splits = plan.num_splits;
+    const int64_t units = p.batch * p.kv_heads * splits;
+    pool_.parallel_for(units, [&](int64_t unit) {
+      const int64_t split = unit % splits;
+      const int64_t kv_head = (unit / splits) % p.kv_heads;
+      const int64_t b = unit / (splits * p.kv_heads);
+      thread_local std::vector<float> scratch;  // grows once per thread, then reused
+      split_partials<D>(p, plan, partials, b, kv_head, static_cast<int32_t>(split), scratch);
+    });
+    const bool out_f32 = p.out_dtype == FD_DTYPE_F32;
+    pool_.parallel_for(plan.rows, [&](int64_t row) {
+      if (out_f32) {
+        merge_row<FD_DTYPE_F32>(p, plan, partials, row);
+      } else {
+        merge_row<D>(p, plan, partials, row);
+      }
+    });
+  }
+
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace fd

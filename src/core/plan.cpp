@@ -1,0 +1,53 @@
+#include "core/plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace fd {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+// Enough splits that every worker has about two units of work, but none
+// shorter than min_split_tokens: a GQA group of one sequence is one unit
+// before splitting.
+int32_t automatic_splits(const Problem &p, const ParallelismHint &hint) {
+  const int64_t units = std::max<int64_t>(1, p.batch * p.kv_heads);
+  const int64_t wanted = ceil_div(2 * hint.workers, units);
+  const int64_t most_useful = std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, hint.min_split_tokens)));
+  return static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
+}
+
+}  // namespace
+
+Plan make_plan(const Problem &p, const ParallelismHint &hint) {
+  Plan plan;
+  const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
+  const int32_t splits = p.requested_splits > 0 ? p.requested_splits : automatic_splits(p, hint);
+  plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
+  // A manual count is kept exactly (trailing splits may be empty); an
+  // automatic one drops splits that rounding left empty.
+  plan.num_splits = p.requested_splits > 0
+                        ? splits
+                        : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
+
+  plan.rows = p.batch * p.q_len * p.q_heads;
+  size_t states = 0;
+  size_t acc_bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) ||
+      __builtin_mul_overflow(states, static_cast<size_t>(p.head_dim) * sizeof(float), &acc_bytes) ||
+      acc_bytes > (SIZE_MAX >> 2)) {
+    fail(FD_ERROR_INVALID_SHAPE, "q: batch %lld x q_heads %lld x %d splits needs a workspace beyond the address space",
+         static_cast<long long>(p.batch), static_cast<long long>(p.q_heads), static_cast<int>(plan.num_splits));
+  }
+  plan.m_offset = 0;
+  plan.l_offset = align_up(plan.m_offset + states * sizeof(float));
+  plan.acc_offset = align_up(plan.l_offset + states * sizeof(float));
+  plan.extra_offset = align_up(plan.acc_offset + acc_bytes);
+  plan.workspace_bytes = align_up(plan.extra_offset + hint.extra_workspace_bytes);
+  return plan;
+}
+
+}  // namespace fd

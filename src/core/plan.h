@@ -1,0 +1,43 @@
+// Planning: how a validated problem is split along the KV sequence and where
+// the per-split partial results live in the workspace. Backend-independent;
+// a backend only describes its parallelism. Depends on shapes alone, never on
+// tensor contents, so planning needs no read of device memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.h"
+
+namespace fd {
+
+// What a backend tells the planner about itself.
+struct ParallelismHint {
+  int64_t workers = 1;            // work units that run at once (CPU threads; CUDA SMs x blocks per SM)
+  int64_t min_split_tokens = 1;   // automatic splits are at least this long (a partial has a fixed cost)
+  int64_t split_granularity = 1;  // split lengths are multiples of this (a kernel's KV tile)
+  size_t extra_workspace_bytes = 0;  // backend scratch (counters, schedules) after the partials
+};
+
+// The workspace holds, for every query row r = (b * q_len + t) * q_heads + h
+// and split s, the online-softmax state of that split in base 2:
+//   m[r * num_splits + s]                 running max of log2-scaled scores (-inf: empty split)
+//   l[r * num_splits + s]                 sum of exp2(score - m)
+//   acc[(r * num_splits + s) * head_dim + d]   sum of exp2(score - m) * v[d], unnormalised
+// All float32. Offsets are aligned to kWorkspaceAlignment bytes.
+struct Plan {
+  int32_t num_splits = 1;
+  int64_t split_tokens = 0;  // split s covers tokens [s * split_tokens, (s + 1) * split_tokens)
+  int64_t rows = 0;          // batch * q_len * q_heads
+  size_t m_offset = 0;
+  size_t l_offset = 0;
+  size_t acc_offset = 0;
+  size_t extra_offset = 0;
+  size_t workspace_bytes = 0;
+};
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+Plan make_plan(const Problem &problem, const ParallelismHint &hint);
+
+}  // namespace fd

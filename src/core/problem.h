@@ -1,0 +1,60 @@
+// A decode call after validation: every shape resolved, every pointer checked,
+// in the form backends consume. Backends never see fd_decode_args.
+#pragma once
+
+#include <cstdint>
+
+#include "flashdecode.h"
+
+namespace fd {
+
+// A validated strided view. Dimension meaning depends on the role; the last
+// dimension (head_dim) is contiguous for every 4-d tensor.
+struct StridedView {
+  void *data = nullptr;
+  int64_t shape[FD_MAX_DIMS] = {0, 0, 0, 0};
+  int64_t strides[FD_MAX_DIMS] = {0, 0, 0, 0};
+};
+
+struct Problem {
+  fd_dtype dtype = FD_DTYPE_F32;      // of q, k and v
+  fd_dtype out_dtype = FD_DTYPE_F32;  // dtype or FD_DTYPE_F32
+
+  int64_t batch = 0;
+  int64_t q_len = 0;       // query tokens per sequence (1 in this version)
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t group_size = 0;  // q_heads / kv_heads
+  int64_t head_dim = 0;
+
+  // Tokens a sequence may hold: kv_capacity for a dense cache, or
+  // max_pages * page_size for a paged one. Also the length of every sequence
+  // when seq_lens is absent.
+  int64_t kv_capacity = 0;
+
+  bool paged = false;
+  int64_t page_size = 0;  // paged only: tokens per page
+  int64_t num_pages = 0;  // paged only: pages in the pool
+  int64_t max_pages = 0;  // paged only: block table columns
+
+  // Roles as in fd_decode_args. Dense k/v: [batch, capacity, kv_heads, dim];
+  // paged k/v: [num_pages, page_size, kv_heads, dim]; q/out: [batch, q_len,
+  // q_heads, dim]; lse: [batch, q_len, q_heads]; seq_lens: [batch];
+  // block_table: [batch, max_pages].
+  StridedView q, k, v, out, lse, seq_lens, block_table;
+  bool has_lse = false;
+  bool has_seq_lens = false;
+
+  float softmax_scale = 0.0f;     // resolved: never 0
+  int32_t requested_splits = 0;   // 0 = automatic
+};
+
+// Checks every argument (shapes, dtypes, strides, ranges; not tensor
+// contents) and fills a Problem. Throws fd::Error naming the argument.
+Problem validate_decode_args(const fd_decode_args *args);
+
+// Checks seq_lens and block_table values, for backends whose tensors live in
+// host memory. Throws fd::Error naming the element at fault.
+void validate_host_contents(const Problem &problem);
+
+}  // namespace fd

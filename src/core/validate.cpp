@@ -1,0 +1,247 @@
+// Argument validation for fd_decode and fd_workspace_size. Every check names
+// the argument at fault; nothing here touches tensor contents except
+// validate_host_contents, which backends with host memory call.
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/problem.h"
+
+namespace fd {
+namespace {
+
+const char *dtype_name(const fd_dtype &dtype) {
+  switch (raw_enum_value(dtype)) {
+    case FD_DTYPE_F32: return "f32";
+    case FD_DTYPE_F16: return "f16";
+    case FD_DTYPE_BF16: return "bf16";
+    case FD_DTYPE_I32: return "i32";
+  }
+  return "unknown";
+}
+
+bool is_known_dtype(const fd_dtype &dtype) {
+  const int raw = raw_enum_value(dtype);
+  return raw == FD_DTYPE_F32 || raw == FD_DTYPE_F16 || raw == FD_DTYPE_BF16 || raw == FD_DTYPE_I32;
+}
+
+// Checks rank, dtype family, extents, strides and that the furthest element
+// is addressable with a 64-bit element offset. dim_names label each
+// dimension in messages.
+StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const char *const *dim_names,
+                         bool contiguous_last_dim) {
+  if (t.data == nullptr) fail(FD_ERROR_NULL_POINTER, "%s: data is NULL", name);
+  if (!is_known_dtype(t.dtype)) fail(FD_ERROR_INVALID_DTYPE, "%s: unknown dtype %d", name, raw_enum_value(t.dtype));
+  if (t.ndim != ndim) fail(FD_ERROR_INVALID_SHAPE, "%s: ndim must be %d, got %d", name, ndim, static_cast<int>(t.ndim));
+  StridedView view;
+  view.data = t.data;
+  int64_t max_offset = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (t.shape[d] < 0) {
+      fail(FD_ERROR_INVALID_SHAPE, "%s: shape[%d] (%s) must not be negative, got %lld", name, d, dim_names[d],
+           static_cast<long long>(t.shape[d]));
+    }
+    if (t.strides[d] < 0) {
+      fail(FD_ERROR_INVALID_STRIDE, "%s: stride of %s must not be negative, got %lld", name, dim_names[d],
+           static_cast<long long>(t.strides[d]));
+    }
+    view.shape[d] = t.shape[d];
+    view.strides[d] = t.strides[d];
+    if (t.shape[d] > 1) {
+      int64_t span = 0;
+      if (__builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &span) ||
+          __builtin_add_overflow(max_offset, span, &max_offset)) {
+        fail(FD_ERROR_INVALID_SHAPE, "%s: extent overflows 64-bit element offsets", name);
+      }
+    }
+  }
+  if (contiguous_last_dim && t.shape[ndim - 1] > 1 && t.strides[ndim - 1] != 1) {
+    fail(FD_ERROR_INVALID_STRIDE, "%s: stride of %s must be 1, got %lld", name, dim_names[ndim - 1],
+         static_cast<long long>(t.strides[ndim - 1]));
+  }
+  return view;
+}
+
+void require_float_dtype(const fd_tensor &t, const char *name) {
+  if (t.dtype != FD_DTYPE_F32 && t.dtype != FD_DTYPE_F16 && t.dtype != FD_DTYPE_BF16) {
+    fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be f32, f16 or bf16, got %s", name, dtype_name(t.dtype));
+  }
+}
+
+void require_dtype(const fd_tensor &t, const char *name, fd_dtype dtype) {
+  if (t.dtype != dtype) {
+    fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be %s, got %s", name, dtype_name(dtype), dtype_name(t.dtype));
+  }
+}
+
+void require_extent(const StridedView &view, int dim, int64_t expected, const char *name, const char *dim_name,
+                    const char *source) {
+  if (view.shape[dim] != expected) {
+    fail(FD_ERROR_INVALID_SHAPE, "%s: %s must be %lld (from %s), got %lld", name, dim_name,
+         static_cast<long long>(expected), source, static_cast<long long>(view.shape[dim]));
+  }
+}
+
+const char *const kQueryDims[] = {"batch", "q_len", "q_heads", "head_dim"};
+const char *const kDenseCacheDims[] = {"batch", "kv_capacity", "kv_heads", "head_dim"};
+const char *const kPagedCacheDims[] = {"num_pages", "page_size", "kv_heads", "head_dim"};
+const char *const kLseDims[] = {"batch", "q_len", "q_heads"};
+const char *const kSeqLensDims[] = {"batch"};
+const char *const kBlockTableDims[] = {"batch", "max_pages"};
+
+// Reads the caller's struct, honouring its struct_size: fields a older
+// caller does not know keep their defaults.
+fd_decode_args read_args(const fd_decode_args *args) {
+  if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
+  const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
+  if (args->struct_size < required) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "args: struct_size is %zu, expected at least %zu (call fd_decode_args_init)",
+         args->struct_size, required);
+  }
+  fd_decode_args copy;
+  fd_decode_args_init(&copy);
+  std::memcpy(&copy, args, args->struct_size < sizeof copy ? args->struct_size : sizeof copy);
+  return copy;
+}
+
+}  // namespace
+
+Problem validate_decode_args(const fd_decode_args *caller_args) {
+  const fd_decode_args args = read_args(caller_args);
+  const bool paged = args.block_table.data != nullptr;
+  const char *const *cache_dims = paged ? kPagedCacheDims : kDenseCacheDims;
+
+  Problem p;
+  p.q = check_tensor(args.q, "q", 4, kQueryDims, true);
+  p.k = check_tensor(args.k, "k", 4, cache_dims, true);
+  p.v = check_tensor(args.v, "v", 4, cache_dims, true);
+  p.out = check_tensor(args.out, "out", 4, kQueryDims, true);
+
+  require_float_dtype(args.q, "q");
+  p.dtype = args.q.dtype;
+  require_dtype(args.k, "k", p.dtype);
+  require_dtype(args.v, "v", p.dtype);
+  if (args.out.dtype != p.dtype && args.out.dtype != FD_DTYPE_F32) {
+    fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q) or f32, got %s", dtype_name(p.dtype),
+         dtype_name(args.out.dtype));
+  }
+  p.out_dtype = args.out.dtype;
+
+  p.head_dim = p.q.shape[3];
+  if (p.head_dim < 1 || p.head_dim > FD_MAX_HEAD_DIM) {
+    fail(FD_ERROR_INVALID_HEAD_DIM, "q: head_dim must be in [1, %d], got %lld", FD_MAX_HEAD_DIM,
+         static_cast<long long>(p.head_dim));
+  }
+  require_extent(p.k, 3, p.head_dim, "k", "head_dim", "q");
+  require_extent(p.v, 3, p.head_dim, "v", "head_dim", "q");
+
+  p.batch = p.q.shape[0];
+  p.q_len = p.q.shape[1];
+  p.q_heads = p.q.shape[2];
+  p.kv_heads = p.k.shape[2];
+  if (p.q_heads < 1 || p.q_heads > FD_MAX_HEADS) {
+    fail(FD_ERROR_INVALID_HEAD_COUNT, "q: q_heads must be in [1, %d], got %lld", FD_MAX_HEADS,
+         static_cast<long long>(p.q_heads));
+  }
+  if (p.kv_heads < 1 || p.kv_heads > FD_MAX_HEADS) {
+    fail(FD_ERROR_INVALID_HEAD_COUNT, "k: kv_heads must be in [1, %d], got %lld", FD_MAX_HEADS,
+         static_cast<long long>(p.kv_heads));
+  }
+  if (p.q_heads % p.kv_heads != 0) {
+    fail(FD_ERROR_INVALID_HEAD_COUNT, "q: q_heads (%lld) must be a multiple of kv_heads (%lld)",
+         static_cast<long long>(p.q_heads), static_cast<long long>(p.kv_heads));
+  }
+  p.group_size = p.q_heads / p.kv_heads;
+  if (p.q_len < 1) fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be at least 1, got %lld", static_cast<long long>(p.q_len));
+  for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
+  for (int d = 0; d < 4; ++d) require_extent(p.out, d, p.q.shape[d], "out", kQueryDims[d], "q");
+
+  if (paged) {
+    p.block_table = check_tensor(args.block_table, "block_table", 2, kBlockTableDims, false);
+    require_dtype(args.block_table, "block_table", FD_DTYPE_I32);
+    require_extent(p.block_table, 0, p.batch, "block_table", "batch", "q");
+    p.paged = true;
+    p.num_pages = p.k.shape[0];
+    p.page_size = p.k.shape[1];
+    p.max_pages = p.block_table.shape[1];
+    if (p.page_size < 1) {
+      fail(FD_ERROR_INVALID_LENGTH, "k: page_size must be at least 1, got %lld", static_cast<long long>(p.page_size));
+    }
+    if (p.max_pages > FD_MAX_KV_LEN / p.page_size) {
+      fail(FD_ERROR_INVALID_LENGTH, "block_table: max_pages (%lld) * page_size (%lld) exceeds %d tokens",
+           static_cast<long long>(p.max_pages), static_cast<long long>(p.page_size), FD_MAX_KV_LEN);
+    }
+    p.kv_capacity = p.max_pages * p.page_size;
+  } else {
+    require_extent(p.k, 0, p.batch, "k", "batch", "q");
+    p.kv_capacity = p.k.shape[1];
+    if (p.kv_capacity > FD_MAX_KV_LEN) {
+      fail(FD_ERROR_INVALID_LENGTH, "k: kv_capacity must be at most %d, got %lld", FD_MAX_KV_LEN,
+           static_cast<long long>(p.kv_capacity));
+    }
+  }
+
+  if (args.seq_lens.data != nullptr) {
+    p.seq_lens = check_tensor(args.seq_lens, "seq_lens", 1, kSeqLensDims, false);
+    require_dtype(args.seq_lens, "seq_lens", FD_DTYPE_I32);
+    require_extent(p.seq_lens, 0, p.batch, "seq_lens", "batch", "q");
+    p.has_seq_lens = true;
+  }
+  if (args.lse.data != nullptr) {
+    p.lse = check_tensor(args.lse, "lse", 3, kLseDims, false);
+    require_dtype(args.lse, "lse", FD_DTYPE_F32);
+    for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.q.shape[d], "lse", kLseDims[d], "q");
+    p.has_lse = true;
+  }
+
+  if (!std::isfinite(args.softmax_scale)) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite, got %g", args.softmax_scale);
+  }
+  const double scale = args.softmax_scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(p.head_dim)) : args.softmax_scale;
+  p.softmax_scale = static_cast<float>(scale);
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale == 0.0f) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale %g is not representable as a non-zero float", args.softmax_scale);
+  }
+
+  if (args.num_splits < 0 || args.num_splits > FD_MAX_SPLITS) {
+    fail(FD_ERROR_INVALID_SPLITS, "num_splits must be in [0, %d] (0 = automatic), got %d", FD_MAX_SPLITS,
+         static_cast<int>(args.num_splits));
+  }
+  p.requested_splits = args.num_splits;
+
+  // Checked last: the query-token dimension is valid API that only a later
+  // version computes, so report it after everything that is simply wrong.
+  if (p.q_len != 1) {
+    fail(FD_ERROR_UNSUPPORTED, "q: q_len must be 1 (one query token per sequence) in this version, got %lld",
+         static_cast<long long>(p.q_len));
+  }
+  return p;
+}
+
+void validate_host_contents(const Problem &p) {
+  const auto *lens = static_cast<const int32_t *>(p.seq_lens.data);
+  const auto *table = static_cast<const int32_t *>(p.block_table.data);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t len = p.kv_capacity;
+    if (p.has_seq_lens) {
+      len = lens[b * p.seq_lens.strides[0]];
+      if (len < 0 || len > p.kv_capacity) {
+        fail(FD_ERROR_INVALID_LENGTH, "seq_lens[%lld] must be in [0, %lld] (the KV capacity), got %lld",
+             static_cast<long long>(b), static_cast<long long>(p.kv_capacity), static_cast<long long>(len));
+      }
+    }
+    if (!p.paged) continue;
+    const int64_t pages_used = (len + p.page_size - 1) / p.page_size;
+    for (int64_t j = 0; j < pages_used; ++j) {
+      const int64_t page = table[b * p.block_table.strides[0] + j * p.block_table.strides[1]];
+      if (page < 0 || page >= p.num_pages) {
+        fail(FD_ERROR_INVALID_BLOCK_TABLE, "block_table[%lld][%lld] must be in [0, %lld) (the page pool), got %lld",
+             static_cast<long long>(b), static_cast<long long>(j), static_cast<long long>(p.num_pages),
+             static_cast<long long>(page));
+      }
+    }
+  }
+}
+
+}  // namespace fd

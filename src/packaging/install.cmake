@@ -1,0 +1,36 @@
+# cmake --install: header, versioned library with its symlinks, pkg-config
+# file and a CMake package (find_package(flashdecode CONFIG) ->
+# flashdecode::flashdecode), compatible within one major version.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS flashdecode EXPORT flashdecodeTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/include/flashdecode.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# pkg-config: paths relative to the .pc file when the install dirs are
+# relative, so a staged or relocated install still resolves.
+set(FD_PKGCONFIG_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(FD_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(FD_PC_LIBDIR "${CMAKE_INSTALL_FULL_LIBDIR}")
+  set(FD_PC_INCLUDEDIR "${CMAKE_INSTALL_FULL_INCLUDEDIR}")
+else()
+  file(RELATIVE_PATH _fd_pc_to_prefix "/root/${FD_PKGCONFIG_DIR}" "/root")
+  string(REGEX REPLACE "/$" "" _fd_pc_to_prefix "${_fd_pc_to_prefix}")
+  set(FD_PC_PREFIX "\${pcfiledir}/${_fd_pc_to_prefix}")
+  set(FD_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+  set(FD_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/flashdecode.pc.in ${PROJECT_BINARY_DIR}/flashdecode.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/flashdecode.pc DESTINATION ${FD_PKGCONFIG_DIR})
+
+set(FD_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashdecode)
+install(EXPORT flashdecodeTargets NAMESPACE flashdecode:: DESTINATION ${FD_CMAKE_DIR})
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/flashdecodeConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/flashdecodeConfig.cmake INSTALL_DESTINATION ${FD_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashdecodeConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/flashdecodeConfig.cmake ${PROJECT_BINARY_DIR}/flashdecodeConfigVersion.cmake
+  DESTINATION ${FD_CMAKE_DIR})

@@ -1,0 +1,411 @@
+/* Test support: see fdt.h. */
+#include "fdt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- random numbers ------------------------------------------------------ */
+uint64_t fdt_next(fdt_rng *rng) {
+  uint64_t z = (rng->state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double fdt_uniform(fdt_rng *rng, double lo, double hi) {
+  return lo + (hi - lo) * (double)(fdt_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int64_t fdt_int(fdt_rng *rng, int64_t lo, int64_t hi_inclusive) {
+  return lo + (int64_t)(fdt_next(rng) % (uint64_t)(hi_inclusive - lo + 1));
+}
+
+/* ---- dtype conversion ---------------------------------------------------- */
+size_t fdt_dtype_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 || dtype == FD_DTYPE_I32 ? 4 : 2; }
+
+const char *fdt_dtype_name(fd_dtype dtype) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return "f32";
+    case FD_DTYPE_F16: return "f16";
+    case FD_DTYPE_BF16: return "bf16";
+    case FD_DTYPE_I32: return "i32";
+  }
+  return "?";
+}
+
+/* Rounds to the nearest representable value with `mantissa_bits` explicit
+ * bits and a minimum normal exponent, ties to even (via nearbyint). */
+static double round_float_format(double x, int mantissa_bits, int min_exponent, double max_value) {
+  if (x == 0.0 || isnan(x) || isinf(x)) return x;
+  int exponent;
+  frexp(x, &exponent); /* x = f * 2^exponent, 0.5 <= |f| < 1 */
+  exponent -= 1;       /* x = 1.f * 2^exponent */
+  if (exponent < min_exponent) exponent = min_exponent; /* subnormal spacing */
+  const double quantum = ldexp(1.0, exponent - mantissa_bits);
+  const double r = nearbyint(x / quantum) * quantum;
+  if (fabs(r) > max_value) return copysign(INFINITY, x);
+  return r;
+}
+
+double fdt_round_to(fd_dtype dtype, double x) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return (double)(float)x;
+    case FD_DTYPE_F16: return round_float_format(x, 10, -14, 65504.0);
+    case FD_DTYPE_BF16: return round_float_format((double)(float)x, 7, -126, 3.3895313892515355e38);
+    case FD_DTYPE_I32: return x;
+  }
+  return x;
+}
+
+static uint16_t half_bits(double x) {
+  const double r = fdt_round_to(FD_DTYPE_F16, x);
+  uint16_t sign = signbit(r) ? 0x8000u : 0;
+  const double a = fabs(r);
+  if (isnan(r)) return 0x7e00u;
+  if (isinf(a)) return (uint16_t)(sign | 0x7c00u);
+  if (a == 0.0) return sign;
+  int exponent;
+  const double f = frexp(a, &exponent); /* a = f * 2^exponent */
+  if (exponent - 1 < -14) return (uint16_t)(sign | (uint16_t)(a / ldexp(1.0, -24))); /* subnormal */
+  return (uint16_t)(sign | (uint16_t)((exponent - 1 + 15) << 10) | (uint16_t)((f * 2.0 - 1.0) * 1024.0));
+}
+
+static double half_value(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+  if (exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
+  if (exponent == 0) return sign * ldexp((double)mantissa, -24);
+  return sign * ldexp(1.0 + mantissa / 1024.0, exponent - 15);
+}
+
+void fdt_store(fd_dtype dtype, void *base, int64_t index, double x) {
+  switch (dtype) {
+    case FD_DTYPE_F32: ((float *)base)[index] = (float)x; break;
+    case FD_DTYPE_F16: ((uint16_t *)base)[index] = half_bits(x); break;
+    case FD_DTYPE_BF16: {
+      const float f = (float)fdt_round_to(FD_DTYPE_BF16, x);
+      uint32_t bits;
+      memcpy(&bits, &f, sizeof bits);
+      ((uint16_t *)base)[index] = (uint16_t)(bits >> 16); /* exact: already rounded */
+      break;
+    }
+    case FD_DTYPE_I32: ((int32_t *)base)[index] = (int32_t)x; break;
+  }
+}
+
+double fdt_load(fd_dtype dtype, const void *base, int64_t index) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return ((const float *)base)[index];
+    case FD_DTYPE_F16: return half_value(((const uint16_t *)base)[index]);
+    case FD_DTYPE_BF16: {
+      const uint32_t bits = (uint32_t)((const uint16_t *)base)[index] << 16;
+      float f;
+      memcpy(&f, &bits, sizeof f);
+      return f;
+    }
+    case FD_DTYPE_I32: return ((const int32_t *)base)[index];
+  }
+  return NAN;
+}
+
+/* ---- problems ------------------------------------------------------------- */
+static fd_tensor make_tensor(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides) {
+  fd_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = strides[d];
+  }
+  return t;
+}
+
+static void *alloc_nan(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (p) memset(p, 0xff, bytes); /* all-ones: NaN in f32, f16 and bf16 */
+  return p;
+}
+
+static int is_paged(fdt_layout layout) { return layout == FDT_PAGED_NHD || layout == FDT_PAGED_HND; }
+
+void fdt_poison_outputs(fdt_problem *p) {
+  memset(p->out, 0xff, p->out_bytes);
+  if (p->lse) memset(p->lse, 0xff, p->lse_bytes);
+}
+
+static void reference(fdt_problem *p) {
+  const fdt_case *c = &p->c;
+  const int64_t D = c->head_dim, group = c->q_heads / c->kv_heads;
+  const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
+  double *scores = malloc((size_t)(c->kv_len > 0 ? c->kv_len : 1) * sizeof *scores);
+  for (int64_t b = 0; b < c->batch; ++b) {
+    for (int64_t h = 0; h < c->q_heads; ++h) {
+      const int64_t g = h / group;
+      const double *q = p->ref_q + (b * c->q_heads + h) * D;
+      double *out = p->expect_out + (b * c->q_heads + h) * D;
+      const int64_t len = p->lens[b];
+      if (len == 0) {
+        for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
+        p->expect_lse[b * c->q_heads + h] = -INFINITY;
+        continue;
+      }
+      double m = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
+        double s = 0.0;
+        for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+        scores[j] = s * scale;
+        if (scores[j] > m) m = scores[j];
+      }
+      double l = 0.0;
+      for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
+      for (int64_t j = 0; j < len; ++j) {
+        const double w = exp(scores[j] - m);
+        const double *v = p->ref_v + ((b * c->kv_len + j) * c->kv_heads + g) * D;
+        l += w;
+        for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+      }
+      for (int64_t d = 0; d < D; ++d) out[d] /= l;
+      p->expect_lse[b * c->q_heads + h] = m + log(l);
+    }
+  }
+  free(scores);
+}
+
+int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
+  memset(p, 0, sizeof *p);
+  p->c = *case_in;
+  fdt_case *c = &p->c;
+  fdt_rng rng = {c->seed * 0x2545f4914f6cdd1dull + 1};
+  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim;
+  const fd_dtype dt = c->dtype;
+  const size_t es = fdt_dtype_size(dt);
+  int64_t max_pages = 0, num_pages = 0, P = c->page_size;
+  if (is_paged(c->layout)) {
+    max_pages = (c->kv_len + P - 1) / P;
+    c->kv_len = max_pages * P;
+    num_pages = B * max_pages + 3; /* spare pages stay NaN: reading one shows */
+  }
+  const int64_t N = c->kv_len;
+
+  /* Logical float64 tensors, values exactly representable in dtype. */
+  p->ref_q = malloc((size_t)(B * Hq * D) * sizeof(double) + 1);
+  p->ref_k = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
+  p->ref_v = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
+  p->lens = malloc((size_t)B * sizeof(int64_t) + 1);
+  p->expect_out = malloc((size_t)(B * Hq * D) * sizeof(double) + 1);
+  p->expect_lse = malloc((size_t)(B * Hq) * sizeof(double) + 1);
+  if (!p->ref_q || !p->ref_k || !p->ref_v || !p->lens || !p->expect_out || !p->expect_lse) return -1;
+  for (int64_t i = 0; i < B * Hq * D; ++i) p->ref_q[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
+  for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_k[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
+  for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_v[i] = fdt_round_to(dt, fdt_uniform(&rng, -1.0, 1.0));
+  /* Ragged lengths cover the edges: empty, full, one, and around 64. */
+  static const int64_t edge_lens[] = {0, -1, 1, 63, 64, 65};
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t len = N;
+    if (c->ragged) {
+      len = b < 6 ? edge_lens[b] : fdt_int(&rng, 0, N);
+      if (len < 0 || len > N) len = N;
+    }
+    p->lens[b] = len;
+  }
+
+  /* q and out: [B, 1, Hq, D]; the padded layout leaves gaps between heads. */
+  const int64_t head_pitch = c->layout == FDT_BNHD_PADDED ? D + 8 : D;
+  const int64_t q_shape[4] = {B, 1, Hq, D};
+  const int64_t q_strides[4] = {Hq * head_pitch, Hq * head_pitch, head_pitch, 1};
+  p->q_bytes = (size_t)(B * Hq * head_pitch) * es;
+  p->q = alloc_nan(p->q_bytes);
+  const size_t out_es = fdt_dtype_size(c->out_dtype);
+  p->out_bytes = (size_t)(B * Hq * head_pitch) * out_es;
+  p->out = alloc_nan(p->out_bytes);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t d = 0; d < D; ++d)
+        fdt_store(dt, p->q, b * q_strides[0] + h * q_strides[2] + d, p->ref_q[(b * Hq + h) * D + d]);
+
+  /* K/V storage; everything not a valid token stays NaN. */
+  int64_t kv_shape[4], kv_strides[4], kv_elems, base_offset = 0;
+  switch (c->layout) {
+    case FDT_BHND:
+      kv_shape[0] = B; kv_shape[1] = N; kv_shape[2] = Hkv; kv_shape[3] = D;
+      kv_strides[0] = Hkv * N * D; kv_strides[1] = D; kv_strides[2] = N * D; kv_strides[3] = 1;
+      kv_elems = B * Hkv * N * D;
+      break;
+    case FDT_BNHD_PADDED: /* a slice of [B, N + 3, Hkv + 1, D + 8] starting at head 1 */
+      kv_shape[0] = B; kv_shape[1] = N; kv_shape[2] = Hkv; kv_shape[3] = D;
+      kv_strides[0] = (N + 3) * (Hkv + 1) * (D + 8); kv_strides[1] = (Hkv + 1) * (D + 8);
+      kv_strides[2] = D + 8; kv_strides[3] = 1;
+      kv_elems = B * (N + 3) * (Hkv + 1) * (D + 8);
+      base_offset = D + 8;
+      break;
+    case FDT_PAGED_NHD:
+      kv_shape[0] = num_pages; kv_shape[1] = P; kv_shape[2] = Hkv; kv_shape[3] = D;
+      kv_strides[0] = P * Hkv * D; kv_strides[1] = Hkv * D; kv_strides[2] = D; kv_strides[3] = 1;
+      kv_elems = num_pages * P * Hkv * D;
+      break;
+    case FDT_PAGED_HND:
+      kv_shape[0] = num_pages; kv_shape[1] = P; kv_shape[2] = Hkv; kv_shape[3] = D;
+      kv_strides[0] = Hkv * P * D; kv_strides[1] = D; kv_strides[2] = P * D; kv_strides[3] = 1;
+      kv_elems = num_pages * Hkv * P * D;
+      break;
+    case FDT_BNHD:
+    default:
+      kv_shape[0] = B; kv_shape[1] = N; kv_shape[2] = Hkv; kv_shape[3] = D;
+      kv_strides[0] = N * Hkv * D; kv_strides[1] = Hkv * D; kv_strides[2] = D; kv_strides[3] = 1;
+      kv_elems = B * N * Hkv * D;
+      break;
+  }
+  p->kv_bytes = (size_t)kv_elems * es;
+  p->k = alloc_nan(p->kv_bytes);
+  p->v = alloc_nan(p->kv_bytes);
+  if (!p->q || !p->out || !p->k || !p->v) return -1;
+
+  if (is_paged(c->layout)) {
+    /* Shuffled assignment of pool pages to (sequence, page) slots. */
+    p->block_table_bytes = (size_t)(B * max_pages) * sizeof(int32_t);
+    p->block_table = malloc(p->block_table_bytes + 1);
+    int64_t *perm = malloc((size_t)num_pages * sizeof *perm);
+    if (!p->block_table || !perm) return -1;
+    for (int64_t i = 0; i < num_pages; ++i) perm[i] = i;
+    for (int64_t i = num_pages - 1; i > 0; --i) {
+      const int64_t j = fdt_int(&rng, 0, i);
+      const int64_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+    }
+    for (int64_t i = 0; i < B * max_pages; ++i) p->block_table[i] = (int32_t)perm[i];
+    free(perm);
+  }
+
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < p->lens[b]; ++j) {
+      for (int64_t g = 0; g < Hkv; ++g) {
+        int64_t row;
+        if (is_paged(c->layout)) {
+          row = p->block_table[b * max_pages + j / P] * kv_strides[0] + (j % P) * kv_strides[1] + g * kv_strides[2];
+        } else {
+          row = base_offset + b * kv_strides[0] + j * kv_strides[1] + g * kv_strides[2];
+        }
+        const int64_t src = ((b * N + j) * Hkv + g) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          fdt_store(dt, p->k, row + d, p->ref_k[src + d]);
+          fdt_store(dt, p->v, row + d, p->ref_v[src + d]);
+        }
+      }
+    }
+  }
+
+  fd_decode_args_init(&p->args);
+  p->args.q = make_tensor(p->q, dt, 4, q_shape, q_strides);
+  p->args.out = make_tensor(p->out, c->out_dtype, 4, q_shape, q_strides);
+  p->args.k = make_tensor((char *)p->k + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
+  p->args.v = make_tensor((char *)p->v + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
+  if (is_paged(c->layout)) {
+    const int64_t bt_shape[2] = {B, max_pages}, bt_strides[2] = {max_pages, 1};
+    p->args.block_table = make_tensor(p->block_table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
+  }
+  if (c->ragged) {
+    p->seq_lens_bytes = (size_t)B * sizeof(int32_t);
+    p->seq_lens = malloc(p->seq_lens_bytes + 1);
+    if (!p->seq_lens) return -1;
+    for (int64_t b = 0; b < B; ++b) p->seq_lens[b] = (int32_t)p->lens[b];
+    const int64_t shape[1] = {B}, strides[1] = {1};
+    p->args.seq_lens = make_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
+  }
+  if (c->with_lse) {
+    p->lse_bytes = (size_t)(B * Hq) * sizeof(float);
+    p->lse = alloc_nan(p->lse_bytes);
+    if (!p->lse) return -1;
+    const int64_t shape[3] = {B, 1, Hq}, strides[3] = {Hq, Hq, 1};
+    p->args.lse = make_tensor(p->lse, FD_DTYPE_F32, 3, shape, strides);
+  }
+  p->args.softmax_scale = c->softmax_scale;
+  p->args.num_splits = c->num_splits;
+  reference(p);
+  return 0;
+}
+
+void fdt_problem_free(fdt_problem *p) {
+  free(p->q);
+  free(p->k);
+  free(p->v);
+  free(p->out);
+  free(p->lse);
+  free(p->seq_lens);
+  free(p->block_table);
+  free(p->ref_q);
+  free(p->ref_k);
+  free(p->ref_v);
+  free(p->lens);
+  free(p->expect_out);
+  free(p->expect_lse);
+  memset(p, 0, sizeof *p);
+}
+
+double fdt_error_bound(fd_dtype out_dtype) {
+  switch (out_dtype) {
+    case FD_DTYPE_F16: return 2e-3;
+    case FD_DTYPE_BF16: return 1e-2;
+    default: return 1e-5;
+  }
+}
+
+int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error) {
+  const fdt_case *c = &p->c;
+  const int64_t D = c->head_dim;
+  const int64_t *q_strides = p->args.out.strides;
+  double diff2 = 0.0, ref2 = 0.0, lse_max = 0.0;
+  int64_t unwritten = 0, bad_empty = 0;
+  for (int64_t b = 0; b < c->batch; ++b) {
+    for (int64_t h = 0; h < c->q_heads; ++h) {
+      for (int64_t d = 0; d < D; ++d) {
+        const double got = fdt_load(c->out_dtype, p->out, b * q_strides[0] + h * q_strides[2] + d);
+        const double want = p->expect_out[(b * c->q_heads + h) * D + d];
+        if (isnan(got)) {
+          ++unwritten;
+          continue;
+        }
+        if (p->lens[b] == 0 && got != 0.0) ++bad_empty;
+        diff2 += (got - want) * (got - want);
+        ref2 += want * want;
+      }
+      if (p->lse) {
+        const double got = ((const float *)p->lse)[b * c->q_heads + h];
+        const double want = p->expect_lse[b * c->q_heads + h];
+        if (isnan(got)) {
+          ++unwritten;
+        } else if (p->lens[b] == 0) {
+          if (!(isinf(got) && got < 0)) ++bad_empty;
+        } else if (fabs(got - want) > lse_max) {
+          lse_max = fabs(got - want);
+        }
+      }
+    }
+  }
+  const double rel = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+  const double bound = fdt_error_bound(c->out_dtype);
+  const double lse_bound = 1e-4;
+  if (out_error) *out_error = rel;
+  if (lse_error) *lse_error = lse_max;
+  const int ok = unwritten == 0 && bad_empty == 0 && rel <= bound && lse_max <= lse_bound;
+  if (report && report_size) {
+    snprintf(report, report_size, "%s rel_err=%.3g (bound %.1g) lse_err=%.3g unwritten=%lld bad_empty=%lld",
+             ok ? "ok" : "FAIL", rel, bound, lse_max, (long long)unwritten, (long long)bad_empty);
+  }
+  return ok ? 0 : 1;
+}
+
+void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {
+  static const char *layouts[] = {"BNHD", "BHND", "BNHD-padded", "paged-NHD", "paged-HND"};
+  snprintf(buffer, size, "B=%lld Hq=%lld Hkv=%lld N=%lld D=%lld %s->%s %s%s%s splits=%d page=%lld seed=%llu",
+           (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->kv_len,
+           (long long)c->head_dim, fdt_dtype_name(c->dtype), fdt_dtype_name(c->out_dtype), layouts[c->layout],
+           c->ragged ? " ragged" : "", c->with_lse ? " lse" : "", (int)c->num_splits, (long long)c->page_size,
+           (unsigned long long)c->seed);
+}

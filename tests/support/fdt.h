@@ -1,0 +1,106 @@
+/*
+ * Test support for flashdecode: random problems in any layout, a naive
+ * float64 reference, and checks that every output element was written.
+ *
+ * A problem is generated once as logical float64 tensors (values already
+ * rounded to the storage dtype), then laid out into storage buffers with the
+ * requested strides (BHND, BNHD, padded slice, or a shuffled page pool). The
+ * reference reads only the logical tensors, so it is independent of the
+ * layout plumbing it checks. Storage buffers are host memory; a GPU test
+ * copies them to the device with the same strides.
+ *
+ * Written independently of the library's internals (its own fp16/bf16
+ * conversion, its own indexing), so the two can disagree.
+ */
+#ifndef FDT_H_INCLUDED
+#define FDT_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashdecode.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- random numbers (splitmix64) ---------------------------------------- */
+typedef struct fdt_rng {
+  uint64_t state;
+} fdt_rng;
+uint64_t fdt_next(fdt_rng *rng);
+double fdt_uniform(fdt_rng *rng, double lo, double hi);
+int64_t fdt_int(fdt_rng *rng, int64_t lo, int64_t hi_inclusive);
+
+/* ---- dtype conversion ---------------------------------------------------- */
+size_t fdt_dtype_size(fd_dtype dtype);
+const char *fdt_dtype_name(fd_dtype dtype);
+double fdt_round_to(fd_dtype dtype, double x); /* value after storing in dtype */
+void fdt_store(fd_dtype dtype, void *base, int64_t index, double x);
+double fdt_load(fd_dtype dtype, const void *base, int64_t index);
+
+/* ---- problems ------------------------------------------------------------- */
+typedef enum fdt_layout {
+  FDT_BNHD = 0,        /* [batch, seq, heads, dim], contiguous */
+  FDT_BHND = 1,        /* [batch, heads, seq, dim], contiguous */
+  FDT_BNHD_PADDED = 2, /* BNHD slice of a bigger buffer: extra heads and dims between rows */
+  FDT_PAGED_NHD = 3,   /* page pool [pages, page_size, heads, dim], shuffled block table */
+  FDT_PAGED_HND = 4    /* page pool [pages, heads, page_size, dim], shuffled block table */
+} fdt_layout;
+
+typedef struct fdt_case {
+  int64_t batch, q_heads, kv_heads, head_dim;
+  int64_t kv_len;      /* cache capacity per sequence (dense) or pages * page_size (paged) */
+  int64_t page_size;   /* paged layouts only */
+  fd_dtype dtype;
+  fd_dtype out_dtype;  /* dtype, or FD_DTYPE_F32 */
+  fdt_layout layout;
+  int ragged;          /* per-sequence lengths: random in [0, kv_len], including 0 and kv_len */
+  int with_lse;
+  int32_t num_splits;  /* 0 = automatic */
+  double softmax_scale; /* 0 = default */
+  uint64_t seed;
+} fdt_case;
+
+/* A generated problem: storage (what the library reads and writes) and the
+ * logical float64 tensors the reference reads. */
+typedef struct fdt_problem {
+  fdt_case c;
+  fd_decode_args args;        /* points at the host storage below */
+  void *q, *k, *v, *out, *lse;
+  int32_t *seq_lens, *block_table;
+  size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes;
+  double *ref_q;   /* [batch, q_heads, dim] */
+  double *ref_k;   /* [batch, kv_len, kv_heads, dim] */
+  double *ref_v;
+  int64_t *lens;   /* [batch] */
+  double *expect_out; /* [batch, q_heads, dim] */
+  double *expect_lse; /* [batch, q_heads] */
+} fdt_problem;
+
+/* Generates random data, lays it out, poisons out/lse with NaN and computes
+ * the reference. Returns 0 on success. */
+int fdt_problem_make(fdt_problem *p, const fdt_case *c);
+void fdt_problem_free(fdt_problem *p);
+
+/* Fills out and lse with NaN bit patterns (every element "unwritten"). */
+void fdt_poison_outputs(fdt_problem *p);
+
+/* Compares p->out / p->lse (host storage) to the reference. Writes a one-line
+ * summary to `report` and returns 0 when every element was written, no NaN
+ * appeared, empty sequences gave zeros and LSE -inf, and the relative error
+ * ||out - ref|| / ||ref|| is within the dtype's bound; the measured errors
+ * are returned through out_error / lse_error (may be NULL). */
+int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error);
+
+/* Bound on ||out - ref|| / ||ref|| for an output dtype. */
+double fdt_error_bound(fd_dtype out_dtype);
+
+/* Human-readable case description. */
+void fdt_case_describe(const fdt_case *c, char *buffer, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

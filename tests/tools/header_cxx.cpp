@@ -1,0 +1,5 @@
+// The public header compiles as C++ too (extern "C", no C-only constructs).
+#include "flashdecode.h"
+
+int fd_header_cxx_check();
+int fd_header_cxx_check() { return FD_VERSION_NUMBER + static_cast<int>(sizeof(fd_decode_args)); }

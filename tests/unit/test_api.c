@@ -1,0 +1,545 @@
+/* The API contract on the CPU backend: version, status strings, handle
+ * lifetime, workspace control, thread-local errors, and one test per kind of
+ * bad input (specific status, message naming the argument, output untouched). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdt.h"
+#include "flashdecode.h"
+
+/* ---- fixtures ------------------------------------------------------------ */
+typedef struct fixture {
+  fd_handle *handle;
+  fdt_problem problem;
+  unsigned char *pristine_out; /* copy of the poisoned output, to prove nothing was written */
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = 2;
+  if (fd_create(&f->handle, &options) != FD_SUCCESS) return -1;
+  fdt_case c = {0};
+  c.batch = 2;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_len = 100;
+  c.dtype = FD_DTYPE_F16;
+  c.out_dtype = FD_DTYPE_F16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.seed = 7;
+  if (fdt_problem_make(&f->problem, &c) != 0) return -1;
+  f->pristine_out = malloc(f->problem.out_bytes);
+  memcpy(f->pristine_out, f->problem.out, f->problem.out_bytes);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_destroy(f->handle), FD_SUCCESS);
+  fdt_problem_free(&f->problem);
+  free(f->pristine_out);
+  free(f);
+  return 0;
+}
+
+static const char *last_message(void) {
+  static _Thread_local char buffer[512];
+  fd_last_error_message(buffer, sizeof buffer);
+  return buffer;
+}
+
+/* Runs fd_decode on args and expects `status` with `needle` in the message
+ * and the output untouched. */
+static void expect_rejected(fixture *f, const fd_decode_args *args, fd_status status, const char *needle) {
+  const fd_status got = fd_decode(f->handle, args, NULL);
+  if (got != status || strstr(last_message(), needle) == NULL) {
+    fail_msg("expected status %d (%s) with \"%s\", got %d: %s", status, fd_status_string(status), needle, got,
+             last_message());
+  }
+  assert_memory_equal(f->problem.out, f->pristine_out, f->problem.out_bytes);
+  /* fd_workspace_size validates the same arguments; it never reads tensor
+   * contents (seq_lens values) and does not look at the workspace itself. */
+  const int content_error = strstr(needle, "seq_lens[") != NULL || status == FD_ERROR_WORKSPACE_TOO_SMALL;
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, args, &bytes), content_error ? FD_SUCCESS : status);
+}
+
+/* ---- version, strings, lifetime -------------------------------------------- */
+static void test_version(void **state) {
+  (void)state;
+  assert_int_equal(fd_version_number(), FD_VERSION_NUMBER);
+  char expected[32];
+  snprintf(expected, sizeof expected, "%d.%d.%d", FD_VERSION_MAJOR, FD_VERSION_MINOR, FD_VERSION_PATCH);
+  assert_string_equal(fd_version_string(), expected);
+}
+
+static void test_status_strings(void **state) {
+  (void)state;
+  assert_string_equal(fd_status_string(FD_SUCCESS), "success");
+  for (int s = 0; s <= FD_ERROR_INTERNAL; ++s) {
+    const char *text = fd_status_string((fd_status)s);
+    assert_non_null(text);
+    assert_true(strlen(text) > 0);
+    assert_string_not_equal(text, "unknown status");
+  }
+  assert_string_equal(fd_status_string((fd_status)12345), "unknown status");
+  /* Pinned values: bindings hard-code them. */
+  assert_int_equal(FD_ERROR_INVALID_SHAPE, 6);
+  assert_int_equal(FD_ERROR_INVALID_HANDLE, 12);
+  assert_int_equal(FD_ERROR_INTERNAL, 17);
+}
+
+static void test_create_destroy(void **state) {
+  (void)state;
+  fd_handle *h = (fd_handle *)0x1;
+  fd_options options;
+  fd_options_init(&options);
+  assert_int_equal(options.struct_size, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  assert_non_null(h);
+  fd_backend backend = FD_BACKEND_AUTO;
+  assert_int_equal(fd_get_backend(h, &backend), FD_SUCCESS);
+  assert_int_equal(backend, FD_BACKEND_CPU);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(fd_destroy(NULL), FD_SUCCESS);
+
+  /* Defaults (NULL options) pick AUTO: the CPU on a machine without a usable GPU backend. */
+  assert_int_equal(fd_create(&h, NULL), FD_SUCCESS);
+  assert_int_equal(fd_get_backend(h, &backend), FD_SUCCESS);
+  assert_true(backend == FD_BACKEND_CPU || backend == FD_BACKEND_CUDA);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+static void test_create_rejects_bad_options(void **state) {
+  (void)state;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(NULL, NULL), FD_ERROR_NULL_POINTER);
+  assert_non_null(strstr(last_message(), "handle"));
+
+  fd_options options;
+  fd_options_init(&options);
+  options.struct_size = 4;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "struct_size"));
+  assert_null(h);
+
+  fd_options_init(&options);
+  options.backend = (fd_backend)42;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "backend"));
+
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = -3;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "num_threads"));
+
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CUDA;
+  options.device = -1;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "device"));
+
+  /* A device ordinal no machine has. */
+  options.device = 1000;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_NO_DEVICE);
+  assert_non_null(strstr(last_message(), "device"));
+  assert_null(h);
+}
+
+static void test_old_options_struct_is_accepted(void **state) {
+  (void)state;
+  /* A caller compiled when fd_options ended at `backend` still works. */
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = -99; /* beyond the old struct: must be ignored */
+  options.struct_size = offsetof(fd_options, backend) + sizeof options.backend;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+static void test_use_after_destroy(void **state) {
+  fixture *f = *state;
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CPU;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(fd_decode(h, &f->problem.args, NULL), FD_ERROR_INVALID_HANDLE);
+  assert_non_null(strstr(last_message(), "handle"));
+  assert_memory_equal(f->problem.out, f->pristine_out, f->problem.out_bytes);
+  assert_int_equal(fd_destroy(h), FD_ERROR_INVALID_HANDLE);
+  fd_backend backend;
+  assert_int_equal(fd_get_backend(h, &backend), FD_ERROR_INVALID_HANDLE);
+  int not_a_handle = 0;
+  assert_int_equal(fd_decode((fd_handle *)&not_a_handle, &f->problem.args, NULL), FD_ERROR_INVALID_HANDLE);
+}
+
+/* ---- bad input: one test per rejection --------------------------------------- */
+static void test_rejects_null_handle(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(NULL, &f->problem.args, NULL), FD_ERROR_NULL_POINTER);
+  assert_non_null(strstr(last_message(), "handle is NULL"));
+}
+
+static void test_rejects_null_args(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, NULL, NULL), FD_ERROR_NULL_POINTER);
+  assert_non_null(strstr(last_message(), "args is NULL"));
+}
+
+static void test_rejects_bad_struct_size(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.struct_size = 8;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "struct_size");
+}
+
+static void test_rejects_null_tensor_data(void **state) {
+  fixture *f = *state;
+  const char *names[] = {"q:", "k:", "v:", "out:"};
+  for (int i = 0; i < 4; ++i) {
+    fd_decode_args a = f->problem.args;
+    fd_tensor *t[] = {&a.q, &a.k, &a.v, &a.out};
+    t[i]->data = NULL;
+    expect_rejected(f, &a, FD_ERROR_NULL_POINTER, names[i]);
+  }
+}
+
+static void test_rejects_unknown_dtype(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q.dtype = (fd_dtype)9;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "q: unknown dtype 9");
+}
+
+static void test_rejects_mixed_dtypes(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.dtype = FD_DTYPE_BF16;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "k: dtype must be f16");
+  a = f->problem.args;
+  a.out.dtype = FD_DTYPE_BF16;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "out: dtype");
+  a = f->problem.args;
+  a.q.dtype = a.k.dtype = a.v.dtype = FD_DTYPE_I32;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "q: dtype must be f32, f16 or bf16");
+  a = f->problem.args;
+  a.lse.dtype = FD_DTYPE_F16;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "lse: dtype must be f32");
+  a = f->problem.args;
+  a.seq_lens.dtype = FD_DTYPE_F32;
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "seq_lens: dtype must be i32");
+}
+
+static void test_rejects_head_dim_out_of_range(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.out.shape[3] = 512;
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_DIM, "head_dim must be in [1, 256], got 512");
+  a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.out.shape[3] = 0;
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_DIM, "got 0");
+}
+
+static void test_rejects_head_counts(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.shape[2] = a.v.shape[2] = 3; /* 8 query heads over 3 KV heads */
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_COUNT, "multiple of kv_heads");
+  a = f->problem.args;
+  a.q.shape[2] = a.out.shape[2] = 0;
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_COUNT, "q_heads must be in");
+  a = f->problem.args;
+  a.q.shape[2] = a.out.shape[2] = FD_MAX_HEADS + 2;
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_COUNT, "q_heads must be in");
+  a = f->problem.args;
+  a.k.shape[2] = a.v.shape[2] = 0;
+  expect_rejected(f, &a, FD_ERROR_INVALID_HEAD_COUNT, "kv_heads must be in");
+}
+
+static void test_rejects_shape_mismatch(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.shape[3] = 32;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: head_dim must be 64");
+  a = f->problem.args;
+  a.v.shape[1] = 99;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "v: kv_capacity must be 100");
+  a = f->problem.args;
+  a.out.shape[2] = 4;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "out: q_heads must be 8");
+  a = f->problem.args;
+  a.k.shape[0] = a.v.shape[0] = 3;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: batch must be 2");
+  a = f->problem.args;
+  a.seq_lens.shape[0] = 5;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "seq_lens: batch must be 2");
+  a = f->problem.args;
+  a.lse.shape[2] = 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "lse: q_heads must be 8");
+  a = f->problem.args;
+  a.q.ndim = 3;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: ndim must be 4, got 3");
+  a = f->problem.args;
+  a.q.shape[0] = a.out.shape[0] = -1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: shape[0] (batch) must not be negative");
+}
+
+static void test_rejects_non_contiguous_head_dim(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.strides[3] = 3;
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "k: stride of head_dim must be 1, got 3");
+  a = f->problem.args;
+  a.out.strides[3] = 2;
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "out: stride of head_dim must be 1");
+}
+
+static void test_rejects_negative_stride(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.v.strides[1] = -64;
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "v: stride of kv_capacity must not be negative");
+}
+
+static void test_rejects_offset_overflow(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.strides[1] = INT64_MAX / 4;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows");
+}
+
+static void test_rejects_oversized_capacity(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.shape[1] = a.v.shape[1] = (int64_t)INT32_MAX + 1;
+  a.k.strides[1] = a.v.strides[1] = 0; /* keep the extent addressable */
+  expect_rejected(f, &a, FD_ERROR_INVALID_LENGTH, "kv_capacity must be at most");
+}
+
+static void test_rejects_negative_seq_len(void **state) {
+  fixture *f = *state;
+  const int32_t saved = f->problem.seq_lens[1];
+  f->problem.seq_lens[1] = -5;
+  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH, "seq_lens[1] must be in [0, 100]");
+  f->problem.seq_lens[1] = saved;
+}
+
+static void test_rejects_seq_len_beyond_cache(void **state) {
+  fixture *f = *state;
+  const int32_t saved = f->problem.seq_lens[0];
+  f->problem.seq_lens[0] = 101;
+  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH, "seq_lens[0] must be in [0, 100] (the KV capacity), got 101");
+  f->problem.seq_lens[0] = saved;
+}
+
+static void test_rejects_bad_splits(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.num_splits = -1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "num_splits must be in [0, 1024]");
+  a.num_splits = FD_MAX_SPLITS + 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "got 1025");
+}
+
+static void test_rejects_non_finite_scale(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.softmax_scale = NAN;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite");
+  a.softmax_scale = 1e300; /* finite double, infinite float */
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale");
+}
+
+static void test_rejects_several_query_tokens(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q.shape[1] = a.out.shape[1] = a.lse.shape[1] = 2;
+  expect_rejected(f, &a, FD_ERROR_UNSUPPORTED, "q_len must be 1");
+}
+
+static void test_rejects_bad_block_table(void **state) {
+  fixture *f = *state;
+  fdt_case c = f->problem.c;
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 0;
+  fdt_problem paged;
+  assert_int_equal(fdt_problem_make(&paged, &c), 0);
+  unsigned char *pristine = malloc(paged.out_bytes);
+  memcpy(pristine, paged.out, paged.out_bytes);
+  paged.block_table[3] = 100000;
+  assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
+  assert_non_null(strstr(last_message(), "block_table[0][3] must be in [0,"));
+  paged.block_table[3] = -1;
+  assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
+  assert_memory_equal(paged.out, pristine, paged.out_bytes);
+  /* A block table of the wrong width or dtype, or pages of size 0. */
+  fd_decode_args a = paged.args;
+  a.block_table.shape[0] = 1;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_INVALID_SHAPE);
+  assert_non_null(strstr(last_message(), "block_table: batch must be 2"));
+  a = paged.args;
+  a.block_table.dtype = FD_DTYPE_F32;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_INVALID_DTYPE);
+  a = paged.args;
+  a.k.shape[1] = a.v.shape[1] = 0;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_INVALID_LENGTH);
+  assert_non_null(strstr(last_message(), "page_size must be at least 1"));
+  assert_memory_equal(paged.out, pristine, paged.out_bytes);
+  free(pristine);
+  fdt_problem_free(&paged);
+}
+
+/* ---- workspace ------------------------------------------------------------------- */
+static void test_workspace_size_and_caller_memory(void **state) {
+  fixture *f = *state;
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &bytes), FD_SUCCESS);
+  assert_true(bytes > 0);
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, NULL), FD_ERROR_NULL_POINTER);
+
+  /* More splits need more workspace. */
+  fd_decode_args a = f->problem.args;
+  a.num_splits = 1;
+  size_t one = 0, many = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &one), FD_SUCCESS);
+  a.num_splits = 64;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &many), FD_SUCCESS);
+  assert_true(many > one);
+
+  /* Too small a caller buffer is refused and nothing is written. */
+  void *small = aligned_alloc(256, 256);
+  assert_int_equal(fd_set_workspace(f->handle, small, 256), FD_SUCCESS);
+  expect_rejected(f, &f->problem.args, FD_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  assert_int_equal(fd_reserve_workspace(f->handle, bytes), FD_ERROR_WORKSPACE_TOO_SMALL);
+
+  /* Misaligned memory is refused. */
+  assert_int_equal(fd_set_workspace(f->handle, (char *)small + 4, 252), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "aligned"));
+
+  /* A large enough caller buffer works and gives the same bits as library-owned memory. */
+  void *big = aligned_alloc(256, (bytes + 255) / 256 * 256);
+  assert_int_equal(fd_set_workspace(f->handle, big, bytes), FD_SUCCESS);
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  unsigned char *with_caller = malloc(f->problem.out_bytes);
+  memcpy(with_caller, f->problem.out, f->problem.out_bytes);
+  assert_int_equal(fd_set_workspace(f->handle, NULL, 0), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(f->handle, bytes), FD_SUCCESS);
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, with_caller, f->problem.out_bytes);
+  free(with_caller);
+  free(big);
+  free(small);
+  fdt_poison_outputs(&f->problem);
+}
+
+/* ---- thread-local errors ----------------------------------------------------------- */
+typedef struct thread_job {
+  fixture *f;
+  int num_splits;
+  char message[512];
+  fd_status status;
+} thread_job;
+
+static void *provoke_error(void *arg) {
+  thread_job *job = arg;
+  fd_decode_args a = job->f->problem.args;
+  a.num_splits = job->num_splits;
+  for (int i = 0; i < 200; ++i) {
+    job->status = fd_workspace_size(job->f->handle, &a, &(size_t){0});
+    fd_last_error_message(job->message, sizeof job->message);
+  }
+  return NULL;
+}
+
+static void test_error_messages_are_thread_local(void **state) {
+  fixture *f = *state;
+  thread_job a = {f, -7, {0}, FD_SUCCESS}, b = {f, 5000, {0}, FD_SUCCESS};
+  pthread_t ta, tb;
+  /* fd_workspace_size on one handle from two threads is read-only and allowed. */
+  assert_int_equal(pthread_create(&ta, NULL, provoke_error, &a), 0);
+  assert_int_equal(pthread_create(&tb, NULL, provoke_error, &b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  assert_int_equal(a.status, FD_ERROR_INVALID_SPLITS);
+  assert_int_equal(b.status, FD_ERROR_INVALID_SPLITS);
+  assert_non_null(strstr(a.message, "got -7"));
+  assert_non_null(strstr(b.message, "got 5000"));
+  /* The main thread's message is its own. */
+  assert_int_equal(fd_decode(NULL, NULL, NULL), FD_ERROR_NULL_POINTER);
+  assert_non_null(strstr(last_message(), "handle is NULL"));
+}
+
+static void test_error_message_truncation(void **state) {
+  (void)state;
+  assert_int_equal(fd_decode(NULL, NULL, NULL), FD_ERROR_NULL_POINTER);
+  const size_t full = fd_last_error_message(NULL, 0);
+  assert_true(full > 5);
+  char small[6];
+  assert_int_equal(fd_last_error_message(small, sizeof small), full);
+  assert_int_equal(strlen(small), 5);
+}
+
+static void test_empty_batch_is_a_no_op(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.out.shape[0] = a.lse.shape[0] = a.seq_lens.shape[0] = 0;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, f->pristine_out, f->problem.out_bytes);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_version),
+      cmocka_unit_test(test_status_strings),
+      cmocka_unit_test(test_create_destroy),
+      cmocka_unit_test(test_create_rejects_bad_options),
+      cmocka_unit_test(test_old_options_struct_is_accepted),
+      cmocka_unit_test(test_error_message_truncation),
+      cmocka_unit_test_setup_teardown(test_use_after_destroy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_null_handle, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_null_args, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_bad_struct_size, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_null_tensor_data, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_unknown_dtype, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_mixed_dtypes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_head_dim_out_of_range, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_head_counts, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_shape_mismatch, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_non_contiguous_head_dim, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_negative_stride, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_offset_overflow, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_oversized_capacity, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_negative_seq_len, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_seq_len_beyond_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_bad_splits, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_non_finite_scale, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_several_query_tokens, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_bad_block_table, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_workspace_size_and_caller_memory, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_error_messages_are_thread_local, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_empty_batch_is_a_no_op, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
