@@ -21,8 +21,11 @@
  *   be called from any thread at any time.
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
- * - Calls on one handle must not overlap: a handle owns a workspace that every
- *   fd_decode() uses. Use one handle per thread (or serialise access).
+ * - On one handle, fd_workspace_size() and fd_get_backend() only read it and
+ *   may run concurrently with each other. fd_decode(), fd_reserve_workspace(),
+ *   fd_set_workspace() and fd_destroy() must not overlap with any other call
+ *   on the same handle: the handle owns the workspace every fd_decode() uses.
+ *   Use one handle per thread or stream (or serialise access).
  * - The detailed error message is thread-local: it describes the last failed
  *   call made by the calling thread.
  *
