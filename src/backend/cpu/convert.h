@@ -73,16 +73,36 @@ template <fd_dtype D> struct Storage;
 template <> struct Storage<FD_DTYPE_F32> {
   using type = float;
   static float load(const float *p) { return *p; }
+  static void load_row(const float *src, float *dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
   static void store(float *p, float x) { *p = x; }
 };
+// Every fp16 value as float, built once: a load is then one table lookup.
+struct HalfTable {
+  float values[1 << 16];
+  HalfTable() {
+    for (uint32_t h = 0; h < (1u << 16); ++h) values[h] = half_to_float(static_cast<uint16_t>(h));
+  }
+};
+inline const HalfTable &half_table() {
+  static const HalfTable *table = new HalfTable;  // never destroyed: usable during exit
+  return *table;
+}
+
 template <> struct Storage<FD_DTYPE_F16> {
   using type = uint16_t;
-  static float load(const uint16_t *p) { return half_to_float(*p); }
+  static float load(const uint16_t *p) { return half_table().values[*p]; }
+  static void load_row(const uint16_t *src, float *dst, int64_t n) {
+    const float *values = half_table().values;
+    for (int64_t i = 0; i < n; ++i) dst[i] = values[src[i]];
+  }
   static void store(uint16_t *p, float x) { *p = float_to_half(x); }
 };
 template <> struct Storage<FD_DTYPE_BF16> {
   using type = uint16_t;
   static float load(const uint16_t *p) { return bf16_to_float(*p); }
+  static void load_row(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+  }
   static void store(uint16_t *p, float x) { *p = float_to_bf16(x); }
 };
 

@@ -47,9 +47,25 @@ Partials partials_of(const Plan &plan, void *workspace) {
           reinterpret_cast<float *>(base + plan.acc_offset)};
 }
 
+// Dot product with eight independent partial sums: the compiler vectorises
+// it without -ffast-math, and the summation order is still fixed.
+inline float dot(const float *a, const float *b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
+  }
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+// Tokens converted and scored together: one rescale of acc per block
+// instead of per token, and K/V rows converted once for the whole GQA group.
+constexpr int64_t kTokenBlock = 32;
+
 // Phase 1 for one (sequence, KV head, split): every query head of the GQA
-// group walks the split's tokens with an online softmax. Each K/V row is
-// converted once and used by the whole group.
+// group runs an online softmax over the split's tokens, block by block.
 template <fd_dtype D>
 void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head,
                     int32_t split, std::vector<float> &scratch) {
@@ -60,10 +76,11 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
   const int64_t begin = std::min<int64_t>(len, split * plan.split_tokens);
   const int64_t end = std::min<int64_t>(len, begin + plan.split_tokens);
 
-  scratch.resize(static_cast<size_t>((group + 2) * dim));
-  float *q = scratch.data();  // [group][dim], pre-scaled into log2 units
-  float *k_row = q + group * dim;
-  float *v_row = k_row + dim;
+  scratch.resize(static_cast<size_t>((group + 2 * kTokenBlock) * dim + kTokenBlock));
+  float *q = scratch.data();                  // [group][dim], pre-scaled into log2 units
+  float *k_block = q + group * dim;           // [kTokenBlock][dim]
+  float *v_block = k_block + kTokenBlock * dim;
+  float *scores = v_block + kTokenBlock * dim;  // [kTokenBlock]
   const float q_scale = p.softmax_scale * kLog2e;
   for (int64_t g = 0; g < group; ++g) {
     const int64_t head = kv_head * group + g;
@@ -71,37 +88,45 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
     for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = Storage<D>::load(src + d) * q_scale;
   }
 
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t row = b * p.q_heads + kv_head * group + g;  // q_len is 1
-    const size_t state = static_cast<size_t>(row) * plan.num_splits + split;
+  const size_t first_state = static_cast<size_t>(b * p.q_heads + kv_head * group) * plan.num_splits + split;
+  for (int64_t g = 0; g < group; ++g) {  // rows of one group are consecutive (q_len is 1)
+    const size_t state = first_state + static_cast<size_t>(g) * plan.num_splits;
     std::fill(out.acc + state * dim, out.acc + (state + 1) * dim, 0.0f);
     out.m[state] = kNegInf;
     out.l[state] = 0.0f;
   }
 
-  for (int64_t token = begin; token < end; ++token) {
-    const T *k_src = static_cast<const T *>(p.k.data) + cache_offset(p, p.k, b, token, kv_head);
-    const T *v_src = static_cast<const T *>(p.v.data) + cache_offset(p, p.v, b, token, kv_head);
-    for (int64_t d = 0; d < dim; ++d) k_row[d] = Storage<D>::load(k_src + d);
-    for (int64_t d = 0; d < dim; ++d) v_row[d] = Storage<D>::load(v_src + d);
+  for (int64_t block = begin; block < end; block += kTokenBlock) {
+    const int64_t count = std::min(kTokenBlock, end - block);
+    for (int64_t t = 0; t < count; ++t) {
+      const T *k_src = static_cast<const T *>(p.k.data) + cache_offset(p, p.k, b, block + t, kv_head);
+      const T *v_src = static_cast<const T *>(p.v.data) + cache_offset(p, p.v, b, block + t, kv_head);
+      Storage<D>::load_row(k_src, k_block + t * dim, dim);
+      Storage<D>::load_row(v_src, v_block + t * dim, dim);
+    }
     for (int64_t g = 0; g < group; ++g) {
-      const int64_t row = b * p.q_heads + kv_head * group + g;
-      const size_t state = static_cast<size_t>(row) * plan.num_splits + split;
-      float score = 0.0f;
-      for (int64_t d = 0; d < dim; ++d) score += q[g * dim + d] * k_row[d];
+      const size_t state = first_state + static_cast<size_t>(g) * plan.num_splits;
+      float block_max = kNegInf;
+      for (int64_t t = 0; t < count; ++t) {
+        scores[t] = dot(q + g * dim, k_block + t * dim, dim);
+        block_max = std::max(block_max, scores[t]);
+      }
       float *acc = out.acc + state * dim;
-      float &m = out.m[state];
-      float &l = out.l[state];
-      if (score > m) {  // new running max: rescale what we have
-        const float alpha = std::exp2(m - score);
-        l = l * alpha + 1.0f;
-        for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * alpha + v_row[d];
-        m = score;
-      } else {
-        const float weight = std::exp2(score - m);
+      const float m_old = out.m[state];
+      const float m_new = std::max(m_old, block_max);
+      const float alpha = std::exp2(m_old - m_new);  // 0 for the first block (m_old = -inf)
+      float l = out.l[state] * alpha;
+      if (alpha != 1.0f) {
+        for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+      }
+      for (int64_t t = 0; t < count; ++t) {
+        const float weight = std::exp2(scores[t] - m_new);
         l += weight;
+        const float *v_row = v_block + t * dim;
         for (int64_t d = 0; d < dim; ++d) acc[d] += weight * v_row[d];
       }
+      out.m[state] = m_new;
+      out.l[state] = l;
     }
   }
 }
