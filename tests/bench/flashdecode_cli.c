@@ -19,7 +19,9 @@
 #include "flashdecode.h"
 
 #ifdef FD_DEMO_WITH_CUDA
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
+
+#include "fdt_cuda.h"
 #endif
 
 typedef struct demo_options {
@@ -102,57 +104,48 @@ static int fail_status(const char *what, fd_status status) {
 }
 
 #ifdef FD_DEMO_WITH_CUDA
-#define CUDA_OK(call)                                                                        \
-  do {                                                                                       \
-    cudaError_t err_ = (call);                                                               \
-    if (err_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "flashdecode: %s failed: %s\n", #call, cudaGetErrorString(err_));      \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
-
-/* Copies one host buffer to the device and repoints the tensor at it. */
-static int to_device(void **device, fd_tensor *tensor, const void *host, size_t bytes) {
-  if (host == NULL) return 0;
-  CUDA_OK(cudaMalloc(device, bytes ? bytes : 1));
-  CUDA_OK(cudaMemcpy(*device, host, bytes, cudaMemcpyHostToDevice));
-  tensor->data = (char *)*device + ((const char *)tensor->data - (const char *)host);
-  return 0;
-}
-
+/* Copies the problem to the device (same layout), decodes there, and copies
+ * the outputs back for the check. Each timed run is one fd_decode between two
+ * events on the legacy default stream. */
 static int run_cuda(fd_handle *h, fdt_problem *p, int iters, double *times) {
-  void *q = NULL, *k = NULL, *v = NULL, *out = NULL, *lse = NULL, *lens = NULL, *table = NULL;
-  fd_decode_args args = p->args;
-  if (to_device(&q, &args.q, p->q, p->q_bytes) || to_device(&k, &args.k, p->k, p->kv_bytes) ||
-      to_device(&v, &args.v, p->v, p->kv_bytes) || to_device(&out, &args.out, p->out, p->out_bytes) ||
-      to_device(&lse, &args.lse, p->lse, p->lse_bytes) ||
-      to_device(&lens, &args.seq_lens, p->seq_lens, p->seq_lens_bytes) ||
-      to_device(&table, &args.block_table, p->block_table, p->block_table_bytes)) {
-    return 1;
-  }
+  fdt_device_problem d;
+  if (fdt_cuda_upload(p, &d) != 0) return 1;
+  int rc = 1;
+  cudaEvent_t start = NULL, stop = NULL;
   size_t bytes = 0;
-  fd_status s = fd_workspace_size(h, &args, &bytes);
+  fd_status s = fd_workspace_size(h, &d.args, &bytes);
   if (s == FD_SUCCESS) s = fd_reserve_workspace(h, bytes);
-  if (s != FD_SUCCESS) return fail_status("workspace", s);
-  cudaEvent_t start, stop;
-  CUDA_OK(cudaEventCreate(&start));
-  CUDA_OK(cudaEventCreate(&stop));
+  if (s != FD_SUCCESS) {
+    fail_status("workspace", s);
+    goto done;
+  }
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    fprintf(stderr, "flashdecode: cudaEventCreate failed\n");
+    goto done;
+  }
   for (int i = -2; i < iters; ++i) { /* two warm-up runs */
-    CUDA_OK(cudaEventRecord(start, NULL));
-    s = fd_decode(h, &args, NULL);
-    if (s != FD_SUCCESS) return fail_status("fd_decode", s);
-    CUDA_OK(cudaEventRecord(stop, NULL));
-    CUDA_OK(cudaEventSynchronize(stop));
+    cudaEventRecord(start, NULL);
+    s = fd_decode(h, &d.args, NULL);
+    if (s != FD_SUCCESS) {
+      fail_status("fd_decode", s);
+      goto done;
+    }
+    cudaEventRecord(stop, NULL);
+    const cudaError_t err = cudaEventSynchronize(stop);
+    if (err != cudaSuccess) {
+      fprintf(stderr, "flashdecode: the decode failed on the device: %s\n", cudaGetErrorString(err));
+      goto done;
+    }
     float ms = 0.0f;
-    CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventElapsedTime(&ms, start, stop);
     if (i >= 0) times[i] = ms * 1e-3;
   }
-  CUDA_OK(cudaMemcpy(p->out, out, p->out_bytes, cudaMemcpyDeviceToHost));
-  if (p->lse) CUDA_OK(cudaMemcpy(p->lse, lse, p->lse_bytes, cudaMemcpyDeviceToHost));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(out); cudaFree(lse); cudaFree(lens); cudaFree(table);
-  return 0;
+  rc = fdt_cuda_download(&d, p) == 0 ? 0 : 1;
+done:
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  fdt_cuda_free(&d);
+  return rc;
 }
 #endif
 

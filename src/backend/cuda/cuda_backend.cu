@@ -1,23 +1,289 @@
-// The CUDA backend. Its kernels are issue #3; until they exist, a CUDA handle
-// is refused with FD_ERROR_UNSUPPORTED rather than returning fake results,
-// and FD_BACKEND_AUTO falls back to the CPU.
-#include <cuda_runtime.h>
+// The CUDA backend: device selection, workspace memory, the split plan's
+// parallelism, and turning a validated Problem into kernel parameters. No
+// templates here; the kernels are chosen in dispatch.cu.
+//
+// fd_decode on this backend enqueues one or two kernels on the caller's
+// stream and nothing else: no allocation (the api layer reserved the
+// workspace), no copy, no synchronisation, so it can be captured in a CUDA
+// graph. The CUDA runtime is linked statically and hidden, so its "last
+// error" state is this library's own: reading it cannot eat a caller's error.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
 
 #include "backend/backend.h"
+#include "backend/cuda/launch.h"
 #include "core/error.h"
 
 namespace fd {
+namespace {
 
-bool cuda_backend_available(int) noexcept { return false; }
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Splits shorter than this cost more in partial-state traffic and pipeline
+// start-up than they win in parallelism.
+constexpr int64_t kMinSplitTokens = 256;
+
+[[noreturn]] void fail_cuda(const char *what, cudaError_t err) {
+  cudaGetLastError();  // the error is reported here; do not leave it pending
+  fail(FD_ERROR_CUDA, "%s: %s", what, cudaGetErrorString(err));
+}
+
+void check_cuda(cudaError_t err, const char *what) {
+  if (err != cudaSuccess) fail_cuda(what, err);
+}
+
+// Makes `device` current for a scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      check_cuda(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int next_power_of_two(int64_t n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+bool supported_head_dim(int64_t head_dim) {
+  return head_dim >= cuda::kMinHeadDim && head_dim <= cuda::kMaxHeadDim && head_dim % cuda::kHeadDimMultiple == 0;
+}
+
+// How a GQA group maps onto CTAs: at most `rows` head slots per CTA, the
+// group cut into equal chunks when it is larger; slots are a power of two.
+struct HeadTiling {
+  int chunks;
+  int heads_per_chunk;
+  int heads_per_cta;
+};
+
+HeadTiling tile_heads(int64_t group_size, int rows) {
+  HeadTiling t;
+  t.chunks = static_cast<int>(ceil_div(group_size, rows));
+  t.heads_per_chunk = static_cast<int>(ceil_div(group_size, t.chunks));
+  t.heads_per_cta = next_power_of_two(t.heads_per_chunk);
+  return t;
+}
+
+// Whether every K/V row the kernel reads starts on a 16-byte boundary, so
+// that it can use 16-byte cp.async copies.
+bool rows_aligned(const StridedView &view, size_t element_bytes) {
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % 16 != 0) return false;
+  }
+  return true;
+}
+
+size_t element_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 ? 4 : 2; }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    DeviceGuard guard(device_);
+    const cudaError_t image = cuda::probe_kernel_image();
+    if (image != cudaSuccess) {
+      cudaGetLastError();
+      int major = 0, minor = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_);
+      fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d (compute capability %d.%d) cannot run this build's kernels: %s",
+           device_, major, minor, cudaGetErrorString(image));
+    }
+    check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
+               "CUDA backend: reading the multiprocessor count");
+    check_cuda(cuda::prepare_kernels(ctas_per_sm_), "CUDA backend: preparing the kernels");
+  }
+
+  fd_backend kind() const override { return FD_BACKEND_CUDA; }
+
+  void check_supported(const Problem &p) const override {
+    if (!supported_head_dim(p.head_dim)) {
+      fail(FD_ERROR_INVALID_HEAD_DIM,
+           "q: head_dim %lld is not supported by the CUDA backend (it takes multiples of %d from %d to %d)",
+           static_cast<long long>(p.head_dim), cuda::kHeadDimMultiple, cuda::kMinHeadDim, cuda::kMaxHeadDim);
+    }
+  }
+
+  // seq_lens and block_table live on the device: reading them would
+  // synchronise. The kernel clamps lengths instead (see flashdecode.h).
+  void check_contents(const Problem &) const override {}
+
+  ParallelismHint parallelism(const Problem &p) const override {
+    const cuda::SplitKernelShape shape = cuda::split_kernel_shape(p.dtype, p.head_dim);
+    const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+    const int resident = std::max(1, ctas_per_sm_[p.dtype][cuda::bucket_index(shape.head_dim_bucket)]);
+    ParallelismHint hint;
+    // A unit of the planner is one (sequence, KV head); each takes
+    // heads.chunks CTAs per split.
+    hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
+    hint.min_split_tokens = kMinSplitTokens;
+    hint.split_granularity = shape.tile_tokens;
+    return hint;
+  }
+
+  void *allocate_workspace(size_t bytes) override {
+    DeviceGuard guard(device_);
+    void *memory = nullptr;
+    const cudaError_t err = cudaMalloc(&memory, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail(FD_ERROR_OUT_OF_MEMORY, "workspace: cudaMalloc of %zu bytes on CUDA device %d failed: %s", bytes, device_,
+           cudaGetErrorString(err));
+    }
+    check_cuda(err, "workspace: cudaMalloc");
+    return memory;
+  }
+
+  void free_workspace(void *workspace) noexcept override {
+    int previous = device_;
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+    cudaFree(workspace);
+    if (previous != device_) cudaSetDevice(previous);
+    cudaGetLastError();  // nothing to report from a destructor path
+  }
+
+  void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
+    const cuda::SplitKernelShape shape = cuda::split_kernel_shape(p.dtype, p.head_dim);
+    const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+    auto *base = static_cast<char *>(workspace);
+
+    cuda::SplitParams s;
+    s.q = p.q.data;
+    s.q_batch_stride = p.q.strides[0];
+    s.q_head_stride = p.q.strides[2];
+    s.k = p.k.data;
+    s.v = p.v.data;
+    for (int d = 0; d < 3; ++d) {
+      s.k_strides[d] = p.k.strides[d];
+      s.v_strides[d] = p.v.strides[d];
+    }
+    s.kv_aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
+    if (p.has_seq_lens) {
+      s.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
+      s.seq_lens_stride = p.seq_lens.strides[0];
+    }
+    if (p.paged) {
+      s.block_table = static_cast<const int32_t *>(p.block_table.data);
+      s.block_table_strides[0] = p.block_table.strides[0];
+      s.block_table_strides[1] = p.block_table.strides[1];
+      // Validation bounds max_pages * page_size by INT32_MAX; a table with no
+      // columns leaves page_size unbounded but unused.
+      s.page_size = static_cast<int32_t>(std::min<int64_t>(p.page_size, INT32_MAX));
+    }
+    s.batch = p.batch;
+    s.kv_capacity = static_cast<int32_t>(p.kv_capacity);
+    s.head_dim = static_cast<int32_t>(p.head_dim);
+    s.q_heads = static_cast<int32_t>(p.q_heads);
+    s.kv_heads = static_cast<int32_t>(p.kv_heads);
+    s.group_size = static_cast<int32_t>(p.group_size);
+    s.head_chunks = heads.chunks;
+    s.heads_per_chunk = heads.heads_per_chunk;
+    s.heads_per_cta = heads.heads_per_cta;
+    s.q_scale = p.softmax_scale * kLog2e;
+    s.num_splits = plan.num_splits;
+    s.split_tokens = plan.split_tokens;
+    s.m = reinterpret_cast<float *>(base + plan.m_offset);
+    s.l = reinterpret_cast<float *>(base + plan.l_offset);
+    s.acc = reinterpret_cast<float *>(base + plan.acc_offset);
+    s.write_output = plan.num_splits == 1;
+    s.out = p.out.data;
+    s.out_batch_stride = p.out.strides[0];
+    s.out_head_stride = p.out.strides[2];
+    s.out_f32 = p.out_dtype == FD_DTYPE_F32;
+    if (p.has_lse) {
+      s.lse = static_cast<float *>(p.lse.data);
+      s.lse_batch_stride = p.lse.strides[0];
+      s.lse_head_stride = p.lse.strides[2];
+    }
+
+    cuda::MergeParams merge;
+    merge.m = s.m;
+    merge.l = s.l;
+    merge.acc = s.acc;
+    merge.rows = plan.rows;
+    merge.num_splits = plan.num_splits;
+    merge.head_dim = s.head_dim;
+    merge.q_heads = s.q_heads;
+    merge.out = s.out;
+    merge.out_batch_stride = s.out_batch_stride;
+    merge.out_head_stride = s.out_head_stride;
+    merge.lse = s.lse;
+    merge.lse_batch_stride = s.lse_batch_stride;
+    merge.lse_head_stride = s.lse_head_stride;
+
+    DeviceGuard guard(device_);
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 ? &merge : nullptr,
+                                   reinterpret_cast<cudaStream_t>(stream)),
+               "fd_decode: kernel launch");
+  }
+
+ private:
+  int device_;
+  int sm_count_ = 1;
+  int ctas_per_sm_[3][3] = {};  // [dtype][head-dim bucket]
+};
+
+// The device count and compute capability, or why the device is unusable.
+bool probe_device(int device, char *why, size_t why_size) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(why, why_size, "no CUDA device is usable (%s)", cudaGetErrorString(err));
+    return false;
+  }
+  if (device < 0 || device >= count) {
+    snprintf(why, why_size, "%d CUDA device(s) found", count);
+    return false;
+  }
+  int major = 0;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(why, why_size, "%s", cudaGetErrorString(err));
+    return false;
+  }
+  if (major < 8) {
+    snprintf(why, why_size, "compute capability %d.x is below the 8.0 the kernels need", major);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool cuda_backend_available(int device) noexcept {
+  char why[160];
+  return probe_device(device, why, sizeof why);
+}
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || device >= count) {
-    fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d is not available (%d device(s) found: %s)", device,
-         status == cudaSuccess ? count : 0, status == cudaSuccess ? "ok" : cudaGetErrorString(status));
+  char why[160];
+  if (!probe_device(device, why, sizeof why)) {
+    fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d is not available: %s", device, why);
   }
-  fail(FD_ERROR_UNSUPPORTED, "options: the CUDA backend has no kernels in this build yet; use FD_BACKEND_CPU");
+  return std::make_unique<CudaBackend>(device);
 }
 
 }  // namespace fd

@@ -1,0 +1,127 @@
+// The one place where runtime choices become template parameters: the
+// storage dtype and the head-dim bucket pick the split kernel, the output
+// dtype picks the merge kernel. Every kernel instantiation of the library is
+// here: 3 dtypes x 3 buckets split kernels and 3 merge kernels.
+#include "backend/cuda/launch.h"
+#include "backend/cuda/merge_kernel.cuh"
+#include "backend/cuda/split_kernel.cuh"
+
+namespace fd {
+namespace cuda {
+namespace {
+
+// A split kernel as a value: its traits and its function.
+template <class T, int kBucket>
+struct SplitKernel {
+  using Traits = SplitTraits<T, kBucket>;
+  static constexpr auto function = split_kernel<T, kBucket>;
+};
+
+int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
+
+template <class T, class Body>
+auto with_bucket(int bucket, Body &&body) {
+  switch (bucket) {
+    case 64: return body(SplitKernel<T, 64>{});
+    case 128: return body(SplitKernel<T, 128>{});
+    default: return body(SplitKernel<T, 256>{});
+  }
+}
+
+// Calls body(SplitKernel<T, bucket>{}) for the storage type of dtype.
+template <class Body>
+auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
+  switch (dtype) {
+    case FD_DTYPE_F16: return with_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, body);
+    case FD_DTYPE_BF16: return with_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, body);
+    default: return with_bucket<StorageOf<FD_DTYPE_F32>::type>(bucket, body);
+  }
+}
+
+template <class OutT>
+cudaError_t launch_merge(const MergeParams &p, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((p.rows + kMergeWarps - 1) / kMergeWarps));
+  config.blockDim = dim3(kMergeThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, merge_kernel<OutT>, p);
+}
+
+constexpr fd_dtype kDtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+constexpr int kBuckets[3] = {64, 128, 256};
+
+}  // namespace
+
+int bucket_index(int head_dim_bucket) { return head_dim_bucket == 64 ? 0 : head_dim_bucket == 128 ? 1 : 2; }
+
+SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
+  return with_split_kernel(dtype, head_dim_bucket(head_dim), [](auto kernel) {
+    using Traits = typename decltype(kernel)::Traits;
+    SplitKernelShape shape;
+    shape.head_dim_bucket = Traits::kBucket;
+    shape.threads = Traits::kThreads;
+    shape.rows = Traits::kRows;
+    shape.tile_tokens = Traits::kTileTokens;
+    shape.smem_bytes = Traits::kSmemBytes;
+    return shape;
+  });
+}
+
+cudaError_t prepare_kernels(int ctas_per_sm[3][3]) {
+  // Touching every kernel here also loads it now: with lazy loading, a first
+  // load inside fd_decode could synchronise the context or land in a graph
+  // capture.
+  cudaFuncAttributes attributes;
+  cudaError_t merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<float>);
+  if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__half>);
+  if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>);
+  if (merge_err != cudaSuccess) return merge_err;
+  for (int d = 0; d < 3; ++d) {
+    for (int b = 0; b < 3; ++b) {
+      const cudaError_t err = with_split_kernel(kDtypes[d], kBuckets[b], [&](auto kernel) {
+        using Kernel = decltype(kernel);
+        using Traits = typename Kernel::Traits;
+        cudaError_t e = cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             Traits::kSmemBytes);
+        if (e == cudaSuccess) {
+          e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm[d][b], Kernel::function, Traits::kThreads,
+                                                            Traits::kSmemBytes);
+        }
+        return e;
+      });
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
+}
+
+cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
+                          cudaStream_t stream) {
+  cudaError_t err = with_split_kernel(dtype, head_dim_bucket(split.head_dim), [&](auto kernel) {
+    using Kernel = decltype(kernel);
+    using Traits = typename Kernel::Traits;
+    cudaLaunchConfig_t config = {};
+    const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
+    config.gridDim = dim3(static_cast<unsigned>(ctas_per_sequence),
+                          static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    return cudaLaunchKernelEx(&config, Kernel::function, split);
+  });
+  if (err != cudaSuccess || merge == nullptr) return err;
+  switch (out_dtype) {
+    case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, stream);
+    case FD_DTYPE_BF16: return launch_merge<StorageOf<FD_DTYPE_BF16>::type>(*merge, stream);
+    default: return launch_merge<float>(*merge, stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace fd

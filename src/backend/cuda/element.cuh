@@ -1,0 +1,82 @@
+// Storage element types and their conversion to and from float. A thread
+// always works on 8 consecutive elements of a row (one "vector"): 16 bytes of
+// a 16-bit type, 32 of float. An fp8 KV format would add a type here whose
+// to_float8 also takes its scale.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flashdecode.h"
+
+namespace fd {
+namespace cuda {
+
+constexpr int kVector = 8;  // elements per thread vector
+
+template <class T>
+struct Element;
+
+template <>
+struct Element<float> {
+  __device__ static float to_float(float x) { return x; }
+  __device__ static float from_float(float x) { return x; }
+  // Eight floats from 16-byte aligned shared memory.
+  __device__ static void to_float8(const float *src, float (&dst)[kVector]) {
+    const float4 a = reinterpret_cast<const float4 *>(src)[0];
+    const float4 b = reinterpret_cast<const float4 *>(src)[1];
+    dst[0] = a.x, dst[1] = a.y, dst[2] = a.z, dst[3] = a.w;
+    dst[4] = b.x, dst[5] = b.y, dst[6] = b.z, dst[7] = b.w;
+  }
+};
+
+template <>
+struct Element<__half> {
+  __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ static void to_float8(const __half *src, float (&dst)[kVector]) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const __half2 *pairs = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(pairs[i]);
+      dst[2 * i] = f.x;
+      dst[2 * i + 1] = f.y;
+    }
+  }
+};
+
+template <>
+struct Element<__nv_bfloat16> {
+  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ static void to_float8(const __nv_bfloat16 *src, float (&dst)[kVector]) {
+    const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+    const __nv_bfloat162 *pairs = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      dst[2 * i] = f.x;
+      dst[2 * i + 1] = f.y;
+    }
+  }
+};
+
+// The storage type of an fd_dtype, for the dispatch switch.
+template <fd_dtype D>
+struct StorageOf;
+template <>
+struct StorageOf<FD_DTYPE_F32> {
+  using type = float;
+};
+template <>
+struct StorageOf<FD_DTYPE_F16> {
+  using type = __half;
+};
+template <>
+struct StorageOf<FD_DTYPE_BF16> {
+  using type = __nv_bfloat16;
+};
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,113 @@
+// The boundary between the CUDA backend's host code (cuda_backend.cu, no
+// templates) and its kernels (dispatch.cu and the *.cuh headers): plain
+// parameter structs, the shape facts the planner needs, and one launch call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flashdecode.h"
+
+namespace fd {
+namespace cuda {
+
+// Phase 1, per (sequence, KV head, split, chunk of the GQA group): the
+// online softmax of the chunk's query heads over the split's tokens. With one
+// split it writes out/lse directly; otherwise the partial state (base-2 m, l,
+// unnormalised acc) in the workspace layout of core/plan.h.
+struct SplitParams {
+  // q: [batch, q_heads, head_dim] (q_len is 1).
+  const void *q = nullptr;
+  int64_t q_batch_stride = 0, q_head_stride = 0;
+  // k, v: dense [batch, token, kv_head] strides, or paged [page, slot, kv_head].
+  const void *k = nullptr;
+  const void *v = nullptr;
+  int64_t k_strides[3] = {0, 0, 0};
+  int64_t v_strides[3] = {0, 0, 0};
+  bool kv_aligned = false;  // every K/V row starts on 16 bytes: cp.async path; else plain loads
+
+  const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
+  int64_t seq_lens_stride = 0;
+  const int32_t *block_table = nullptr;  // null: dense cache
+  int64_t block_table_strides[2] = {0, 0};
+  int32_t page_size = 1;
+
+  int64_t batch = 0;
+  int32_t kv_capacity = 0;
+  int32_t head_dim = 0;
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t group_size = 0;       // q_heads / kv_heads
+  int32_t head_chunks = 1;      // a group is processed in this many chunks (CTAs)
+  int32_t heads_per_chunk = 1;  // real query heads per chunk (the last one may have fewer)
+  int32_t heads_per_cta = 1;    // head slots per CTA: heads_per_chunk rounded up to a power of two
+  float q_scale = 0.0f;         // softmax_scale * log2(e), folded into q
+
+  int32_t num_splits = 1;
+  int64_t split_tokens = 0;
+
+  // Partial results (num_splits > 1).
+  float *m = nullptr;
+  float *l = nullptr;
+  float *acc = nullptr;
+
+  // Final results (num_splits == 1): out [batch, q_heads, head_dim] in the
+  // storage type of q, or float when out_f32; lse optional.
+  bool write_output = false;
+  void *out = nullptr;
+  int64_t out_batch_stride = 0, out_head_stride = 0;
+  bool out_f32 = false;
+  float *lse = nullptr;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+};
+
+// Phase 2, per query row: the partial states of all splits merged in split
+// order into out and lse.
+struct MergeParams {
+  const float *m = nullptr;
+  const float *l = nullptr;
+  const float *acc = nullptr;
+  int64_t rows = 0;  // batch * q_heads
+  int32_t num_splits = 1;
+  int32_t head_dim = 0;
+  int32_t q_heads = 0;
+  void *out = nullptr;
+  int64_t out_batch_stride = 0, out_head_stride = 0;
+  float *lse = nullptr;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+};
+
+// What the host needs to know about the split kernel chosen for a problem.
+struct SplitKernelShape {
+  int head_dim_bucket = 0;  // 64, 128 or 256: head_dim rounded up
+  int threads = 0;
+  int rows = 0;             // thread rows of head_dim_bucket / 8 lanes; each is one (head, token group)
+  int tile_tokens = 0;      // tokens per pipeline stage
+  int smem_bytes = 0;
+};
+
+constexpr int kMinHeadDim = 16;
+constexpr int kMaxHeadDim = 256;
+constexpr int kHeadDimMultiple = 8;
+constexpr int kMaxMergeSplits = FD_MAX_SPLITS;
+
+// head_dim must be supported (see kMinHeadDim..kMaxHeadDim).
+SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim);
+
+// On the current device: loads every kernel, raises the shared-memory limit
+// of every split kernel and reports how many CTAs of the split kernel for (dtype, head_dim)
+// fit on one multiprocessor, indexed [dtype][bucket index 0..2].
+cudaError_t prepare_kernels(int ctas_per_sm[3][3]);
+int bucket_index(int head_dim_bucket);
+
+// Checks that this binary has code the current device can run.
+cudaError_t probe_kernel_image();
+
+// Enqueues the split kernel and, when merge is not null, the merge kernel.
+// Returns the first launch error.
+cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
+                          cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace fd

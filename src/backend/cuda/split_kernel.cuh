@@ -1,0 +1,225 @@
+// Phase 1: one CTA per (chunk of a GQA group, KV head, split, sequence) runs
+// the online softmax of the chunk's query heads over the split's tokens.
+//
+// Thread layout. A "row" of kLanes = bucket / 8 threads covers one query
+// head's head_dim, 8 elements per thread. The CTA's kRows rows are
+// heads_per_cta head slots times token_groups groups of tokens: all head
+// slots read the same K/V tile from shared memory, so each K/V byte leaves
+// global memory once per group (or per chunk of a group larger than kRows);
+// the token groups split a tile's tokens when the group is small (MHA).
+//
+// Per tile of kTileTokens tokens (cp.async, kStages deep), each row takes
+// kTokensPerStep tokens at a time: kLanes-wide dot products reduced with
+// warp shuffles, one rescale of the running state per step, then the value
+// accumulation. At the end the token groups of a head are merged in a fixed
+// order (deterministic), and the result goes either straight to out/lse
+// (one split) or to the workspace as a partial state for merge_kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/element.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/load.cuh"
+#include "backend/cuda/state.cuh"
+
+namespace fd {
+namespace cuda {
+
+template <class T, int Bucket>
+struct SplitTraits {
+  static constexpr int kBucket = Bucket;
+  static constexpr int kLanes = kBucket / kVector;  // 8, 16, 32
+  static constexpr int kThreads = kBucket == 256 ? 256 : 128;
+  static constexpr int kRows = kThreads / kLanes;  // 16, 8, 8
+  // Two tokens per step keep a float, head_dim-256 stage at 32 KiB.
+  static constexpr int kTokensPerStep = (sizeof(T) == 4 && kBucket == 256) ? 2 : 4;
+  static constexpr int kTileTokens = kRows * kTokensPerStep;
+  static constexpr int kRowBytes = kBucket * static_cast<int>(sizeof(T));
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;
+  static constexpr int kStages = 3;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // After the pipeline drains, the same memory holds every row's state for
+  // the merge of token groups.
+  static constexpr int kCombineBytes = (2 * kRows + kRows * kBucket) * static_cast<int>(sizeof(float));
+  static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+  // 96 KiB at most: fits one CTA on every targeted GPU (99 KiB on sm_86/89/120).
+  static_assert(kSmemBytes <= 96 * 1024, "split kernel shared memory budget");
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row lies within one warp");
+};
+
+// This thread's 8 query elements, times softmax_scale * log2(e); zeros for
+// padding lanes and head slots beyond the group, so they add nothing.
+template <class T>
+__device__ void load_query(const SplitParams &p, int64_t b, int q_head, int lane, bool real, float (&q)[kVector]) {
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) q[i] = 0.0f;
+  if (!real) return;
+  const T *src = static_cast<const T *>(p.q) + b * p.q_batch_stride + q_head * p.q_head_stride + lane * kVector;
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) q[i] = Element<T>::to_float(src[i]) * p.q_scale;
+}
+
+// One row's part of a tile: `steps` steps of kTokensPerStep tokens starting
+// at tile row first_token. Every lane of a warp runs the same number of steps
+// (the shuffles need the whole warp); tokens at or past `end` are masked.
+template <class T, class Traits>
+__device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector], SoftmaxState &state, int lane,
+                            int first_token, int steps, int64_t tile_begin, int64_t end) {
+  const T *k_rows = reinterpret_cast<const T *>(stage);
+  const T *v_rows = reinterpret_cast<const T *>(stage + Traits::kTileTokens * Traits::kRowBytes);
+  for (int step = 0; step < steps; ++step) {
+    const int t0 = first_token + step * Traits::kTokensPerStep;
+    float score[Traits::kTokensPerStep];
+#pragma unroll
+    for (int i = 0; i < Traits::kTokensPerStep; ++i) {
+      float k[kVector];
+      Element<T>::to_float8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) dot = fmaf(q[j], k[j], dot);
+#pragma unroll
+      for (int offset = Traits::kLanes / 2; offset > 0; offset /= 2) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset, Traits::kLanes);
+      }
+      score[i] = tile_begin + t0 + i < end ? dot : negative_infinity();
+    }
+    float block_max = score[0];
+#pragma unroll
+    for (int i = 1; i < Traits::kTokensPerStep; ++i) block_max = fmaxf(block_max, score[i]);
+    if (!state.rescale(block_max)) continue;
+#pragma unroll
+    for (int i = 0; i < Traits::kTokensPerStep; ++i) {
+      float v[kVector];
+      Element<T>::to_float8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
+      state.add(state.weight(score[i]), v);  // masked tokens: weight 0, and their V is zero-filled
+    }
+  }
+}
+
+template <class T, int kBucket>
+__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads) split_kernel(const SplitParams p) {
+  using Traits = SplitTraits<T, kBucket>;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int lane = threadIdx.x % Traits::kLanes;
+  const int row = threadIdx.x / Traits::kLanes;
+  const int heads_per_cta = p.heads_per_cta;  // a power of two <= kRows
+  const int head_slot = row % heads_per_cta;
+  const int token_group = row / heads_per_cta;
+  const int token_groups = Traits::kRows / heads_per_cta;
+  const int tokens_per_group = Traits::kTileTokens / token_groups;
+
+  // blockIdx.x = chunk + head_chunks * (kv_head + kv_heads * split): the
+  // chunks of one group are neighbours, so their reads of the same K/V meet
+  // in L2.
+  const int chunk = blockIdx.x % p.head_chunks;
+  const int kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
+  const int split = blockIdx.x / (p.head_chunks * p.kv_heads);
+  const int head_in_group = chunk * p.heads_per_chunk + head_slot;
+  const bool head_real = head_slot < p.heads_per_chunk && head_in_group < p.group_size;
+  const int q_head = kv_head * p.group_size + head_in_group;
+  const bool lane_real = lane * kVector < p.head_dim;
+
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    int64_t len = p.kv_capacity;
+    if (p.seq_lens != nullptr) {
+      len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
+    }
+    const int64_t begin = min(len, split * p.split_tokens);
+    const int64_t end = min(len, begin + p.split_tokens);
+
+    float q[kVector];
+    load_query<T>(p, b, q_head, lane, head_real && lane_real, q);
+    SoftmaxState state;
+    state.reset();
+
+    if (begin < end) {  // the same for the whole CTA
+      const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;
+      auto load = [&](int64_t tile) {
+        load_kv_tile<T, Traits::kThreads, Traits::kTileTokens, Traits::kRowBytes>(
+            p, smem + (tile % Traits::kStages) * Traits::kStageBytes, b, kv_head, begin + tile * Traits::kTileTokens,
+            end);
+      };
+#pragma unroll
+      for (int s = 0; s < Traits::kStages - 1; ++s) {
+        if (s < tiles) load(s);
+        cp_async_commit();  // empty groups too: the wait below counts groups
+      }
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        cp_async_wait<Traits::kStages - 2>();  // this thread's copies of `tile` have landed
+        __syncthreads();                       // everyone's have; and everyone is done with tile - 1
+        if (tile + Traits::kStages - 1 < tiles) load(tile + Traits::kStages - 1);  // into tile - 1's stage
+        cp_async_commit();
+        attend_tile<T, Traits>(smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane,
+                               token_group * tokens_per_group, heads_per_cta, begin + tile * Traits::kTileTokens, end);
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // the pipeline memory is free for the combine below
+    }
+
+    // Merge the token groups of each head slot, in group order.
+    if (token_groups > 1) {
+      float *part_m = reinterpret_cast<float *>(smem);
+      float *part_l = part_m + Traits::kRows;
+      float *part_acc = part_l + Traits::kRows;
+      if (lane == 0) {
+        part_m[row] = state.m;
+        part_l[row] = state.l;
+      }
+      float4 *mine = reinterpret_cast<float4 *>(part_acc + row * kBucket + lane * kVector);
+      mine[0] = make_float4(state.acc[0], state.acc[1], state.acc[2], state.acc[3]);
+      mine[1] = make_float4(state.acc[4], state.acc[5], state.acc[6], state.acc[7]);
+      __syncthreads();
+      if (token_group == 0) {
+        float m_max = negative_infinity();
+        for (int g = 0; g < token_groups; ++g) m_max = fmaxf(m_max, part_m[g * heads_per_cta + head_slot]);
+        state.reset();
+        if (m_max != negative_infinity()) {
+          state.m = m_max;
+          for (int g = 0; g < token_groups; ++g) {
+            const int r = g * heads_per_cta + head_slot;
+            const float w = merge_weight(part_m[r], m_max);
+            state.l = fmaf(w, part_l[r], state.l);
+            const float *acc = part_acc + r * kBucket + lane * kVector;
+#pragma unroll
+            for (int i = 0; i < kVector; ++i) state.acc[i] = fmaf(w, acc[i], state.acc[i]);
+          }
+        }
+      }
+    }
+
+    if (token_group == 0 && head_real && lane_real) {
+      const int64_t query_row = b * p.q_heads + q_head;
+      if (p.write_output) {
+        const float inv_l = state.l > 0.0f ? 1.0f / state.l : 0.0f;  // empty: acc is 0, so out is 0
+        const int64_t offset = b * p.out_batch_stride + q_head * p.out_head_stride + lane * kVector;
+        if (p.out_f32) {
+          float *out = static_cast<float *>(p.out) + offset;
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) out[i] = state.acc[i] * inv_l;
+        } else {
+          T *out = static_cast<T *>(p.out) + offset;
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) out[i] = Element<T>::from_float(state.acc[i] * inv_l);
+        }
+        if (p.lse != nullptr && lane == 0) {
+          p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(state.m, state.l);
+        }
+      } else {
+        const int64_t index = query_row * p.num_splits + split;
+        if (lane == 0) {
+          p.m[index] = state.m;
+          p.l[index] = state.l;
+        }
+        float4 *acc = reinterpret_cast<float4 *>(p.acc + index * p.head_dim + lane * kVector);
+        acc[0] = make_float4(state.acc[0], state.acc[1], state.acc[2], state.acc[3]);
+        acc[1] = make_float4(state.acc[4], state.acc[5], state.acc[6], state.acc[7]);
+      }
+    }
+    __syncthreads();  // shared memory is reused by the next sequence
+  }
+}
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,802 @@
+/* The CUDA backend against the float64 reference and against the CPU
+ * backend, over a matrix of dtypes, head dims (odd multiples of 8 too), GQA
+ * ratios (5, 7, 12, 64, MQA), layouts (BNHD, BHND, padded slice, paged NHD
+ * and HND with shuffled block tables and page sizes 1..256), ragged lengths
+ * (0, 1, 63, 64, 65, full) and split counts (automatic, 1 .. 1024). Fresh
+ * random data per case; outputs poisoned with NaN; NaN in every cache slot a
+ * sequence does not own. Then: determinism, CUDA graph capture and replay
+ * with new data and lengths, two handles on two streams in two threads,
+ * element offsets past 2^31, unaligned caches, length clamping, a batch past
+ * the grid's y limit, rejected input leaving the output untouched.
+ *
+ * Exits 77 (CTest: skipped) without a CUDA device.
+ * FD_GPU_TEST_QUICK=1 shrinks the matrix (for compute-sanitizer) and skips
+ * the multi-GiB large-offset test. FD_GPU_TEST_SEED=n draws other data. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdt.h"
+#include "fdt_cuda.h"
+#include "flashdecode.h"
+
+#define CUDA_CHECK(call)                                                         \
+  do {                                                                           \
+    const cudaError_t err_ = (call);                                             \
+    if (err_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(err_)); \
+  } while (0)
+
+static int g_quick;
+static uint64_t g_seed = 1;
+static fd_handle *g_cuda;
+static fd_handle *g_cpu;
+static cudaStream_t g_stream;
+
+/* Worst errors seen, per (q dtype, out is f32). */
+typedef struct worst_errors {
+  int cases;
+  double ref_out, ref_lse, cpu_out, cpu_lse;
+} worst_errors;
+static worst_errors g_worst[3][2];
+
+static const char *last_message(void) {
+  static _Thread_local char buffer[512];
+  fd_last_error_message(buffer, sizeof buffer);
+  return buffer;
+}
+
+static fd_handle *make_handle(fd_backend backend) {
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = backend;
+  fd_handle *h = NULL;
+  const fd_status s = fd_create(&h, &options);
+  if (s != FD_SUCCESS) fail_msg("fd_create(%d) failed: %s", (int)backend, last_message());
+  return h;
+}
+
+static void make_problem(fdt_problem *p, const fdt_case *c) {
+  if (fdt_problem_make(p, c) != 0) fail_msg("out of host memory generating a problem");
+}
+
+static void upload(const fdt_problem *p, fdt_device_problem *d) {
+  if (fdt_cuda_upload(p, d) != 0) fail_msg("copying the problem to the device failed");
+}
+
+/* Decodes on the CUDA handle and copies the outputs back into p. The tests
+ * fill device memory with cudaMemcpy/cudaMemset on the legacy stream, which
+ * a non-blocking stream does not wait for: wait here first. */
+static void decode_cuda(fd_handle *h, fdt_problem *p, fdt_device_problem *d, cudaStream_t stream) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const fd_status s = fd_decode(h, &d->args, (fd_cuda_stream)stream);
+  if (s != FD_SUCCESS) fail_msg("fd_decode (CUDA) failed: %s: %s", fd_status_string(s), last_message());
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaGetLastError());
+  if (fdt_cuda_download(d, p) != 0) fail_msg("copying the outputs back failed");
+}
+
+/* ||a - b|| / ||b|| over the logical outputs, and the largest |lse_a - lse_b|
+ * (-inf on both sides counts as equal). */
+static void compare_outputs(const fdt_problem *p, const void *out_a, const float *lse_a, const void *out_b,
+                            const float *lse_b, double *out_rel, double *lse_diff) {
+  const fdt_case *c = &p->c;
+  const int64_t *s = p->args.out.strides;
+  double diff2 = 0.0, ref2 = 0.0, lse_max = 0.0;
+  for (int64_t b = 0; b < c->batch; ++b) {
+    for (int64_t h = 0; h < c->q_heads; ++h) {
+      for (int64_t d = 0; d < c->head_dim; ++d) {
+        const int64_t i = b * s[0] + h * s[2] + d;
+        const double x = fdt_load(c->out_dtype, out_a, i), y = fdt_load(c->out_dtype, out_b, i);
+        diff2 += (x - y) * (x - y);
+        ref2 += y * y;
+      }
+      if (lse_a && lse_b) {
+        const double x = lse_a[b * c->q_heads + h], y = lse_b[b * c->q_heads + h];
+        const double diff = (isinf(x) && isinf(y) && x == y) ? 0.0 : fabs(x - y);
+        if (!(diff <= lse_max)) lse_max = diff; /* NaN propagates */
+      }
+    }
+  }
+  *out_rel = ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+  *lse_diff = lse_max;
+}
+
+static void note_worst(const fdt_case *c, double ref_out, double ref_lse, double cpu_out, double cpu_lse) {
+  worst_errors *w = &g_worst[c->dtype][c->out_dtype == FD_DTYPE_F32 && c->dtype != FD_DTYPE_F32];
+  w->cases++;
+  if (ref_out > w->ref_out) w->ref_out = ref_out;
+  if (ref_lse > w->ref_lse) w->ref_lse = ref_lse;
+  if (cpu_out > w->cpu_out) w->cpu_out = cpu_out;
+  if (cpu_lse > w->cpu_lse) w->cpu_lse = cpu_lse;
+}
+
+/* One matrix case: CUDA vs the float64 reference, then vs the CPU backend. */
+static void run_case(void **state) {
+  const fdt_case *c = *state;
+  char description[256], report[256];
+  fdt_case_describe(c, description, sizeof description);
+  fdt_problem p;
+  make_problem(&p, c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  decode_cuda(g_cuda, &p, &d, g_stream);
+  double ref_out = 0.0, ref_lse = 0.0;
+  const int bad = fdt_check(&p, report, sizeof report, &ref_out, &ref_lse);
+
+  unsigned char *cuda_out = malloc(p.out_bytes);
+  float *cuda_lse = p.lse ? malloc(p.lse_bytes) : NULL;
+  memcpy(cuda_out, p.out, p.out_bytes);
+  if (p.lse) memcpy(cuda_lse, p.lse, p.lse_bytes);
+  fdt_poison_outputs(&p);
+  const fd_status s = fd_decode(g_cpu, &p.args, NULL);
+  if (s != FD_SUCCESS) fail_msg("%s: CPU fd_decode failed: %s", description, last_message());
+  double cpu_out = 0.0, cpu_lse = 0.0;
+  compare_outputs(&p, cuda_out, cuda_lse, p.out, (const float *)p.lse, &cpu_out, &cpu_lse);
+  const double bound = fdt_error_bound(c->out_dtype);
+  const int cpu_bad = !(cpu_out <= bound) || !(cpu_lse <= 1e-4);
+
+  print_message("%s | vs f64: %s | vs cpu: rel_err=%.3g lse_err=%.3g%s\n", description, report, cpu_out, cpu_lse,
+                cpu_bad ? " FAIL" : "");
+  note_worst(c, ref_out, ref_lse, cpu_out, cpu_lse);
+  free(cuda_out);
+  free(cuda_lse);
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+  if (bad) fail_msg("%s: against the reference: %s", description, report);
+  if (cpu_bad) fail_msg("%s: against the CPU backend: rel_err=%.3g lse_err=%.3g", description, cpu_out, cpu_lse);
+}
+
+/* ---- the matrix ------------------------------------------------------------ */
+enum { kFullCases = 180, kQuickCases = 48 };
+
+static int make_matrix(fdt_case *cases, int quick) {
+  static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  static const int64_t head_dims[] = {16, 24, 32, 40, 64, 72, 128, 136, 200, 256, 128, 64};
+  static const int64_t heads[][2] = {{4, 4}, {8, 1},  {32, 8}, {10, 2}, {14, 2},
+                                     {16, 2}, {12, 1}, {64, 1}, {6, 3},  {128, 2}};
+  static const fdt_layout layouts[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED, FDT_PAGED_NHD, FDT_PAGED_HND};
+  static const int64_t kv_lens[] = {1, 63, 64, 65, 300, 1000, 4097, 2500};
+  static const int32_t splits[] = {0, 1, 2, 3, 7, 16, 64, 0, 200, 1024, 0, 5};
+  static const int64_t page_sizes[] = {16, 1, 64, 256};
+  const int count = quick ? kQuickCases : kFullCases;
+  /* Bounds the float64 reference (and sanitizer run time). */
+  const int64_t budget = quick ? (int64_t)4 << 20 : (int64_t)24 << 20;
+  for (int i = 0; i < count; ++i) {
+    fdt_case *c = &cases[i];
+    memset(c, 0, sizeof *c);
+    c->dtype = dtypes[i % 3];
+    c->out_dtype = (i % 4 == 3) ? FD_DTYPE_F32 : c->dtype;
+    c->head_dim = head_dims[(i / 3) % 12];
+    c->q_heads = heads[i % 10][0];
+    c->kv_heads = heads[i % 10][1];
+    c->layout = layouts[(i / 7) % 5];
+    c->kv_len = kv_lens[(i / 2) % 8];
+    c->num_splits = splits[(i / 5) % 12];
+    c->page_size = page_sizes[(i / 11) % 4];
+    c->batch = 1 + (i * 5) % 8;
+    c->ragged = (i / 3) % 3 != 0;
+    c->with_lse = i % 5 != 2;
+    c->softmax_scale = (i % 9 == 4) ? 0.3 : 0.0;
+    c->seed = g_seed * 100003u + (uint64_t)i;
+    /* Ragged lengths go 0, full, 1, 63, 64, 65, random..: keep a ragged batch
+     * at 3 or more so it is not only the empty sequence; shrink the cache
+     * before going below that. */
+    const int64_t min_batch = c->ragged ? 3 : 1;
+    if (c->batch < min_batch) c->batch = min_batch;
+#define FDT_CASE_COST (c->batch * c->q_heads * c->kv_len * c->head_dim)
+    while (c->batch > min_batch && FDT_CASE_COST > budget) c->batch--;
+    while (c->kv_len > 65 && FDT_CASE_COST > budget) c->kv_len /= 2;
+    while (c->batch > 1 && FDT_CASE_COST > budget) c->batch--;
+#undef FDT_CASE_COST
+  }
+  return count;
+}
+
+/* ---- single tests ------------------------------------------------------------ */
+
+/* Same inputs and plan, bitwise-identical outputs (manual and automatic splits). */
+static void test_deterministic(void **state) {
+  (void)state;
+  const int32_t split_choices[] = {9, 0};
+  for (int k = 0; k < 2; ++k) {
+    fdt_case c = {0};
+    c.batch = 3;
+    c.q_heads = 32;
+    c.kv_heads = 8;
+    c.head_dim = 128;
+    c.kv_len = g_quick ? 700 : 5000;
+    c.dtype = c.out_dtype = FD_DTYPE_BF16;
+    c.layout = FDT_PAGED_HND;
+    c.page_size = 16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.num_splits = split_choices[k];
+    c.seed = g_seed + 99;
+    fdt_problem p;
+    make_problem(&p, &c);
+    fdt_device_problem d;
+    upload(&p, &d);
+    unsigned char *first = malloc(p.out_bytes), *first_lse = malloc(p.lse_bytes);
+    for (int run = 0; run < 3; ++run) {
+      if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
+      decode_cuda(g_cuda, &p, &d, g_stream);
+      if (run == 0) {
+        memcpy(first, p.out, p.out_bytes);
+        memcpy(first_lse, p.lse, p.lse_bytes);
+      } else {
+        assert_memory_equal(p.out, first, p.out_bytes);
+        assert_memory_equal(p.lse, first_lse, p.lse_bytes);
+      }
+    }
+    char report[256];
+    if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("%s", report);
+    print_message("deterministic (splits %d): 3 runs bitwise equal; %s\n", (int)c.num_splits, report);
+    free(first);
+    free(first_lse);
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+  }
+}
+
+/* Capture fd_decode in a graph (global capture mode: any allocation, copy or
+ * synchronisation inside would break the capture), then replay it after
+ * overwriting q, K, V, seq_lens and the block table in place. */
+static void test_graph_replay(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 12; /* sequences 6.. get random lengths, new ones each round */
+  c.q_heads = 28;
+  c.kv_heads = 4;
+  c.head_dim = 128;
+  c.kv_len = g_quick ? 400 : 3000;
+  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.seed = g_seed + 500;
+  fdt_problem p;
+  make_problem(&p, &c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  fd_handle *h = make_handle(FD_BACKEND_CUDA);
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(h, &d.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fd_status captured = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int round = 0; round < 3; ++round) {
+    fdt_problem fresh;
+    if (round > 0) { /* new data, new lengths, a new page shuffle; same shapes */
+      c.seed = g_seed + 500 + (uint64_t)round * 7919;
+      make_problem(&fresh, &c);
+      assert_int_equal(fresh.kv_bytes, p.kv_bytes);
+      if (fdt_cuda_refresh_inputs(&fresh, &d) != 0) fail_msg("refreshing the inputs failed");
+      fdt_problem_free(&p);
+      p = fresh;
+    }
+    if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (fdt_cuda_download(&d, &p) != 0) fail_msg("download failed");
+    char report[256];
+    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+    print_message("graph replay %d (lens[6..8] %lld %lld %lld): %s\n", round, (long long)p.lens[6],
+                  (long long)p.lens[7], (long long)p.lens[8], report);
+    if (bad) fail_msg("graph replay %d: %s", round, report);
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+}
+
+/* ---- two handles, two streams, two threads ---------------------------------- */
+typedef struct worker {
+  fdt_case c;
+  int iterations;
+  int ok;
+  char report[640];
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  w->ok = 0;
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CUDA;
+  fd_handle *h = NULL;
+  fdt_problem p;
+  fdt_device_problem d;
+  cudaStream_t stream;
+  if (fd_create(&h, &options) != FD_SUCCESS) {
+    snprintf(w->report, sizeof w->report, "fd_create: %s", last_message());
+    return NULL;
+  }
+  if (fdt_problem_make(&p, &w->c) != 0 || fdt_cuda_upload(&p, &d) != 0 ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    snprintf(w->report, sizeof w->report, "setup failed");
+    return NULL;
+  }
+  for (int i = 0; i < w->iterations; ++i) {
+    const fd_status s = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+    if (s != FD_SUCCESS) {
+      snprintf(w->report, sizeof w->report, "fd_decode: %s", last_message());
+      return NULL;
+    }
+  }
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess || fdt_cuda_download(&d, &p) != 0) {
+    snprintf(w->report, sizeof w->report, "sync/download: %s", cudaGetErrorString(err));
+    return NULL;
+  }
+  char check[256];
+  w->ok = fdt_check(&p, check, sizeof check, NULL, NULL) == 0;
+  snprintf(w->report, sizeof w->report, "%d decodes: %s", w->iterations, check);
+  cudaStreamDestroy(stream);
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+  fd_destroy(h);
+  return NULL;
+}
+
+static void test_two_threads_two_streams(void **state) {
+  (void)state;
+  worker workers[2];
+  memset(workers, 0, sizeof workers);
+  fdt_case *a = &workers[0].c, *b = &workers[1].c;
+  a->batch = 4, a->q_heads = 32, a->kv_heads = 8, a->head_dim = 128, a->kv_len = g_quick ? 500 : 4000;
+  a->dtype = a->out_dtype = FD_DTYPE_F16, a->layout = FDT_PAGED_NHD, a->page_size = 16, a->ragged = 1;
+  a->with_lse = 1, a->seed = g_seed + 11;
+  b->batch = 2, b->q_heads = 56, b->kv_heads = 8, b->head_dim = 64, b->kv_len = g_quick ? 700 : 6000;
+  b->dtype = FD_DTYPE_BF16, b->out_dtype = FD_DTYPE_F32, b->layout = FDT_BHND, b->num_splits = 13;
+  b->seed = g_seed + 12;
+  pthread_t threads[2];
+  for (int i = 0; i < 2; ++i) {
+    workers[i].iterations = g_quick ? 3 : 40;
+    assert_int_equal(pthread_create(&threads[i], NULL, worker_main, &workers[i]), 0);
+  }
+  for (int i = 0; i < 2; ++i) assert_int_equal(pthread_join(threads[i], NULL), 0);
+  for (int i = 0; i < 2; ++i) {
+    print_message("thread %d: %s\n", i, workers[i].report);
+    if (!workers[i].ok) fail_msg("thread %d: %s", i, workers[i].report);
+  }
+}
+
+/* Places each sequence's dense K/V (or each page) past 2^31 elements in a
+ * multi-GiB buffer, so every offset needs 64 bits. */
+static void run_large_offset(int paged) {
+  fdt_case c = {0};
+  c.batch = 2;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 128;
+  c.kv_len = 256;
+  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  c.layout = paged ? FDT_PAGED_NHD : FDT_BNHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.num_splits = 0;
+  c.seed = g_seed + 77 + (uint64_t)paged;
+  fdt_problem p;
+  make_problem(&p, &c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  const int64_t two31 = (int64_t)1 << 31;
+  const size_t es = 2;
+  int64_t block_elems, blocks, stride;
+  if (paged) { /* pages shifted up by first_page so page * page_stride > 2^31 */
+    stride = p.args.k.strides[0];
+    block_elems = stride;
+    blocks = p.args.k.shape[0];
+  } else { /* a batch stride just past 2^31 (a multiple of 8: rows stay 16-byte aligned) */
+    stride = two31 + 1024;
+    block_elems = p.args.k.strides[0];
+    blocks = c.batch;
+  }
+  const int64_t first_block = paged ? two31 / stride + 1 : 0;
+  const size_t total = (size_t)((first_block + blocks - 1) * stride + block_elems) * es;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < 2 * total + ((size_t)1 << 30)) {
+    print_message("large offsets (%s): skipped, %zu bytes free\n", paged ? "paged" : "dense", free_bytes);
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+    skip();
+  }
+  void *big[2] = {NULL, NULL};
+  const void *host[2] = {p.k, p.v};
+  for (int t = 0; t < 2; ++t) {
+    CUDA_CHECK(cudaMalloc(&big[t], total));
+    CUDA_CHECK(cudaMemset(big[t], 0xff, total)); /* NaN everywhere no token lives */
+    for (int64_t i = 0; i < blocks; ++i) {
+      CUDA_CHECK(cudaMemcpy((char *)big[t] + (size_t)((first_block + i) * stride) * es,
+                            (const char *)host[t] + (size_t)(i * block_elems) * es, (size_t)block_elems * es,
+                            cudaMemcpyHostToDevice));
+    }
+  }
+  fd_decode_args args = d.args;
+  args.k.data = big[0];
+  args.v.data = big[1];
+  if (paged) {
+    const int64_t entries = args.block_table.shape[0] * args.block_table.shape[1];
+    int32_t *table = malloc((size_t)entries * sizeof *table);
+    for (int64_t i = 0; i < entries; ++i) table[i] = (int32_t)(p.block_table[i] + first_block);
+    CUDA_CHECK(cudaMemcpy(d.block_table, table, (size_t)entries * sizeof *table, cudaMemcpyHostToDevice));
+    free(table);
+    args.k.shape[0] = args.v.shape[0] = first_block + blocks;
+  } else {
+    args.k.strides[0] = args.v.strides[0] = stride;
+  }
+  fdt_device_problem big_problem = d;
+  big_problem.args = args;
+  decode_cuda(g_cuda, &p, &big_problem, g_stream);
+  char report[256];
+  const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+  print_message("large offsets (%s, last row at element %lld, %.1f GiB per cache): %s\n",
+                paged ? "paged" : "dense", (long long)((first_block + blocks - 1) * stride),
+                (double)total / (1 << 30), report);
+  CUDA_CHECK(cudaFree(big[0]));
+  CUDA_CHECK(cudaFree(big[1]));
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+  if (bad) fail_msg("%s", report);
+}
+
+static void test_large_offsets_dense(void **state) {
+  (void)state;
+  if (g_quick) skip();
+  run_large_offset(0);
+}
+
+static void test_large_offsets_paged(void **state) {
+  (void)state;
+  if (g_quick) skip();
+  run_large_offset(1);
+}
+
+/* K/V whose rows are not 16-byte aligned take the plain-load path. */
+static void test_unaligned_cache(void **state) {
+  (void)state;
+  const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_F32, FD_DTYPE_BF16};
+  for (int k = 0; k < 3; ++k) {
+    fdt_case c = {0};
+    c.batch = 3;
+    c.q_heads = 12;
+    c.kv_heads = 4;
+    c.head_dim = k == 1 ? 40 : 64;
+    c.kv_len = 300;
+    c.dtype = c.out_dtype = dtypes[k];
+    c.layout = k == 2 ? FDT_PAGED_HND : FDT_BNHD;
+    c.page_size = 16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.num_splits = k == 0 ? 0 : 3;
+    c.seed = g_seed + 300 + (uint64_t)k;
+    fdt_problem p;
+    make_problem(&p, &c);
+    fdt_device_problem d;
+    upload(&p, &d);
+    const size_t es = fdt_dtype_size(c.dtype);
+    void *shifted[2];
+    const void *host[2] = {p.k, p.v};
+    fd_tensor *tensors[2] = {&d.args.k, &d.args.v};
+    for (int t = 0; t < 2; ++t) {
+      const size_t shift = es * (size_t)(1 + 2 * t); /* one and three elements */
+      CUDA_CHECK(cudaMalloc(&shifted[t], p.kv_bytes + 16));
+      CUDA_CHECK(cudaMemcpy((char *)shifted[t] + shift, host[t], p.kv_bytes, cudaMemcpyHostToDevice));
+      tensors[t]->data = (char *)shifted[t] + shift + ((const char *)p.args.k.data - (const char *)p.k);
+    }
+    decode_cuda(g_cuda, &p, &d, g_stream);
+    char report[256];
+    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+    print_message("unaligned %s cache: %s\n", fdt_dtype_name(c.dtype), report);
+    CUDA_CHECK(cudaFree(shifted[0]));
+    CUDA_CHECK(cudaFree(shifted[1]));
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+    if (bad) fail_msg("%s", report);
+  }
+}
+
+/* Device lengths outside [0, kv_capacity] are clamped, not trusted. */
+static void test_lengths_clamped(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 3;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_len = 200;
+  c.dtype = c.out_dtype = FD_DTYPE_F32;
+  c.layout = FDT_BNHD;
+  c.with_lse = 1;
+  c.num_splits = 2;
+  c.seed = g_seed + 400;
+  fdt_problem p; /* not ragged: the reference uses every token */
+  make_problem(&p, &c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  const int32_t lens[3] = {(int32_t)c.kv_len + 1000, INT32_MAX, (int32_t)c.kv_len};
+  int32_t *device_lens = NULL;
+  CUDA_CHECK(cudaMalloc((void **)&device_lens, sizeof lens));
+  CUDA_CHECK(cudaMemcpy(device_lens, lens, sizeof lens, cudaMemcpyHostToDevice));
+  const int64_t shape[1] = {3}, strides[1] = {1};
+  d.args.seq_lens.data = device_lens;
+  d.args.seq_lens.dtype = FD_DTYPE_I32;
+  d.args.seq_lens.ndim = 1;
+  d.args.seq_lens.shape[0] = shape[0];
+  d.args.seq_lens.strides[0] = strides[0];
+  decode_cuda(g_cuda, &p, &d, g_stream);
+  char report[256];
+  int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+  print_message("lengths past the capacity clamped: %s\n", report);
+  if (bad) fail_msg("%s", report);
+
+  /* A negative length reads as 0: zeros and LSE -inf, like the reference's empty sequence. */
+  fdt_problem q;
+  c.ragged = 1; /* sequence 0 is empty */
+  make_problem(&q, &c);
+  fdt_device_problem e;
+  upload(&q, &e);
+  const int32_t negative = -7;
+  CUDA_CHECK(cudaMemcpy(e.seq_lens, &negative, sizeof negative, cudaMemcpyHostToDevice));
+  decode_cuda(g_cuda, &q, &e, g_stream);
+  bad = fdt_check(&q, report, sizeof report, NULL, NULL);
+  print_message("negative length clamped to 0: %s\n", report);
+  CUDA_CHECK(cudaFree(device_lens));
+  fdt_cuda_free(&d);
+  fdt_cuda_free(&e);
+  fdt_problem_free(&p);
+  fdt_problem_free(&q);
+  if (bad) fail_msg("%s", report);
+}
+
+/* Every sequence empty: zeros and LSE -inf, never NaN, with one split or many. */
+static void test_all_sequences_empty(void **state) {
+  (void)state;
+  const int32_t split_choices[] = {1, 3, 0};
+  for (int k = 0; k < 3; ++k) {
+    fdt_case c = {0};
+    c.batch = 2;
+    c.q_heads = 4;
+    c.kv_heads = 1;
+    c.head_dim = 32;
+    c.kv_len = 0;
+    c.dtype = c.out_dtype = FD_DTYPE_F32;
+    c.with_lse = 1;
+    c.num_splits = split_choices[k];
+    fdt_problem p;
+    make_problem(&p, &c);
+    fdt_device_problem d;
+    upload(&p, &d);
+    decode_cuda(g_cuda, &p, &d, g_stream);
+    char report[256];
+    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+    print_message("all sequences empty, splits %d: %s\n", (int)c.num_splits, report);
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+    if (bad) fail_msg("%s", report);
+  }
+}
+
+/* More sequences than a grid's y dimension holds (65535): CTAs loop over them. */
+static void test_batch_beyond_grid_limit(void **state) {
+  (void)state;
+  const int32_t split_choices[] = {1, 2};
+  for (int k = 0; k < 2; ++k) {
+    fdt_case c = {0};
+    c.batch = 70000;
+    c.q_heads = 2;
+    c.kv_heads = 1;
+    c.head_dim = 16;
+    c.kv_len = 5;
+    c.dtype = c.out_dtype = FD_DTYPE_F16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.num_splits = split_choices[k];
+    c.seed = g_seed + 600 + (uint64_t)k;
+    fdt_problem p;
+    make_problem(&p, &c);
+    fdt_device_problem d;
+    upload(&p, &d);
+    decode_cuda(g_cuda, &p, &d, g_stream);
+    char report[256];
+    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+    print_message("batch 70000, splits %d: %s\n", (int)c.num_splits, report);
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+    if (bad) fail_msg("%s", report);
+  }
+}
+
+/* ---- rejected input -------------------------------------------------------------- */
+
+/* Expects `status` with `needle` in the message and the device output untouched. */
+static void expect_rejected(fd_handle *h, const fdt_problem *p, const fdt_device_problem *d,
+                            const fd_decode_args *args, fd_status status, const char *needle) {
+  const fd_status got = fd_decode(h, args, (fd_cuda_stream)g_stream);
+  if (got != status || strstr(last_message(), needle) == NULL) {
+    fail_msg("expected %s with \"%s\", got %s: %s", fd_status_string(status), needle, fd_status_string(got),
+             last_message());
+  }
+  print_message("rejected as expected: %s\n", last_message());
+  CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  unsigned char *out = malloc(p->out_bytes);
+  CUDA_CHECK(cudaMemcpy(out, d->out, p->out_bytes, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < p->out_bytes; ++i) {
+    if (out[i] != 0xff) fail_msg("output byte %zu was written (0x%02x) by a rejected call", i, out[i]);
+  }
+  free(out);
+}
+
+static void test_bad_input_rejected(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 2;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_len = 100;
+  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.seed = g_seed + 7;
+  fdt_problem p;
+  make_problem(&p, &c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  fd_decode_args a;
+
+  a = d.args;
+  a.k.strides[3] = 2;
+  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_STRIDE, "k: stride of head_dim");
+  a = d.args;
+  a.v.dtype = FD_DTYPE_BF16;
+  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_DTYPE, "v: dtype");
+  a = d.args;
+  a.num_splits = FD_MAX_SPLITS + 1;
+  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_SPLITS, "num_splits");
+  a = d.args;
+  a.out.shape[2] += 1;
+  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_SHAPE, "out: q_heads");
+  a = d.args;
+  a.q.data = NULL;
+  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_NULL_POINTER, "q: data is NULL");
+
+  /* A caller-provided device workspace that is too small. */
+  fd_handle *h = make_handle(FD_BACKEND_CUDA);
+  void *small = NULL;
+  CUDA_CHECK(cudaMalloc(&small, 256));
+  assert_int_equal(fd_set_workspace(h, small, 256), FD_SUCCESS);
+  a = d.args;
+  a.num_splits = 8;
+  expect_rejected(h, &p, &d, &a, FD_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  CUDA_CHECK(cudaFree(small));
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+}
+
+/* head_dim the CUDA kernels do not take: INVALID_HEAD_DIM naming head_dim. */
+static void test_unsupported_head_dim(void **state) {
+  (void)state;
+  const int64_t dims[] = {8, 12, 20, 100};
+  for (int k = 0; k < 4; ++k) {
+    fdt_case c = {0};
+    c.batch = 1;
+    c.q_heads = 4;
+    c.kv_heads = 2;
+    c.head_dim = dims[k];
+    c.kv_len = 10;
+    c.dtype = c.out_dtype = FD_DTYPE_F16;
+    fdt_problem p;
+    make_problem(&p, &c);
+    fdt_device_problem d;
+    upload(&p, &d);
+    expect_rejected(g_cuda, &p, &d, &d.args, FD_ERROR_INVALID_HEAD_DIM, "head_dim");
+    size_t bytes = 0;
+    assert_int_equal(fd_workspace_size(g_cuda, &d.args, &bytes), FD_ERROR_INVALID_HEAD_DIM);
+    fdt_cuda_free(&d);
+    fdt_problem_free(&p);
+  }
+}
+
+static void test_auto_backend_is_cuda(void **state) {
+  (void)state;
+  fd_handle *h = make_handle(FD_BACKEND_AUTO);
+  fd_backend backend = FD_BACKEND_CPU;
+  assert_int_equal(fd_get_backend(h, &backend), FD_SUCCESS);
+  assert_int_equal(backend, FD_BACKEND_CUDA);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+/* ---- setup and summary ---------------------------------------------------------- */
+static int group_setup(void **state) {
+  (void)state;
+  g_cuda = make_handle(FD_BACKEND_CUDA);
+  g_cpu = make_handle(FD_BACKEND_CPU);
+  return cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  static const char *names[] = {"f32", "f16", "bf16"};
+  printf("\nworst errors of the matrix cases (rel = ||out - ref|| / ||ref||; lse = max |lse - ref|):\n");
+  printf("%-12s %6s %12s %12s %12s %12s %10s\n", "q -> out", "cases", "rel vs f64", "lse vs f64", "rel vs cpu",
+         "lse vs cpu", "rel bound");
+  for (int d = 0; d < 3; ++d) {
+    for (int f = 0; f < 2; ++f) {
+      const worst_errors *w = &g_worst[d][f];
+      if (w->cases == 0) continue;
+      char label[32];
+      snprintf(label, sizeof label, "%s -> %s", names[d], f ? "f32" : names[d]);
+      printf("%-12s %6d %12.3g %12.3g %12.3g %12.3g %10.1g\n", label, w->cases, w->ref_out, w->ref_lse, w->cpu_out,
+             w->cpu_lse, fdt_error_bound(f ? FD_DTYPE_F32 : (fd_dtype)d));
+    }
+  }
+  fflush(stdout);
+  cudaStreamDestroy(g_stream);
+  fd_destroy(g_cuda);
+  fd_destroy(g_cpu);
+  return 0;
+}
+
+int main(void) {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0) {
+    printf("no CUDA device (%s): skipping the GPU tests\n", err == cudaSuccess ? "none found" : cudaGetErrorString(err));
+    return 77;
+  }
+  const char *quick = getenv("FD_GPU_TEST_QUICK");
+  g_quick = quick != NULL && quick[0] != '\0' && strcmp(quick, "0") != 0;
+  const char *seed = getenv("FD_GPU_TEST_SEED");
+  if (seed != NULL && seed[0] != '\0') g_seed = strtoull(seed, NULL, 10);
+
+  static fdt_case cases[kFullCases];
+  static char names[kFullCases][32];
+  const int count = make_matrix(cases, g_quick);
+  static struct CMUnitTest tests[kFullCases + 16];
+  int n = 0;
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
+  for (int i = 0; i < count; ++i) {
+    snprintf(names[i], sizeof names[i], "matrix_case_%03d", i);
+    tests[n++] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
+  }
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unaligned_cache);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lengths_clamped);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_input_rejected);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unsupported_head_dim);
+  printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s)\n", count, g_quick ? " (quick)" : "",
+         (unsigned long long)g_seed, devices);
+  return _cmocka_run_group_tests("cuda_decode", tests, (size_t)n, group_setup, group_teardown);
+}

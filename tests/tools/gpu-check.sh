@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The whole GPU check in one go, on a machine with an NVIDIA GPU:
+#
+#   tests/tools/gpu-check.sh <build-dir>
+#
+# Steps: the GPU test suite (ctest -L gpu, verbose: every case's errors),
+# compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU
+# test program in quick mode, the flashdecode demo on the GPU, and the timing
+# against PyTorch SDPA (needs python3 with torch). Logs go to $OUT if set,
+# else <build-dir>/gpu-check; a summary table is printed last.
+#
+# Build first, anywhere with nvcc (the GPU machine needs no compiler), e.g.
+#   cmake -S . -B build-h200 -G Ninja -DFLASHDECODE_CUDA_ARCHS=90a-real -DCMAKE_PREFIX_PATH=$PWD/.deps/usr
+#   cmake --build build-h200
+#
+# FD_GPU_CHECK_STEPS picks steps (default: "tests memcheck racecheck initcheck
+# synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in seconds.
+set -uo pipefail
+
+if [ $# -ne 1 ] || [ ! -d "$1" ]; then
+  echo "usage: $0 <build-dir>" >&2
+  exit 2
+fi
+build=$(cd "$1" && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+logs=${OUT:-$build/gpu-check}
+mkdir -p "$logs"
+steps=${FD_GPU_CHECK_STEPS:-tests memcheck racecheck initcheck synccheck demo sdpa}
+step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
+export PATH="$PATH:/usr/local/cuda/bin"
+export PYTHONUNBUFFERED=1
+test_program=$build/tests/gpu/test_cuda_decode
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/compute-sanitizer/compute-sanitizer)
+
+summary=()
+failed=0
+
+# run_step NAME COMMAND...: runs with a time limit, tees into NAME.log, and
+# records a summary line (NOTE is set by the caller after the step).
+run_step() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  echo "=== $name: $*" | tee "$logs/$name.log"
+  timeout --kill-after=10 "$step_timeout" "$@" 2>&1 | tee -a "$logs/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local verdict=PASS
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    verdict="TIMEOUT"
+  elif [ "$rc" -ne 0 ]; then
+    verdict="FAIL($rc)"
+  fi
+  [ "$verdict" = PASS ] || failed=1
+  summary+=("$(printf '%-10s %-11s %5ds  ' "$name" "$verdict" $((SECONDS - start)))")
+}
+
+# Appends a note (the step's key result line) to the last summary line.
+note() { summary[${#summary[@]}-1]+="$1"; }
+
+sanitize() {
+  local tool=$1
+  shift
+  FD_GPU_TEST_QUICK=1 run_step "$tool" "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 "$@" \
+    "$test_program"
+  note "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/$tool.log" | tr -s ' =' ' ' | tr '\n' ';' | cut -c1-110)"
+}
+
+# At most 8 files under $OUT come back from the device tool: 7 logs and sdpa.json.
+machine=$( (nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 ||
+  true) | head -1; ("$sanitizer" --version 2>&1 || true) | tail -1)
+echo "=== machine: $machine"
+
+for step in $steps; do
+  case $step in
+    tests)
+      run_step tests ctest --test-dir "$build" -L gpu -V --timeout "$step_timeout"
+      note "$(grep -E 'PASSED|FAILED|tests passed|Skipped' "$logs/tests.log" | tr -s ' ' | tr '\n' ';' | cut -c1-110)"
+      ;;
+    memcheck) sanitize memcheck ;;
+    racecheck) sanitize racecheck --racecheck-report all ;;
+    initcheck) sanitize initcheck ;;
+    synccheck) sanitize synccheck ;;
+    demo)
+      run_step demo bash -c "'$build/flashdecode' --backend cuda --iters 50 &&
+        '$build/flashdecode' --backend cuda --batch 1 --kv-len 32768 --iters 50 &&
+        '$build/flashdecode' --backend cuda --batch 8 --q-heads 40 --kv-heads 8 --head-dim 72 --dtype bf16 --kv-len 3000 --iters 20"
+      note "$(grep -E 'effective bandwidth' "$logs/demo.log" | sed 's/effective bandwidth: //' | tr '\n' ';' | cut -c1-110)"
+      ;;
+    sdpa)
+      run_step sdpa python3 "$root/tests/bench/compare_sdpa.py" --lib "$build/src/libflashdecode.so.0" \
+        --json "$logs/sdpa.json"
+      ;;
+    *) echo "unknown step: $step" >&2 ;;
+  esac
+done
+
+echo
+if [ -f "$logs/tests.log" ]; then
+  grep -A 8 '^worst errors' "$logs/tests.log" | grep -v '^--'
+  echo
+fi
+if [ -f "$logs/sdpa.log" ]; then
+  sed -n '/^ceilings:/p; /=== results/,$p' "$logs/sdpa.log"
+  echo
+fi
+echo "=== gpu-check summary ($build, logs in $logs)"
+echo "$machine"
+printf '%s\n' "${summary[@]}"
+exit $failed
