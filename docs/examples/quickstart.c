@@ -14,7 +14,7 @@ static fd_tensor bnhd(void *data, int64_t b, int64_t n, int64_t h, int64_t d) {
 int main(void) {
   for (int i = 0; i < B * N * HKV * D; ++i) {
     (&k[0][0][0][0])[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
-    (&v[0][0][0][0])[i] = (float)((i * 104729) % 1000) / 1000.0f - 0.5f;
+    (&v[0][0][0][0])[i] = (float)((i * 104729LL) % 1000) / 1000.0f - 0.5f; /* 64-bit: i * 104729 overflows int */
   }
   for (int i = 0; i < B * HQ * D; ++i) (&q[0][0][0])[i] = (float)(i % 17) / 17.0f;
 

@@ -3,10 +3,11 @@
 # flashdecode::flashdecode), compatible within one major version.
 include(CMakePackageConfigHelpers)
 
+# The exported include directory comes from the target's INSTALL_INTERFACE
+# (src/CMakeLists.txt); an INCLUDES DESTINATION here would list it twice.
 install(TARGETS flashdecode EXPORT flashdecodeTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
-  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/flashdecode.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 # pkg-config: paths relative to the .pc file when the install dirs are

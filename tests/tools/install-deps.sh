@@ -3,6 +3,9 @@
 # Debian/Ubuntu packages when run as root, else prints the apt command.
 # The CUDA toolkit is not installed here: with nvcc on PATH (or in
 # /usr/local/cuda/bin) the CUDA backend is built, without it the CPU one only.
+# The bindings' tests (FD_DEPS_BINDINGS=0 skips them) need Go, cargo, and a
+# python3 with venv, NumPy and pytest: a distribution's Python (PEP 668,
+# EXTERNALLY-MANAGED) gets NumPy and pytest from apt, any other from pip.
 set -euo pipefail
 
 need=()
@@ -15,21 +18,41 @@ have_cmd pkg-config || need+=(pkg-config)
 have_cmd doxygen || need+=(doxygen)
 have_cmd nm || need+=(binutils)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
+pip_need=()
 if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then
   have_cmd go || need+=(golang-go)
+  have_cmd cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need+=(cargo)
   have_cmd python3 || need+=(python3)
   python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+  for module in numpy pytest; do
+    python3 -c "import $module" >/dev/null 2>&1 || pip_need+=("$module")
+  done
+  # No python3 yet means apt's, which is externally managed.
+  if [ ${#pip_need[@]} -gt 0 ] && { ! have_cmd python3 || python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; }; then
+    for module in "${pip_need[@]}"; do need+=("python3-$module"); done
+    pip_need=()
+  fi
 fi
 
-if [ ${#need[@]} -eq 0 ]; then
+if [ ${#need[@]} -eq 0 ] && [ ${#pip_need[@]} -eq 0 ]; then
   echo "install-deps: nothing missing"
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps: missing packages; run: sudo apt-get install -y ${need[*]}" >&2
-  exit 1
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing packages; run: sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-echo "install-deps: apt-get install ${need[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if [ ${#pip_need[@]} -gt 0 ]; then
+  echo "install-deps: python3 -m pip install ${pip_need[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check "${pip_need[@]}" || {
+    echo "install-deps: could not pip-install ${pip_need[*]} for $(command -v python3)" >&2
+    exit 1
+  }
+fi

@@ -1,0 +1,271 @@
+// Package flashdecode is the Go binding of libflashdecode: flash-decoding
+// attention for LLM inference behind a stable C ABI.
+//
+// One new query token per sequence attends to a KV cache that is split
+// along the sequence, computed per split in parallel and merged; with
+// grouped-query attention, ragged lengths, paged caches, any strided layout,
+// the log-sum-exp and a reusable workspace.
+//
+// The package links the library through cgo and pkg-config
+// (PKG_CONFIG_PATH must find flashdecode.pc; at run time the dynamic loader
+// must find libflashdecode.so.0). Host tensors are Go slices ([]float32,
+// []uint16 holding f16 or bf16 bits, []int32) for the CPU backend; CUDA
+// tensors are device pointers (uintptr) for the CUDA backend. Failures are
+// *Error values carrying the library's message; errors.Is matches them
+// against the Err* statuses.
+package flashdecode
+
+/*
+#cgo pkg-config: flashdecode
+#include <stdint.h>
+#include <flashdecode.h>
+
+// cgo forbids storing Go pointers in memory passed to C, so the data
+// pointers travel as arguments and are put into the struct here, on the C
+// stack. size_only asks for the workspace size instead of decoding.
+static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, void *k, void *v, void *out,
+                             void *lse, void *seq_lens, void *block_table, uintptr_t stream, int size_only,
+                             size_t *bytes) {
+  args.q.data = q;
+  args.k.data = k;
+  args.v.data = v;
+  args.out.data = out;
+  args.lse.data = lse;
+  args.seq_lens.data = seq_lens;
+  args.block_table.data = block_table;
+  if (size_only) return fd_workspace_size(handle, &args, bytes);
+  return fd_decode(handle, &args, (fd_cuda_stream)stream);
+}
+
+// Device addresses arrive as integers; converting them in C keeps them out
+// of Go's pointer rules (they never point into Go memory).
+static void *fdgo_address(uintptr_t address) { return (void *)address; }
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// The header this package was compiled against.
+const (
+	HeaderVersionMajor = C.FD_VERSION_MAJOR
+	HeaderVersionMinor = C.FD_VERSION_MINOR
+	// MaxDims is the most dimensions a tensor has.
+	MaxDims = C.FD_MAX_DIMS
+	// WorkspaceAlignment is the alignment in bytes SetWorkspace requires.
+	WorkspaceAlignment = 256
+)
+
+// Version is the loaded library's version string, e.g. "0.1.0".
+func Version() string { return C.GoString(C.fd_version_string()) }
+
+// VersionNumber is the loaded library's version as major*10000 + minor*100 + patch.
+func VersionNumber() int { return int(C.fd_version_number()) }
+
+var (
+	versionOnce  sync.Once
+	versionError error
+)
+
+// checkVersion makes sure, once, that the loaded library has the header's
+// major version and at least its minor version (the declarations used here).
+func checkVersion() error {
+	versionOnce.Do(func() {
+		loaded := VersionNumber()
+		if loaded/10000 != HeaderVersionMajor || loaded/100%100 < HeaderVersionMinor {
+			versionError = refuse(ErrUnsupported, fmt.Sprintf("libflashdecode %s is loaded; this package needs %d.x with x >= %d",
+				Version(), HeaderVersionMajor, HeaderVersionMinor))
+		}
+	})
+	return versionError
+}
+
+// Backend is where a handle runs (fd_backend).
+type Backend int
+
+// Backends.
+const (
+	// BackendAuto is CUDA when the library can use the device, else the CPU.
+	BackendAuto Backend = C.FD_BACKEND_AUTO
+	// BackendCPU is the multi-threaded CPU backend: host memory, synchronous.
+	BackendCPU Backend = C.FD_BACKEND_CPU
+	// BackendCUDA is the CUDA backend: device memory, asynchronous on a stream.
+	BackendCUDA Backend = C.FD_BACKEND_CUDA
+)
+
+func (b Backend) String() string {
+	switch b {
+	case BackendAuto:
+		return "auto"
+	case BackendCPU:
+		return "cpu"
+	case BackendCUDA:
+		return "cuda"
+	}
+	return fmt.Sprintf("Backend(%d)", int(b))
+}
+
+// Options configure New. The zero value picks BackendAuto on device 0 with
+// a CPU worker per core.
+type Options struct {
+	Backend    Backend
+	Device     int // CUDA device ordinal
+	NumThreads int // CPU backend workers; 0 uses every core
+}
+
+// Handle is a backend, its device, and a workspace reused across calls.
+//
+// Calls on one handle are serialised by a mutex (the C API forbids
+// overlapping calls on a handle), so a Handle may be shared by goroutines;
+// use one per goroutine to decode in parallel. Close it when done.
+type Handle struct {
+	mu      sync.Mutex
+	raw     *C.fd_handle
+	backend Backend
+	device  int
+}
+
+// New creates a handle. It fails with ErrNoDevice when CUDA is asked for and
+// the device (or the library's CUDA support) is missing.
+func New(options Options) (*Handle, error) {
+	if err := checkVersion(); err != nil {
+		return nil, err
+	}
+	// The defaults of fd_options_init, filled here: a newer library's init
+	// would write its own, larger struct into this one.
+	var raw C.fd_options
+	raw.struct_size = C.sizeof_fd_options
+	raw.backend = C.fd_backend(options.Backend)
+	raw.device = C.int32_t(options.Device)
+	raw.num_threads = C.int32_t(options.NumThreads)
+	if int(raw.device) != options.Device || int(raw.num_threads) != options.NumThreads {
+		return nil, refuse(ErrInvalidArgument, "options: device and thread count must fit in 32 bits")
+	}
+	h := &Handle{device: options.Device}
+	if err := call(func() C.fd_status { return C.fd_create(&h.raw, &raw) }); err != nil {
+		return nil, err
+	}
+	var resolved C.fd_backend
+	if err := call(func() C.fd_status { return C.fd_get_backend(h.raw, &resolved) }); err != nil {
+		C.fd_destroy(h.raw)
+		return nil, err
+	}
+	h.backend = Backend(resolved)
+	// A safety net only: a forgotten handle frees its workspace when collected.
+	runtime.SetFinalizer(h, (*Handle).Close)
+	return h, nil
+}
+
+// Backend is the backend the handle runs on (BackendAuto resolved).
+func (h *Handle) Backend() Backend { return h.backend }
+
+// Close destroys the handle and frees its library-owned workspace. For CUDA,
+// work enqueued with it must have finished. Closing twice is a no-op.
+func (h *Handle) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.raw == nil {
+		return nil
+	}
+	raw := h.raw
+	h.raw = nil
+	runtime.SetFinalizer(h, nil)
+	return call(func() C.fd_status { return C.fd_destroy(raw) })
+}
+
+// Decode computes decode attention for one query token per sequence: on the
+// CPU backend synchronously, on CUDA enqueued on the legacy default stream.
+// On error nothing is written.
+func (h *Handle) Decode(args *DecodeArgs) error {
+	return h.DecodeOnStream(args, 0)
+}
+
+// DecodeOnStream is Decode enqueued on a CUDA stream (a cudaStream_t; 0 is
+// the legacy default stream). The CPU backend ignores the stream.
+func (h *Handle) DecodeOnStream(args *DecodeArgs, stream uintptr) error {
+	_, err := h.run(args, stream, false)
+	return err
+}
+
+// WorkspaceSize is the bytes of workspace Decode needs for args on this
+// handle; it depends only on shapes and the split count.
+func (h *Handle) WorkspaceSize(args *DecodeArgs) (int, error) {
+	return h.run(args, 0, true)
+}
+
+// ReserveWorkspace makes the library-owned workspace at least bytes, so
+// that decodes that fit do not allocate (CUDA graph capture, real-time loops).
+func (h *Handle) ReserveWorkspace(bytes int) error {
+	if bytes < 0 {
+		return refuse(ErrInvalidArgument, fmt.Sprintf("workspace: %d bytes", bytes))
+	}
+	return h.locked(func(raw *C.fd_handle) C.fd_status { return C.fd_reserve_workspace(raw, C.size_t(bytes)) })
+}
+
+// SetWorkspace hands the handle caller-owned workspace memory: device memory
+// for the CUDA backend, or host memory Go does not manage (C, mmap) for the
+// CPU backend, aligned to WorkspaceAlignment and valid until replaced or the
+// handle is closed. A zero address goes back to library-owned memory.
+func (h *Handle) SetWorkspace(address uintptr, bytes int) error {
+	if bytes < 0 {
+		return refuse(ErrInvalidArgument, fmt.Sprintf("workspace: %d bytes", bytes))
+	}
+	return h.locked(func(raw *C.fd_handle) C.fd_status {
+		return C.fd_set_workspace(raw, C.fdgo_address(C.uintptr_t(address)), C.size_t(bytes))
+	})
+}
+
+func (h *Handle) locked(f func(*C.fd_handle) C.fd_status) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.raw == nil {
+		return refuse(ErrInvalidHandle, "the handle is closed")
+	}
+	return call(func() C.fd_status { return f(h.raw) })
+}
+
+func (h *Handle) run(args *DecodeArgs, stream uintptr, sizeOnly bool) (int, error) {
+	raw, err := args.describe(h.backend == BackendCUDA, h.device)
+	if err != nil {
+		return 0, err
+	}
+	var bytes C.size_t
+	size := C.int(0)
+	if sizeOnly {
+		size = 1
+	}
+	err = h.locked(func(handle *C.fd_handle) C.fd_status {
+		return C.fdgo_decode(handle, raw, args.Q.data(), args.K.data(), args.V.data(), args.Out.data(), args.LSE.data(),
+			args.SeqLens.data(), args.BlockTable.data(), C.uintptr_t(stream), size, &bytes)
+	})
+	runtime.KeepAlive(args)
+	return int(bytes), err
+}
+
+// data is the pointer handed to C: a Go pointer for host memory (pinned by
+// cgo for the call), a device address converted on the C side.
+func (t Tensor) data() unsafe.Pointer {
+	if t.host != nil {
+		return t.host
+	}
+	return C.fdgo_address(C.uintptr_t(t.device))
+}
+
+// call runs one C call and turns a failure into an *Error with this
+// thread's message; the thread is locked because the message is thread-local.
+func call(f func() C.fd_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	status := f()
+	if status == C.FD_SUCCESS {
+		return nil
+	}
+	length := C.fd_last_error_message(nil, 0)
+	message := make([]byte, int(length)+1)
+	C.fd_last_error_message((*C.char)(unsafe.Pointer(&message[0])), C.size_t(len(message)))
+	return &Error{Status: Status(status), Message: string(message[:length])}
+}

@@ -1,0 +1,3 @@
+module github.com/flashdecode/flashdecode/bindings/go
+
+go 1.19

@@ -1,0 +1,212 @@
+package flashdecode
+
+// #include <flashdecode.h>
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// DType is a tensor's element type (fd_dtype).
+type DType int
+
+// Element types.
+const (
+	Float32Type  DType = C.FD_DTYPE_F32
+	Float16Type  DType = C.FD_DTYPE_F16  // IEEE half, as uint16 bits
+	BFloat16Type DType = C.FD_DTYPE_BF16 // bfloat16, as uint16 bits
+	Int32Type    DType = C.FD_DTYPE_I32
+)
+
+// Tensor describes memory a call reads or writes: a Go slice (host memory,
+// for the CPU backend) or a device pointer (for the CUDA backend), with a
+// shape and strides in elements. The dimension order is fixed by the
+// tensor's role (see DecodeArgs); the layout is given by the strides,
+// row-major unless WithStrides says otherwise. The zero Tensor is absent.
+type Tensor struct {
+	dtype   DType
+	shape   []int64
+	strides []int64
+	host    unsafe.Pointer // first element of the slice; keeps it alive
+	hostLen int
+	device  uintptr
+}
+
+// Float32 is a tensor over a []float32.
+func Float32(data []float32, shape ...int64) Tensor {
+	return hostTensor(Float32Type, unsafe.Pointer(first(data)), len(data), shape)
+}
+
+// Float16 is a tensor of IEEE half-precision values given as their bits.
+func Float16(bits []uint16, shape ...int64) Tensor {
+	return hostTensor(Float16Type, unsafe.Pointer(first(bits)), len(bits), shape)
+}
+
+// BFloat16 is a tensor of bfloat16 values given as their bits.
+func BFloat16(bits []uint16, shape ...int64) Tensor {
+	return hostTensor(BFloat16Type, unsafe.Pointer(first(bits)), len(bits), shape)
+}
+
+// Int32 is a tensor over a []int32 (sequence lengths, block tables).
+func Int32(data []int32, shape ...int64) Tensor {
+	return hostTensor(Int32Type, unsafe.Pointer(first(data)), len(data), shape)
+}
+
+// Device is a tensor in CUDA device memory at address, which must stay valid
+// until the decode using it has finished on its stream.
+func Device(address uintptr, dtype DType, shape ...int64) Tensor {
+	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), device: address}
+}
+
+// WithStrides returns the tensor with other strides, in elements (the last
+// must be 1). For host tensors the call checks that they stay inside the slice.
+func (t Tensor) WithStrides(strides ...int64) Tensor {
+	t.strides = strides
+	return t
+}
+
+// Shape is the tensor's extents.
+func (t Tensor) Shape() []int64 { return t.shape }
+
+// Strides is the tensor's strides, in elements.
+func (t Tensor) Strides() []int64 { return t.strides }
+
+// DType is the element type.
+func (t Tensor) DType() DType { return t.dtype }
+
+func first[T any](data []T) *T {
+	if len(data) == 0 {
+		return nil
+	}
+	return &data[0]
+}
+
+func hostTensor(dtype DType, data unsafe.Pointer, length int, shape []int64) Tensor {
+	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), host: data, hostLen: length}
+}
+
+func rowMajor(shape []int64) []int64 {
+	strides := make([]int64, len(shape))
+	step := int64(1)
+	for axis := len(shape) - 1; axis >= 0; axis-- {
+		strides[axis] = step
+		if shape[axis] > 1 {
+			step *= shape[axis]
+		}
+	}
+	return strides
+}
+
+func (t Tensor) present() bool { return t.shape != nil }
+
+func (t Tensor) isDevice() bool { return t.host == nil && t.device != 0 }
+
+// describe fills the C descriptor (without the data pointer) after the checks
+// that make passing the memory to C safe: rank, signs, and for host memory
+// that every element addressed lies inside the slice.
+func (t Tensor) describe(name string) (C.fd_tensor, error) {
+	var raw C.fd_tensor
+	if !t.present() {
+		return raw, nil
+	}
+	ndim := len(t.shape)
+	if ndim == 0 || ndim > MaxDims {
+		return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: %d dimensions, expected 1 to %d", name, ndim, MaxDims))
+	}
+	if len(t.strides) != ndim {
+		return raw, refuse(ErrInvalidStride, fmt.Sprintf("%s: %d strides for %d dimensions", name, len(t.strides), ndim))
+	}
+	last, empty := int64(0), false
+	for axis, extent := range t.shape {
+		stride := t.strides[axis]
+		if extent < 0 {
+			return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v has a negative extent", name, t.shape))
+		}
+		if stride < 0 {
+			return raw, refuse(ErrInvalidStride, fmt.Sprintf("%s: strides %v have a negative stride", name, t.strides))
+		}
+		empty = empty || extent == 0
+		if extent > 1 {
+			if stride > (1<<62)/extent {
+				return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v overflows", name, t.shape, t.strides))
+			}
+			last += (extent - 1) * stride
+		}
+		raw.shape[axis] = C.int64_t(extent)
+		raw.strides[axis] = C.int64_t(stride)
+	}
+	if t.host != nil || t.device == 0 {
+		if !empty && last >= int64(t.hostLen) {
+			return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v reaches element %d, but the slice has %d",
+				name, t.shape, t.strides, last, t.hostLen))
+		}
+	}
+	raw.dtype = C.fd_dtype(t.dtype)
+	raw.ndim = C.int32_t(ndim)
+	return raw, nil
+}
+
+// DecodeArgs is everything one decode reads and writes.
+//
+// Shapes, by role (the order is fixed; the layout comes from strides):
+//   - Q, Out: [batch, 1, q_heads, head_dim]; Out of Q's dtype or Float32Type.
+//   - K, V: a dense cache [batch, kv_len, kv_heads, head_dim] (a BHND cache
+//     [batch, heads, kv_len, head_dim] is the same with strides
+//     {H*N*D, D, N*D, 1}), or with BlockTable the page pool
+//     [num_pages, page_size, kv_heads, head_dim].
+//   - LSE (optional): [batch, 1, q_heads], Float32Type, natural log; -inf for
+//     empty sequences.
+//   - SeqLens (optional): [batch], Int32Type. BlockTable (optional):
+//     [batch, max_pages], Int32Type.
+//
+// Q heads must be a multiple of KV heads (grouped-query attention).
+type DecodeArgs struct {
+	Q, K, V, Out        Tensor
+	LSE                 Tensor  // optional
+	SeqLens, BlockTable Tensor  // optional
+	SoftmaxScale        float64 // 0 means 1/sqrt(head_dim)
+	NumSplits           int     // 0 lets the library choose
+}
+
+func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, error) {
+	// The defaults of fd_decode_args_init, filled here (see New).
+	var raw C.fd_decode_args
+	raw.struct_size = C.sizeof_fd_decode_args
+	raw.softmax_scale = C.double(a.SoftmaxScale)
+	raw.num_splits = C.int32_t(a.NumSplits)
+	if int(raw.num_splits) != a.NumSplits {
+		return raw, refuse(ErrInvalidSplits, fmt.Sprintf("num_splits %d does not fit in 32 bits", a.NumSplits))
+	}
+	roles := []struct {
+		name   string
+		tensor Tensor
+		into   *C.fd_tensor
+	}{
+		{"q", a.Q, &raw.q}, {"k", a.K, &raw.k}, {"v", a.V, &raw.v}, {"out", a.Out, &raw.out},
+		{"lse", a.LSE, &raw.lse}, {"seq_lens", a.SeqLens, &raw.seq_lens}, {"block_table", a.BlockTable, &raw.block_table},
+	}
+	for _, role := range roles {
+		if !role.tensor.present() {
+			continue
+		}
+		if role.tensor.isDevice() != onDevice {
+			return raw, refuse(ErrInvalidArgument, placementMismatch(role.name, onDevice, device))
+		}
+		described, err := role.tensor.describe(role.name)
+		if err != nil {
+			return raw, err
+		}
+		*role.into = described
+	}
+	return raw, nil
+}
+
+// A host slice on a CUDA handle (or a device pointer on a CPU one) would be
+// dereferenced in the wrong address space: refuse it before calling.
+func placementMismatch(name string, onDevice bool, device int) string {
+	if onDevice {
+		return fmt.Sprintf("%s: is host memory, but the handle runs on CUDA device %d", name, device)
+	}
+	return fmt.Sprintf("%s: is device memory, but the handle runs on the CPU backend", name)
+}

@@ -1,0 +1,203 @@
+"""PEP 517 build backend for the flashdecode package, standard library only.
+
+Not setuptools, so that building needs nothing from the network (pip has
+nothing to install into the build environment, and machines without a
+package index can still ``pip install`` the package), and so that a wheel
+bundling libflashdecode gets the right tag: ``py3-none-<platform>`` (ctypes
+works on any Python 3, but the library is for one platform).
+
+Config settings (``pip wheel -C key=value``), or the environment:
+
+``bundle-library`` / ``FLASHDECODE_BUNDLE_LIBRARY``
+    Path of a built ``libflashdecode.so.0`` to ship as
+    ``flashdecode/_lib/libflashdecode.so.0``, which the package loads before
+    looking on the system.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import io
+import os
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "flashdecode"
+SONAME = "libflashdecode.so.0"
+# Fixed timestamps make wheels and sdists reproducible (the zip format starts at 1980).
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+FileEntry = Tuple[str, bytes, int]  # archive path, contents, permission bits
+
+
+def read_project(pyproject: Path = ROOT / "pyproject.toml") -> Dict[str, Any]:
+    """The ``[project]`` table (with ``optional-dependencies``) of pyproject.toml.
+
+    Uses tomllib where it exists (3.11+). Before that, reads the one-line
+    ``key = value`` entries this project keeps: TOML strings and arrays of
+    strings are also Python literals.
+    """
+    text = pyproject.read_text(encoding="utf-8")
+    try:
+        import tomllib
+    except ImportError:
+        pass
+    else:
+        return dict(tomllib.loads(text)["project"])
+    project: Dict[str, Any] = {}
+    table: Optional[Dict[str, Any]] = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            name = line.strip("[]").strip()
+            if name == "project":
+                table = project
+            elif name == "project.optional-dependencies":
+                table = project.setdefault("optional-dependencies", {})
+            else:
+                table = None
+            continue
+        if table is not None:
+            key, _, value = line.partition("=")
+            table[key.strip()] = ast.literal_eval(value.strip())
+    return project
+
+
+def _metadata(project: Mapping[str, Any]) -> bytes:
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {project['name']}",
+        f"Version: {project['version']}",
+        f"Summary: {project['description']}",
+        f"Requires-Python: {project['requires-python']}",
+    ]
+    lines += [f"Requires-Dist: {requirement}" for requirement in project.get("dependencies", [])]
+    for extra, requirements in project.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {requirement}; extra == "{extra}"' for requirement in requirements]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _package_files() -> List[FileEntry]:
+    source = ROOT / "src" / PACKAGE
+    return [
+        (f"{PACKAGE}/{path.relative_to(source).as_posix()}", path.read_bytes(), 0o644)
+        for path in sorted(source.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc" and "_lib" not in path.parts
+    ]
+
+
+def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional[Path]:
+    settings = config_settings or {}
+    value = (
+        settings.get("bundle-library") or settings.get("bundle_library") or os.environ.get("FLASHDECODE_BUNDLE_LIBRARY")
+    )
+    if not value:
+        return None
+    library = Path(value)
+    if not library.is_file():
+        raise FileNotFoundError(f"bundle-library: {library} is not a file")
+    return library
+
+
+def _platform_tag() -> str:
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool) -> str:
+    project = read_project()
+    name, version = project["name"], project["version"]
+    dist_info = f"{name}-{version}.dist-info"
+    wheel_info = (
+        "Wheel-Version: 1.0\nGenerator: flashdecode_build\n"
+        f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n"
+    ).encode()
+    entries = files + [
+        (f"{dist_info}/METADATA", _metadata(project), 0o644),
+        (f"{dist_info}/WHEEL", wheel_info, 0o644),
+        (f"{dist_info}/top_level.txt", f"{PACKAGE}\n".encode(), 0o644),
+    ]
+    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in entries)
+    entries.append((f"{dist_info}/RECORD", (record + f"{dist_info}/RECORD,,\n").encode(), 0o644))
+    filename = f"{name}-{version}-{tag}.whl"
+    with zipfile.ZipFile(Path(directory) / filename, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
+        for path, data, mode in entries:
+            info = zipfile.ZipInfo(path, date_time=ZIP_TIME)
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            wheel.writestr(info, data)
+    return filename
+
+
+# ---- PEP 517 / PEP 660 hooks ------------------------------------------------
+
+
+def get_requires_for_build_wheel(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
+    return []
+
+
+def get_requires_for_build_sdist(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
+    return []
+
+
+def get_requires_for_build_editable(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
+    return []
+
+
+def build_wheel(
+    wheel_directory: str,
+    config_settings: Optional[Mapping[str, Any]] = None,
+    metadata_directory: Optional[str] = None,
+) -> str:
+    """A wheel of the package; with ``bundle-library``, one carrying the library too."""
+    files = _package_files()
+    library = _library_to_bundle(config_settings)
+    if library is None:
+        return _write_wheel(wheel_directory, files, "py3-none-any", purelib=True)
+    files.append((f"{PACKAGE}/_lib/{SONAME}", library.read_bytes(), 0o755))
+    return _write_wheel(wheel_directory, files, f"py3-none-{_platform_tag()}", purelib=False)
+
+
+def build_editable(
+    wheel_directory: str,
+    config_settings: Optional[Mapping[str, Any]] = None,
+    metadata_directory: Optional[str] = None,
+) -> str:
+    """An editable install: a .pth file putting this source tree's ``src`` on sys.path."""
+    pth = f"{(ROOT / 'src').as_posix()}\n".encode()
+    return _write_wheel(wheel_directory, [(f"_{PACKAGE}_editable.pth", pth, 0o644)], "py3-none-any", purelib=True)
+
+
+def build_sdist(sdist_directory: str, config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """A source distribution: pyproject.toml, this backend, the package and its tests."""
+    project = read_project()
+    base = f"{project['name']}-{project['version']}"
+    sources = [ROOT / "pyproject.toml", Path(__file__).resolve()]
+    for folder in ("src", "tests"):
+        sources += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    filename = f"{base}.tar.gz"
+    with tarfile.open(Path(sdist_directory) / filename, "w:gz", format=tarfile.PAX_FORMAT) as sdist:
+
+        def add(path: str, data: bytes) -> None:
+            info = tarfile.TarInfo(f"{base}/{path}")
+            info.size = len(data)
+            info.mode = 0o644
+            sdist.addfile(info, io.BytesIO(data))
+
+        for source in sources:
+            add(source.relative_to(ROOT).as_posix(), source.read_bytes())
+        add("PKG-INFO", _metadata(project))
+    return filename

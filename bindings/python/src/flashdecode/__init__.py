@@ -1,0 +1,88 @@
+"""flashdecode: flash-decoding attention over libflashdecode's C ABI (ctypes only).
+
+One new query token per sequence attends to a KV cache, split along the
+sequence and merged; with grouped-query attention, ragged lengths, paged
+caches, any strided layout, the log-sum-exp and a reusable workspace.
+
+Quick use, with the seed's signature (``[batch, heads, 1, head_dim]``)::
+
+    out = flashdecode.flash_decode(q, k, v)          # NumPy, or PyTorch/CuPy on the GPU
+
+Everything else goes through a :class:`Handle`::
+
+    with flashdecode.Handle("cpu") as handle:
+        out, lse = handle.decode(q, k, v, seq_lens=lens, return_lse=True, layout="HND")
+
+NumPy arrays run on the CPU backend; CUDA arrays from any library with
+``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend.
+Failures raise :class:`FlashDecodeError` subclasses carrying the library's
+message. The library is found as :func:`load_library` describes.
+"""
+
+from ._arrays import DType
+from ._errors import (
+    CudaError,
+    FlashDecodeError,
+    InternalError,
+    InvalidArgumentError,
+    InvalidBlockTableError,
+    InvalidDTypeError,
+    InvalidHandleError,
+    InvalidHeadCountError,
+    InvalidHeadDimError,
+    InvalidLengthError,
+    InvalidShapeError,
+    InvalidSplitsError,
+    InvalidStrideError,
+    LibraryError,
+    NoDeviceError,
+    NullPointerError,
+    OutOfMemoryError,
+    Status,
+    UnsupportedError,
+    WorkspaceTooSmallError,
+)
+from ._handle import LAYOUTS, Backend, Handle, flash_decode, host_workspace
+from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """The loaded library's version string, e.g. ``"0.1.0"`` (loads it if needed)."""
+    return load_library().version
+
+
+__all__ = [
+    "LAYOUTS",
+    "LIBRARY_ENV",
+    "SONAME",
+    "Backend",
+    "CudaError",
+    "DType",
+    "FlashDecodeError",
+    "Handle",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidBlockTableError",
+    "InvalidDTypeError",
+    "InvalidHandleError",
+    "InvalidHeadCountError",
+    "InvalidHeadDimError",
+    "InvalidLengthError",
+    "InvalidShapeError",
+    "InvalidSplitsError",
+    "InvalidStrideError",
+    "LibraryError",
+    "LibraryInfo",
+    "NoDeviceError",
+    "NullPointerError",
+    "OutOfMemoryError",
+    "Status",
+    "UnsupportedError",
+    "WorkspaceTooSmallError",
+    "flash_decode",
+    "host_workspace",
+    "load_library",
+    "version",
+]

@@ -1,0 +1,462 @@
+"""Arrays from NumPy and from GPU libraries, seen as the C API sees them.
+
+Host memory comes from NumPy arrays, from anything NumPy can turn into one
+(inputs only), or from objects exporting CPU memory through DLPack (PyTorch
+CPU tensors). Device memory comes through ``__dlpack__`` (PyTorch, CuPy, JAX) or
+``__cuda_array_interface__`` (Numba, CuPy, PyTorch, JAX). None of those
+libraries is imported here: only the protocols are used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from ._errors import InvalidArgumentError, InvalidDTypeError, InvalidStrideError, refuse
+
+HOST = "host"
+CUDA = "cuda"
+
+
+class DType(enum.IntEnum):
+    """``fd_dtype``: the element types of the C API. Values are pinned."""
+
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    I32 = 3
+
+
+_DTYPE_NAMES: Dict[str, DType] = {
+    "float32": DType.F32,
+    "f32": DType.F32,
+    "float16": DType.F16,
+    "f16": DType.F16,
+    "half": DType.F16,
+    "bfloat16": DType.BF16,
+    "bf16": DType.BF16,
+    "int32": DType.I32,
+    "i32": DType.I32,
+}
+
+
+def as_dtype(value: Any) -> DType:
+    """A :class:`DType` from a DType, a name (``"bfloat16"``, ``"bf16"``, ...), a NumPy or a PyTorch dtype."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        key = value
+    else:
+        try:
+            key = np.dtype(value).name
+        except TypeError:
+            key = getattr(value, "name", None) or str(value)  # e.g. torch.bfloat16 -> "torch.bfloat16"
+    found = _DTYPE_NAMES.get(key.lower().rpartition(".")[2])
+    if found is None:
+        raise refuse(
+            InvalidDTypeError, f"dtype: unknown element type {value!r}; use 'float32', 'float16' or 'bfloat16'"
+        )
+    return found
+
+
+def dtype_name(dtype: Optional[DType]) -> str:
+    return "16-bit integer storage" if dtype is None else dtype.name.lower()
+
+
+@dataclass
+class ArrayView:
+    """One array as the C API sees it.
+
+    Attributes:
+        pointer: address of the first element.
+        dtype: its element type; None for 16-bit integer storage (``uint16``)
+            whose float type the caller names with ``dtype=``.
+        itemsize: bytes per element.
+        shape: extents, in the array's own dimension order.
+        strides: distances in elements (not bytes).
+        location: :data:`HOST` or :data:`CUDA`.
+        device: the CUDA ordinal when the array tells it.
+        readonly: whether the producer marked it read-only.
+        array: the array itself, or the NumPy array it was turned into.
+        capsule: a DLPack capsule to keep alive until the call returns.
+    """
+
+    pointer: int
+    dtype: Optional[DType]
+    itemsize: int
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    location: str
+    device: Optional[int]
+    readonly: bool
+    array: Any
+    capsule: Any = None
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != expected:
+                return False
+            expected *= extent
+        return True
+
+
+def view_array(
+    obj: Any, name: str, *, kind: str, writable: bool = False, cuda_stream: Optional[int] = None
+) -> ArrayView:
+    """Describes ``obj`` for the C API without copying it (lists excepted).
+
+    Args:
+        obj: the array.
+        name: its role, for messages (``"q"``, ``"seq_lens"``, ...).
+        kind: ``"float"`` (q, k, v, out, lse), ``"int32"`` (seq_lens,
+            block_table) or ``"bytes"`` (a workspace: any dtype); only used
+            to word the error for a dtype the C API cannot express.
+        writable: the call writes it: it must not be read-only, and must be
+            an array (a list would be written as a temporary copy).
+        cuda_stream: the stream the call runs on, passed to ``__dlpack__`` so
+            that the producer orders its pending work before it.
+    """
+    if isinstance(obj, np.ndarray):
+        view = _from_numpy(obj, name, kind)
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        # DLPack first: its dtypes are exact, while PyTorch describes bfloat16
+        # as "<f2" (float16) in __cuda_array_interface__.
+        view = _from_dlpack(obj, name, kind, cuda_stream)
+    else:
+        interface, interface_error = cuda_array_interface(obj)
+        if interface is not None:
+            view = _from_cuda_array_interface(obj, interface, name, kind)
+        elif interface_error is not None:
+            raise TypeError(f"{name}: {type(obj).__name__}.__cuda_array_interface__ failed: {interface_error}")
+        elif writable:
+            raise TypeError(
+                f"{name}: a {type(obj).__name__} cannot be written in place; pass a NumPy array "
+                "or a GPU array (with __cuda_array_interface__ or __dlpack__)"
+            )
+        else:
+            array = np.asarray(obj)
+            if array.dtype == object:
+                raise TypeError(f"{name}: expected an array, got {type(obj).__name__}")
+            view = _from_numpy(array, name, kind)
+    if writable and view.readonly:
+        raise refuse(InvalidArgumentError, f"{name}: the array is read-only")
+    return view
+
+
+def cuda_array_interface(obj: Any) -> Tuple[Optional[Dict[str, Any]], Optional[Exception]]:
+    """``obj.__cuda_array_interface__``, or why it is unavailable.
+
+    Producers may raise (PyTorch does for tensors that require grad); the
+    error is returned so that the caller can report it in context.
+    """
+    try:
+        return obj.__cuda_array_interface__, None
+    except AttributeError:
+        return None, None
+    except Exception as error:  # any producer error: DLPack may still work
+        return None, error
+
+
+def locate(obj: Any) -> Tuple[str, Optional[int]]:
+    """Where an array lives: (:data:`HOST`, None) or (:data:`CUDA`, ordinal or None)."""
+    if isinstance(obj, np.ndarray):
+        return HOST, None
+    device = _dlpack_device(obj)
+    if device is not None:
+        device_type, device_id = device
+        if device_type in _DLPACK_DEVICE_TYPES:
+            return CUDA, device_id
+        return HOST, None
+    interface, _ = cuda_array_interface(obj)
+    if interface is not None:
+        return CUDA, _cuda_ordinal(obj)
+    return HOST, None
+
+
+def stream_pointer(stream: Any) -> int:
+    """A ``cudaStream_t`` as an int, from an int or the stream objects of CUDA libraries.
+
+    Accepts ``__cuda_stream__`` (the CUDA stream protocol), ``.cuda_stream``
+    (PyTorch), ``.ptr`` (CuPy) and ``.handle`` (Numba).
+    """
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected a CUDA stream, got a bool")
+    if isinstance(stream, int):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol()
+        return int(value[1] if isinstance(value, tuple) else value)
+    for attribute in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, ctypes.c_void_p):
+            return value.value or 0
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise TypeError(
+        f"stream: expected an int (a cudaStream_t) or a stream object with __cuda_stream__, "
+        f".cuda_stream, .ptr or .handle; got {type(stream).__name__}"
+    )
+
+
+def default_stream(q: Any) -> int:
+    """The stream to run on when the caller names none.
+
+    The stream q's CUDA Array Interface asks consumers to use, else PyTorch's
+    current stream for a PyTorch tensor, else the legacy default stream (0).
+    """
+    interface, _ = cuda_array_interface(q)
+    if interface is not None and interface.get("stream") is not None:
+        stream = int(interface["stream"])
+        return 0 if stream == 1 else stream  # 1 is the legacy default stream, NULL in the C API
+    torch = _torch_of(q)
+    if torch is not None:
+        return int(torch.cuda.current_stream(q.device).cuda_stream)
+    return 0
+
+
+def allocate_like(reference: Any, shape: Tuple[int, ...], name: str, *, float32: bool = False) -> Any:
+    """A new uninitialised array of ``shape`` from ``reference``'s library, on its device.
+
+    The dtype is ``reference``'s, or float32. NumPy, PyTorch and libraries
+    with an ``empty(shape, dtype=...)`` function (CuPy) are supported.
+    """
+    if isinstance(reference, np.ndarray):
+        return np.empty(shape, dtype=np.float32 if float32 else reference.dtype)
+    torch = _torch_of(reference)
+    if torch is not None:
+        return reference.new_empty(shape, dtype=torch.float32 if float32 else reference.dtype)
+    module = sys.modules.get(type(reference).__module__.partition(".")[0])
+    empty = getattr(module, "empty", None)
+    if not callable(empty):
+        raise TypeError(f"{name}: cannot allocate it like a {type(reference).__name__}; pass {name}= explicitly")
+    dtype = "float32" if float32 else reference.dtype
+    device: Any = getattr(reference, "device", None)
+    if hasattr(device, "__enter__"):  # CuPy: entering the array's device makes it current
+        with device:
+            return empty(shape, dtype=dtype)
+    return empty(shape, dtype=dtype)
+
+
+# ---- NumPy -----------------------------------------------------------------
+
+_NUMPY_DTYPES = {
+    np.dtype(np.float32): DType.F32,
+    np.dtype(np.float16): DType.F16,
+    np.dtype(np.int32): DType.I32,
+}
+_KIND_HINTS = {
+    "float": "use float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with dtype='bfloat16')",
+    "int32": "it must be int32",
+    "bytes": "",
+}
+
+
+def _numpy_dtype(dtype: np.dtype, name: str, kind: str) -> Optional[DType]:
+    if kind == "bytes":
+        return None
+    if dtype.name == "bfloat16":  # ml_dtypes.bfloat16, without importing ml_dtypes
+        return DType.BF16
+    if not dtype.isnative:
+        raise refuse(InvalidDTypeError, f"{name}: {dtype} is not in native byte order")
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is not None:
+        return found
+    if kind == "float" and dtype.itemsize == 2 and dtype.kind in "uiV":
+        return None  # raw 16-bit storage: the caller names the float type
+    raise refuse(InvalidDTypeError, f"{name}: dtype {dtype} is not supported; {_KIND_HINTS[kind]}")
+
+
+def _element_strides(byte_strides: Tuple[int, ...], itemsize: int, name: str) -> Tuple[int, ...]:
+    for stride in byte_strides:
+        if stride % itemsize:
+            raise refuse(
+                InvalidStrideError, f"{name}: byte stride {stride} is not a multiple of the element size {itemsize}"
+            )
+    return tuple(stride // itemsize for stride in byte_strides)
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides = []
+    step = 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
+def _from_numpy(array: np.ndarray, name: str, kind: str) -> ArrayView:
+    dtype = _numpy_dtype(array.dtype, name, kind)
+    return ArrayView(
+        pointer=array.__array_interface__["data"][0],
+        dtype=dtype,
+        itemsize=array.itemsize,
+        shape=tuple(array.shape),
+        strides=_element_strides(array.strides, array.itemsize, name),
+        location=HOST,
+        device=None,
+        readonly=not array.flags.writeable,
+        array=array,
+    )
+
+
+# ---- CUDA Array Interface --------------------------------------------------
+
+
+def _from_cuda_array_interface(obj: Any, interface: Dict[str, Any], name: str, kind: str) -> ArrayView:
+    if interface.get("mask") is not None:
+        raise refuse(InvalidArgumentError, f"{name}: masked arrays are not supported")
+    dtype = np.dtype(interface["typestr"])
+    shape = tuple(int(extent) for extent in interface["shape"])
+    byte_strides = interface.get("strides")
+    strides = (
+        _contiguous_strides(shape)
+        if byte_strides is None
+        else _element_strides(tuple(int(s) for s in byte_strides), dtype.itemsize, name)
+    )
+    pointer, readonly = interface["data"]
+    element = _numpy_dtype(dtype, name, kind)
+    if element is DType.F16 and str(getattr(obj, "dtype", "")).endswith("bfloat16"):
+        element = DType.BF16  # producers that describe bfloat16 as "<f2", for want of a typestr
+    return ArrayView(
+        pointer=int(pointer or 0),
+        dtype=element,
+        itemsize=dtype.itemsize,
+        shape=shape,
+        strides=strides,
+        location=CUDA,
+        device=_cuda_ordinal(obj),
+        readonly=bool(readonly),
+        array=obj,
+    )
+
+
+def _cuda_ordinal(obj: Any) -> Optional[int]:
+    device = _dlpack_device(obj)
+    if device is not None and device[0] in _DLPACK_DEVICE_TYPES:
+        return device[1]
+    holder = getattr(obj, "device", None)
+    for attribute in ("index", "id"):  # torch.device.index, cupy.cuda.Device.id
+        value = getattr(holder, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _torch_of(obj: Any) -> Any:
+    """The torch module if ``obj`` is a PyTorch tensor (never imports torch)."""
+    if type(obj).__module__.partition(".")[0] != "torch":
+        return None
+    return sys.modules.get("torch")
+
+
+# ---- DLPack ----------------------------------------------------------------
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DLPACK_DEVICE_TYPES = (_DL_CUDA, _DL_CUDA_MANAGED)
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
+_DLPACK_DTYPES = {
+    (_DL_FLOAT, 32): DType.F32,
+    (_DL_FLOAT, 16): DType.F16,
+    (_DL_BFLOAT, 16): DType.BF16,
+    (_DL_INT, 32): DType.I32,
+}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+# A private handle on the C API, so that these argtypes do not clash with
+# anyone else's use of ctypes.pythonapi.
+_capsule_pointer = ctypes.PyDLL(None).PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _dlpack_device(obj: Any) -> Optional[Tuple[int, int]]:
+    method = getattr(obj, "__dlpack_device__", None)
+    if method is None:
+        return None
+    try:
+        device_type, device_id = method()
+    except Exception:  # a producer that cannot say: unknown
+        return None
+    return int(device_type), int(device_id)
+
+
+def _from_dlpack(obj: Any, name: str, kind: str, cuda_stream: Optional[int]) -> ArrayView:
+    device = _dlpack_device(obj)
+    if device is None:
+        raise TypeError(f"{name}: {type(obj).__name__}.__dlpack_device__() failed")
+    device_type, device_id = device
+    if device_type in _DLPACK_DEVICE_TYPES:
+        # The DLPack stream protocol: 1 names the legacy default stream (0 is ambiguous).
+        stream = 1 if not cuda_stream else cuda_stream
+        try:
+            capsule = obj.__dlpack__(stream=stream)
+        except TypeError:  # a producer predating the stream argument
+            capsule = obj.__dlpack__()
+        location = CUDA
+    elif device_type in (_DL_CPU, _DL_CUDA_HOST):
+        capsule = obj.__dlpack__()
+        location = HOST
+    else:
+        raise refuse(InvalidArgumentError, f"{name}: DLPack device type {device_type} is neither CPU nor CUDA memory")
+    # Reading the capsule does not consume it: when it is released, its
+    # destructor calls the producer's deleter, as DLPack specifies.
+    managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    tensor = managed.dl_tensor
+    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    if lanes != 1:
+        raise refuse(InvalidDTypeError, f"{name}: vector dtypes ({lanes} lanes) are not supported")
+    if kind == "bytes":
+        dtype = None
+    elif (code, bits) in _DLPACK_DTYPES:
+        dtype = _DLPACK_DTYPES[(code, bits)]
+    elif kind == "float" and bits == 16 and code in (_DL_INT, _DL_UINT):
+        dtype = None
+    else:
+        raise refuse(
+            InvalidDTypeError, f"{name}: DLPack dtype (code {code}, {bits} bits) is not supported; {_KIND_HINTS[kind]}"
+        )
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    strides = tuple(tensor.strides[i] for i in range(tensor.ndim)) if tensor.strides else _contiguous_strides(shape)
+    return ArrayView(
+        pointer=(tensor.data or 0) + tensor.byte_offset,
+        dtype=dtype,
+        itemsize=max(1, bits // 8),
+        shape=shape,
+        strides=strides,
+        location=location,
+        device=device_id if location == CUDA else None,
+        readonly=False,
+        array=obj,
+        capsule=capsule,
+    )

@@ -1,0 +1,277 @@
+"""Finding and loading libflashdecode, and its C ABI declared for ctypes.
+
+This is the only module that knows the layout of ``include/flashdecode.h``;
+the rest of the package uses the names defined here.
+
+The library is looked for, in order, at ``$FLASHDECODE_LIBRARY`` (and only
+there when it is set: an explicit choice must not fall back silently), as a
+copy bundled inside this package (``flashdecode/_lib``, present in wheels built
+with the library), then on the system by its SONAME ``libflashdecode.so.0``
+(``LD_LIBRARY_PATH``, the ld.so cache) and by ``ctypes.util.find_library``.
+The first candidate that loads, exports every function and has this binding's
+major version wins; otherwise :class:`LibraryError` lists what was tried.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+from ._errors import LibraryError, error_from_status
+
+ABI_MAJOR = 0
+"""The major version (ABI, SONAME suffix) these declarations were written for."""
+ABI_MINOR = 1
+"""The minor version of the header these declarations were written from."""
+SONAME = f"libflashdecode.so.{ABI_MAJOR}"
+LIBRARY_ENV = "FLASHDECODE_LIBRARY"
+BUNDLED_LIBRARY = Path(__file__).resolve().parent / "_lib" / SONAME
+MAX_DIMS = 4
+WORKSPACE_ALIGNMENT = 256
+"""Bytes: fd_set_workspace() requires caller memory aligned to this."""
+
+# C enums (fd_status, fd_dtype, fd_backend) are int-sized on every ABI we build for.
+c_enum = ctypes.c_int
+
+
+class FdTensor(ctypes.Structure):
+    """``fd_tensor``: pointer, dtype, shape and element strides."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", c_enum),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+class FdOptions(ctypes.Structure):
+    """``fd_options``."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("backend", c_enum),
+        ("device", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+    ]
+
+
+class FdDecodeArgs(ctypes.Structure):
+    """``fd_decode_args``."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q", FdTensor),
+        ("k", FdTensor),
+        ("v", FdTensor),
+        ("out", FdTensor),
+        ("lse", FdTensor),
+        ("seq_lens", FdTensor),
+        ("block_table", FdTensor),
+        ("softmax_scale", ctypes.c_double),
+        ("num_splits", ctypes.c_int32),
+    ]
+
+
+def new_options() -> FdOptions:
+    """``fd_options`` with the defaults of ``fd_options_init()``.
+
+    Filled here rather than by ``fd_options_init()``: a newer library's init
+    function writes its own, possibly larger, struct; the library reads only
+    ``struct_size`` bytes of ours and defaults the rest.
+    """
+    return FdOptions(struct_size=ctypes.sizeof(FdOptions), backend=0, device=0, num_threads=0)
+
+
+def new_decode_args() -> FdDecodeArgs:
+    """``fd_decode_args`` with the defaults of ``fd_decode_args_init()`` (see :func:`new_options`)."""
+    return FdDecodeArgs(struct_size=ctypes.sizeof(FdDecodeArgs), softmax_scale=0.0, num_splits=0)
+
+
+_handle_p = ctypes.c_void_p
+_PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
+    ("fd_version_number", ctypes.c_uint, []),
+    ("fd_version_string", ctypes.c_char_p, []),
+    ("fd_status_string", ctypes.c_char_p, [c_enum]),
+    ("fd_last_error_message", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),
+    ("fd_options_init", None, [ctypes.c_void_p]),
+    ("fd_decode_args_init", None, [ctypes.c_void_p]),
+    ("fd_create", c_enum, [ctypes.POINTER(_handle_p), ctypes.POINTER(FdOptions)]),
+    ("fd_destroy", c_enum, [_handle_p]),
+    ("fd_get_backend", c_enum, [_handle_p, ctypes.POINTER(c_enum)]),
+    ("fd_decode", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.c_void_p]),
+    ("fd_workspace_size", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(ctypes.c_size_t)]),
+    ("fd_reserve_workspace", c_enum, [_handle_p, ctypes.c_size_t]),
+    ("fd_set_workspace", c_enum, [_handle_p, ctypes.c_void_p, ctypes.c_size_t]),
+)
+
+
+@dataclass(frozen=True)
+class LibraryInfo:
+    """The libflashdecode this process uses.
+
+    Attributes:
+        path: the file that was loaded (resolved by the dynamic loader).
+        source: how it was found: ``"FLASHDECODE_LIBRARY"``, ``"bundled"``,
+            ``"system"`` or ``"explicit"`` (given to :func:`load_library`).
+        version: its version string, e.g. ``"0.1.0"``.
+        version_number: ``major * 10000 + minor * 100 + patch``.
+    """
+
+    path: str
+    source: str
+    version: str
+    version_number: int
+
+
+_load_lock = threading.Lock()
+_loaded: Optional[Tuple[ctypes.CDLL, LibraryInfo]] = None
+
+
+def load_library(path: Union[str, "os.PathLike[str]", None] = None) -> LibraryInfo:
+    """Loads libflashdecode (once per process) and returns what was loaded.
+
+    Calling this is optional: the first handle loads the library by the search
+    order of this module. Pass ``path`` to choose the file explicitly; that is
+    only possible before the library is loaded.
+
+    Raises:
+        LibraryError: nothing loadable was found, a symbol is missing, the
+            major version differs, or another library is already loaded.
+    """
+    global _loaded
+    with _load_lock:
+        if _loaded is not None:
+            info = _loaded[1]
+            if path is not None and os.path.realpath(path) != os.path.realpath(info.path):
+                raise LibraryError(
+                    f"flashdecode: {info.path} is already loaded (from {info.source}); cannot switch to {path}"
+                )
+            return info
+        candidates: Iterator[Tuple[str, str]] = iter([("explicit", os.fspath(path))]) if path else _candidates()
+        failures: List[str] = []
+        for source, name in candidates:
+            try:
+                _loaded = _open(source, name)
+                return _loaded[1]
+            except LibraryError as error:
+                failures.append(str(error))
+        raise LibraryError(
+            f"flashdecode: cannot load libflashdecode (major version {ABI_MAJOR}). Tried:\n  - "
+            + "\n  - ".join(failures)
+            + f"\nSet {LIBRARY_ENV} to the library's path, install it (cmake --install), "
+            "or install a flashdecode wheel that bundles it."
+        )
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library, loading it on first use."""
+    loaded = _loaded
+    if loaded is None:
+        load_library()
+        loaded = _loaded
+        assert loaded is not None
+    return loaded[0]
+
+
+def last_error_message() -> str:
+    """The calling thread's last detailed error message (``fd_last_error_message``)."""
+    lib = library()
+    size = lib.fd_last_error_message(None, 0)
+    buffer = ctypes.create_string_buffer(size + 1)
+    lib.fd_last_error_message(buffer, len(buffer))
+    return buffer.value.decode("utf-8", "replace")
+
+
+def check(status: int) -> None:
+    """Raises the exception for ``status`` unless it is ``FD_SUCCESS``.
+
+    Must follow the failing call on the same thread: the message is thread-local.
+    """
+    if status != 0:
+        raise error_from_status(status, last_error_message())
+
+
+def _candidates() -> Iterator[Tuple[str, str]]:
+    explicit = os.environ.get(LIBRARY_ENV)
+    if explicit:
+        yield LIBRARY_ENV, explicit
+        return
+    if BUNDLED_LIBRARY.exists():
+        yield "bundled", str(BUNDLED_LIBRARY)
+    yield "system", SONAME
+    # Only consulted when the SONAME did not load: it runs ldconfig or a compiler.
+    found = ctypes.util.find_library("flashdecode")
+    if found and found != SONAME:
+        yield "system", found
+
+
+def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
+    where = f"{name} ({source})"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as error:
+        raise LibraryError(f"{where}: {error}") from None
+    for function, restype, argtypes in _PROTOTYPES:
+        try:
+            declared = getattr(lib, function)
+        except AttributeError:
+            raise LibraryError(f"{where}: does not export {function}; not a flashdecode library?") from None
+        declared.restype = restype
+        declared.argtypes = argtypes
+    path = _loaded_file(lib) or name
+    number = int(lib.fd_version_number())
+    version = lib.fd_version_string().decode()
+    if number // 10000 != ABI_MAJOR or (number // 100) % 100 < ABI_MINOR:
+        raise LibraryError(
+            f"{path} ({source}) is version {version}; this binding needs {ABI_MAJOR}.x with x >= {ABI_MINOR}"
+        )
+    _check_struct_sizes(lib, path, number)
+    return lib, LibraryInfo(path=path, source=source, version=version, version_number=number)
+
+
+def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
+    """Catches a header/binding mismatch: the init functions record the library's sizeof."""
+    for name, init, struct in (
+        ("fd_options", lib.fd_options_init, FdOptions),
+        ("fd_decode_args", lib.fd_decode_args_init, FdDecodeArgs),
+    ):
+        scratch = ctypes.create_string_buffer(4096)  # room for any later, larger struct
+        init(scratch)
+        library_size = ctypes.c_size_t.from_buffer(scratch).value
+        ours = ctypes.sizeof(struct)
+        same_minor = (number // 100) % 100 == ABI_MINOR
+        if library_size < ours or (same_minor and library_size != ours):
+            raise LibraryError(
+                f"{path}: its {name} is {library_size} bytes, this binding's is {ours}; "
+                "the binding and the library disagree on the ABI"
+            )
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _loaded_file(lib: ctypes.CDLL) -> Optional[str]:
+    """The file the dynamic loader actually mapped for ``lib`` (via dladdr), if it can tell."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    address = ctypes.cast(lib.fd_version_number, ctypes.c_void_p).value
+    file_name: Optional[bytes] = info.dli_fname if dladdr(address, ctypes.byref(info)) else None
+    return os.path.realpath(file_name.decode()) if file_name else None

@@ -1,0 +1,335 @@
+"""Every way a call can fail: the exception class, its status, the message
+naming the argument, and an output left untouched."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Dict, Type
+
+import numpy as np
+import pytest
+
+import flashdecode
+from flashdecode import Status
+from flashdecode import _library
+
+SENTINEL = 7.0
+
+
+def problem(rng: np.random.Generator) -> Dict[str, Any]:
+    """A valid NHD problem (batch 2, 8 query heads over 2 KV heads) with a sentinel-filled output."""
+    return {
+        "q": rng.standard_normal((2, 1, 8, 64)).astype(np.float32),
+        "k": rng.standard_normal((2, 100, 2, 64)).astype(np.float32),
+        "v": rng.standard_normal((2, 100, 2, 64)).astype(np.float32),
+        "out": np.full((2, 1, 8, 64), SENTINEL, np.float32),
+    }
+
+
+def expect_refused(
+    handle: flashdecode.Handle, call: Dict[str, Any], error: Type[flashdecode.FlashDecodeError], needle: str
+) -> None:
+    out = call["out"]
+    with pytest.raises(error, match=needle) as caught:
+        handle.decode(**call)
+    assert isinstance(caught.value, flashdecode.FlashDecodeError)
+    assert caught.value.status == error.status and caught.value.message == str(caught.value)
+    assert str(caught.value).startswith(Status(error.status).summary + ": ")
+    np.testing.assert_array_equal(out, SENTINEL)
+
+
+# (how to break a valid problem, expected error, text the message must contain)
+LIBRARY_REJECTS: Dict[str, tuple] = {
+    "dtypes differ": (
+        lambda p: p.update(k=p["k"].astype(np.float16)),
+        flashdecode.InvalidDTypeError,
+        "k: dtype must be f32, got f16",
+    ),
+    "out dtype": (
+        lambda p: p.update(out=np.full((2, 1, 8, 64), SENTINEL, np.int32)),
+        flashdecode.InvalidDTypeError,
+        "out: dtype must be f32",
+    ),
+    "lse dtype": (
+        lambda p: p.update(lse=np.zeros((2, 1, 8), np.float16)),
+        flashdecode.InvalidDTypeError,
+        "lse: dtype must be f32",
+    ),
+    "seq_lens dtype": (
+        lambda p: p.update(seq_lens=np.zeros(2, np.float32)),
+        flashdecode.InvalidDTypeError,
+        "seq_lens: dtype must be i32",
+    ),
+    "head_dim": (
+        lambda p: p.update(
+            q=np.zeros((2, 1, 8, 300), np.float32),
+            k=np.zeros((2, 4, 2, 300), np.float32),
+            v=np.zeros((2, 4, 2, 300), np.float32),
+            out=np.full((2, 1, 8, 300), SENTINEL, np.float32),
+        ),
+        flashdecode.InvalidHeadDimError,
+        r"head_dim must be in \[1, 256\], got 300",
+    ),
+    "heads": (
+        lambda p: p.update(k=p["k"][:, :, :1].repeat(3, axis=2), v=p["v"][:, :, :1].repeat(3, axis=2)),
+        flashdecode.InvalidHeadCountError,
+        r"q_heads \(8\) must be a multiple of kv_heads \(3\)",
+    ),
+    "batch": (lambda p: p.update(k=p["k"][:1], v=p["v"][:1]), flashdecode.InvalidShapeError, "k: batch must be 2"),
+    "v shape": (lambda p: p.update(v=p["v"][:, :50]), flashdecode.InvalidShapeError, "v: kv_capacity must be 100"),
+    "out shape": (
+        lambda p: p.update(out=np.full((2, 1, 4, 64), SENTINEL, np.float32)),
+        flashdecode.InvalidShapeError,
+        "out: q_heads must be 8",
+    ),
+    "head_dim stride": (
+        lambda p: p.update(k=np.zeros((2, 100, 2, 128), np.float32)[..., ::2]),
+        flashdecode.InvalidStrideError,
+        "k: stride of head_dim must be 1, got 2",
+    ),
+    "negative stride": (
+        lambda p: p.update(v=p["v"][:, ::-1]),
+        flashdecode.InvalidStrideError,
+        "v: stride of kv_capacity must not be negative",
+    ),
+    "length": (
+        lambda p: p.update(seq_lens=np.array([100, 101], np.int32)),
+        flashdecode.InvalidLengthError,
+        r"seq_lens\[1\] must be in \[0, 100\]",
+    ),
+    "block table": (
+        lambda p: p.update(
+            block_table=np.array([[0, 1], [9, 2]], np.int32),
+            seq_lens=np.array([20, 20], np.int32),
+            k=p["k"][:1].reshape(5, 20, 2, 64),
+            v=p["v"][:1].reshape(5, 20, 2, 64),
+        ),
+        flashdecode.InvalidBlockTableError,
+        r"block_table\[1\]\[0\] must be in \[0, 5\)",
+    ),
+    "too many splits": (
+        lambda p: p.update(num_splits=2000),
+        flashdecode.InvalidSplitsError,
+        r"num_splits must be in \[0, 1024\]",
+    ),
+    "negative splits": (lambda p: p.update(num_splits=-1), flashdecode.InvalidSplitsError, "got -1"),
+    "scale": (
+        lambda p: p.update(softmax_scale=float("inf")),
+        flashdecode.InvalidArgumentError,
+        "softmax_scale must be finite",
+    ),
+    "query tokens": (
+        lambda p: p.update(q=np.zeros((2, 2, 8, 64), np.float32), out=np.full((2, 2, 8, 64), SENTINEL, np.float32)),
+        flashdecode.UnsupportedError,
+        "q_len must be 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LIBRARY_REJECTS))
+def test_library_rejects_with_its_message(cpu, rng, case) -> None:
+    break_it, error, needle = LIBRARY_REJECTS[case]
+    call = problem(rng)
+    break_it(call)
+    expect_refused(cpu, call, error, needle)
+
+
+class FakeCudaArray:
+    """Claims device memory at an address nobody may touch: must be refused before any call."""
+
+    def __init__(self, shape: tuple) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3}
+
+
+BINDING_REJECTS: Dict[str, tuple] = {
+    "float64": (
+        lambda p: p.update(q=p["q"].astype(np.float64)),
+        flashdecode.InvalidDTypeError,
+        "q: dtype float64 is not supported",
+    ),
+    "int64 lengths": (
+        lambda p: p.update(seq_lens=np.array([1, 2])),
+        flashdecode.InvalidDTypeError,
+        "seq_lens: dtype int64 .* must be int32",
+    ),
+    "16-bit without dtype": (
+        lambda p: p.update(q=p["q"].astype(np.uint16)),
+        flashdecode.InvalidDTypeError,
+        "q: 16-bit integer storage needs dtype=",
+    ),
+    "explicit dtype disagrees": (
+        lambda p: p.update(dtype="bfloat16"),
+        flashdecode.InvalidDTypeError,
+        "q: holds f32, but dtype=bf16",
+    ),
+    "unknown dtype": (
+        lambda p: p.update(dtype="float8"),
+        flashdecode.InvalidDTypeError,
+        "unknown element type 'float8'",
+    ),
+    "byte order": (
+        lambda p: p.update(k=p["k"].astype(">f4")),
+        flashdecode.InvalidDTypeError,
+        "k: >f4 is not in native byte order",
+    ),
+    "q rank": (
+        lambda p: p.update(q=p["q"][0, 0]),
+        flashdecode.InvalidShapeError,
+        r"q: expected \[batch, 1, heads, head_dim\]",
+    ),
+    "k rank": (
+        lambda p: p.update(k=p["k"][0]),
+        flashdecode.InvalidShapeError,
+        r"k: expected \[batch, kv_len, kv_heads, head_dim\]",
+    ),
+    "paged k rank": (
+        lambda p: p.update(k=p["k"][0], block_table=np.zeros((2, 1), np.int32)),
+        flashdecode.InvalidShapeError,
+        r"k: expected \[num_pages, page_size",
+    ),
+    "lse rank": (
+        lambda p: p.update(lse=np.zeros((2, 8), np.float32)),
+        flashdecode.InvalidShapeError,
+        r"lse: expected \[batch, 1, heads\]",
+    ),
+    "byte stride": (
+        lambda p: p.update(
+            k=np.lib.stride_tricks.as_strided(p["k"], strides=(p["k"].strides[0] - 2,) + p["k"].strides[1:])
+        ),
+        flashdecode.InvalidStrideError,
+        "not a multiple of the element size 4",
+    ),
+    "read-only out": (
+        lambda p: p["out"].setflags(write=False),
+        flashdecode.InvalidArgumentError,
+        "out: the array is read-only",
+    ),
+    "layout": (lambda p: p.update(layout="BSHD"), flashdecode.InvalidArgumentError, "layout: expected 'NHD' or 'HND'"),
+    "splits type": (
+        lambda p: p.update(num_splits=1.5),
+        flashdecode.InvalidArgumentError,
+        "num_splits: expected an int",
+    ),
+    "splits range": (lambda p: p.update(num_splits=2**40), flashdecode.InvalidArgumentError, "does not fit in 32 bits"),
+    "zero scale": (lambda p: p.update(softmax_scale=0), flashdecode.InvalidArgumentError, "None selects 1/sqrt"),
+    "scale type": (
+        lambda p: p.update(softmax_scale="big"),
+        flashdecode.InvalidArgumentError,
+        "softmax_scale: expected a float",
+    ),
+    "device memory": (
+        lambda p: p.update(k=FakeCudaArray((2, 100, 2, 64))),
+        flashdecode.InvalidArgumentError,
+        "k: is in CUDA memory, but this handle runs on the CPU",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BINDING_REJECTS))
+def test_binding_rejects_before_calling(cpu, rng, case) -> None:
+    break_it, error, needle = BINDING_REJECTS[case]
+    call = problem(rng)
+    break_it(call)
+    expect_refused(cpu, call, error, needle)
+
+
+def test_not_an_array(cpu, rng) -> None:
+    call = problem(rng)
+    with pytest.raises(TypeError, match="q: expected an array, got object"):
+        cpu.decode(**{**call, "q": object()})
+    with pytest.raises(TypeError, match="out: a list cannot be written in place"):
+        cpu.decode(**{**call, "out": [0.0] * 8})
+
+
+def test_workspace_errors(cpu, rng) -> None:
+    call = problem(rng)
+    with pytest.raises(flashdecode.InvalidArgumentError, match="nbytes: expected a byte count"):
+        cpu.reserve_workspace(-1)
+    with pytest.raises(flashdecode.OutOfMemoryError):
+        cpu.reserve_workspace(2**62)
+    misaligned = flashdecode.host_workspace(4096 + 1)[1:]
+    with pytest.raises(flashdecode.InvalidArgumentError, match="not aligned to 256 bytes"):
+        cpu.set_workspace(misaligned)
+    with pytest.raises(flashdecode.InvalidArgumentError, match="must be contiguous"):
+        cpu.set_workspace(flashdecode.host_workspace(4096)[::2])
+    cpu.set_workspace(flashdecode.host_workspace(256))
+    expect_refused(cpu, call, flashdecode.WorkspaceTooSmallError, "bytes needed, the caller's workspace has 256")
+
+
+def test_handle_options_rejected() -> None:
+    with pytest.raises(flashdecode.InvalidArgumentError, match="backend: expected 'auto', 'cpu' or 'cuda'"):
+        flashdecode.Handle("tpu")
+    with pytest.raises(flashdecode.InvalidArgumentError, match="num_threads must be >= 0"):
+        flashdecode.Handle("cpu", num_threads=-1)
+    with pytest.raises(flashdecode.InvalidArgumentError, match="device must be >= 0"):
+        flashdecode.Handle("cuda", device=-1)
+    with pytest.raises(flashdecode.NoDeviceError, match="CUDA device 4096"):
+        flashdecode.Handle("cuda", device=4096)
+
+
+def test_cuda_handle_without_a_usable_gpu() -> None:
+    try:
+        handle = flashdecode.Handle("cuda")
+    except (flashdecode.NoDeviceError, flashdecode.UnsupportedError) as error:
+        assert "CUDA" in str(error) or "cuda" in str(error)
+    else:
+        handle.close()
+        pytest.skip("a CUDA device is usable here: see test_gpu.py")
+
+
+def test_closed_handle(rng) -> None:
+    handle = flashdecode.Handle("cpu")
+    handle.close()
+    for use in (
+        lambda: handle.decode(**problem(rng)),
+        lambda: handle.reserve_workspace(0),
+        lambda: handle.set_workspace(None),
+    ):
+        with pytest.raises(flashdecode.InvalidHandleError, match="this Handle was closed"):
+            use()
+
+
+def test_raw_library_errors_carry_its_message() -> None:
+    """Statuses the high-level API cannot provoke, through the declared C functions."""
+    lib = _library.library()
+    with pytest.raises(flashdecode.NullPointerError, match="handle: the output pointer is NULL"):
+        _library.check(lib.fd_create(None, None))
+    pointer = ctypes.c_void_p()
+    _library.check(lib.fd_create(ctypes.byref(pointer), None))
+    with pytest.raises(flashdecode.NullPointerError, match="args is NULL"):
+        _library.check(lib.fd_decode(pointer, None, None))
+    _library.check(lib.fd_destroy(pointer))
+    with pytest.raises(flashdecode.InvalidHandleError, match="not a live handle"):
+        _library.check(lib.fd_destroy(pointer))
+
+
+def test_status_summaries_match_the_library() -> None:
+    lib = _library.library()
+    for status in Status:
+        assert lib.fd_status_string(int(status)).decode() == status.summary
+
+
+@pytest.mark.parametrize("status", [s for s in Status if s is not Status.SUCCESS])
+def test_every_status_has_its_class(status: Status) -> None:
+    error = flashdecode._errors.error_from_status(int(status), f"{status.summary}: detail")
+    assert type(error) is not flashdecode.FlashDecodeError and error.status is status
+    assert isinstance(error, flashdecode.FlashDecodeError) and str(error) == f"{status.summary}: detail"
+    assert getattr(flashdecode, type(error).__name__) is type(error)
+
+
+def test_unknown_status_still_raises() -> None:
+    error = flashdecode._errors.error_from_status(99, "")
+    assert type(error) is flashdecode.FlashDecodeError and error.status == 99 and "99" in str(error)
+
+
+def test_builtin_bases_for_callers_of_the_seed() -> None:
+    checks: Dict[type, Callable[[type], bool]] = {
+        flashdecode.InvalidShapeError: lambda c: issubclass(c, ValueError),
+        flashdecode.InvalidDTypeError: lambda c: issubclass(c, TypeError),
+        flashdecode.OutOfMemoryError: lambda c: issubclass(c, MemoryError),
+        flashdecode.UnsupportedError: lambda c: issubclass(c, NotImplementedError),
+        flashdecode.CudaError: lambda c: issubclass(c, RuntimeError),
+        flashdecode.LibraryError: lambda c: issubclass(c, ImportError),
+    }
+    for error_class, check in checks.items():
+        assert check(error_class), error_class

@@ -1,0 +1,257 @@
+"""The CUDA backend through PyTorch and CuPy arrays.
+
+Skipped where PyTorch (or CuPy) or a CUDA device is missing; run on a GPU
+machine with both installed to exercise them all."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Tuple
+
+import numpy as np
+import pytest
+
+import flashdecode
+from reference import attention
+
+pytestmark = pytest.mark.gpu
+
+# The GPU accumulates in float32 in another order than the reference.
+TOLERANCE = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 2e-2}
+
+
+def cuda_torch() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    return torch
+
+
+def cuda_cupy() -> Any:
+    cupy = pytest.importorskip("cupy")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver: CuPy raises its own CUDA error type
+        count = 0
+    if count == 0:
+        pytest.skip("CuPy sees no CUDA device")
+    return cupy
+
+
+def seed_reference(torch: Any, q: Any, k: Any, v: Any, sm_scale: float) -> Any:
+    """The seed's flash_decode_reference, verbatim in behaviour."""
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float()) * sm_scale
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+def host_nhd(x: Any, layout: str) -> np.ndarray:
+    """A 4-D PyTorch tensor as float64 NumPy, in NHD order."""
+    array = x.double().cpu().numpy()
+    if layout == "HND":
+        array = array.transpose(0, 2, 1, 3)
+    return array
+
+
+def test_seed_self_check_with_torch() -> None:
+    """The seed's __main__: batch 2, heads 4, head_dim 64, kv_len 256, 4 splits, fp16."""
+    torch = cuda_torch()
+    torch.manual_seed(0)
+    batch, heads, dim, num_splits, kv_len = 2, 4, 64, 4, 256
+    q = torch.randn((batch, heads, 1, dim), device="cuda", dtype=torch.float16)
+    k = torch.randn((batch, heads, kv_len, dim), device="cuda", dtype=torch.float16)
+    v = torch.randn((batch, heads, kv_len, dim), device="cuda", dtype=torch.float16)
+    sm_scale = 1.0 / math.sqrt(dim)
+
+    out = flashdecode.flash_decode(q, k, v, sm_scale=sm_scale, num_splits=num_splits)
+    ref = seed_reference(torch, q, k, v, sm_scale)
+
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 128), (4, 4, 64), (16, 1, 256)])
+def test_torch_dtypes_layouts_and_groups(dtype, layout, heads, kv_heads, dim) -> None:
+    torch = cuda_torch()
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    torch_dtype = getattr(torch, dtype)
+    batch, kv_len = 3, 1000
+
+    def make(*shape: int) -> Any:
+        return torch.randn(shape, device="cuda", dtype=torch_dtype, generator=generator)
+
+    if layout == "NHD":
+        q, k, v = make(batch, 1, heads, dim), make(batch, kv_len, kv_heads, dim), make(batch, kv_len, kv_heads, dim)
+    else:
+        q, k, v = make(batch, heads, 1, dim), make(batch, kv_heads, kv_len, dim), make(batch, kv_heads, kv_len, dim)
+
+    with flashdecode.Handle("cuda") as handle:
+        out, lse = handle.decode(q, k, v, layout=layout, return_lse=True)
+        torch.cuda.synchronize()
+
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.dtype == torch.float32
+    expected, expected_lse = attention(host_nhd(q, layout)[:, 0], host_nhd(k, layout), host_nhd(v, layout))
+    np.testing.assert_allclose(host_nhd(out, layout)[:, 0], expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    np.testing.assert_allclose(lse.double().cpu().numpy().reshape(batch, heads), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_agrees_with_the_cpu_backend() -> None:
+    torch = cuda_torch()
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 2, 3000, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 2, 3000, 128, device="cuda", dtype=torch.float16)
+    on_gpu = flashdecode.flash_decode(q, k, v).cpu().numpy()
+    on_cpu = flashdecode.flash_decode(*(x.cpu().numpy() for x in (q, k, v)))
+    np.testing.assert_allclose(on_gpu.astype(np.float32), on_cpu.astype(np.float32), atol=2e-3, rtol=2e-3)
+
+
+def paged_problem(torch: Any, layout: str) -> Tuple[Any, ...]:
+    batch, heads, kv_heads, dim, page_size, max_pages = 4, 8, 2, 64, 16, 8
+    generator = np.random.default_rng(3)
+    dense_k = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
+    dense_v = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
+    lens = np.array([128, 1, 0, 77], dtype=np.int32)
+    num_pages = batch * max_pages + 5
+    table = generator.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), np.float32)
+    pool_v = np.zeros_like(pool_k)
+    for b in range(batch):
+        for j in range(max_pages):
+            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
+            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    q = generator.standard_normal((batch, 1, heads, dim)).astype(np.float32)
+    expected, expected_lse = attention(q[:, 0], dense_k, dense_v, seq_lens=lens)
+    if layout == "HND":
+        pool_k, pool_v, q = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (pool_k, pool_v, q))
+    device = [torch.from_numpy(x).cuda() for x in (q, pool_k, pool_v, table, lens)]
+    return (*device, expected, expected_lse)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_torch_paged_ragged_with_lse(layout) -> None:
+    torch = cuda_torch()
+    q, pool_k, pool_v, table, lens, expected, expected_lse = paged_problem(torch, layout)
+    with flashdecode.Handle("cuda") as handle:
+        out, lse = handle.decode(q, pool_k, pool_v, block_table=table, seq_lens=lens, layout=layout, return_lse=True)
+        torch.cuda.synchronize()
+    got = out.cpu().numpy()
+    got = got[:, :, 0] if layout == "HND" else got[:, 0]
+    np.testing.assert_allclose(got, expected, atol=TOLERANCE["float32"])
+    got_lse = lse.cpu().numpy()
+    got_lse = got_lse[:, :, 0] if layout == "HND" else got_lse[:, 0]
+    assert np.all(np.isneginf(got_lse[2])) and np.all(got[2] == 0)
+    np.testing.assert_allclose(got_lse[[0, 1, 3]], expected_lse[[0, 1, 3]], rtol=1e-5)
+
+
+def test_torch_streams() -> None:
+    """The current PyTorch stream by default; an explicit stream object or pointer when given."""
+    torch = cuda_torch()
+    q = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 4, 4096, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 4, 4096, 64, device="cuda", dtype=torch.float16)
+    expected = flashdecode.flash_decode(q, k, v)
+    torch.cuda.synchronize()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_current = flashdecode.flash_decode(q, k, v)
+    explicit = flashdecode.flash_decode(q, k, v, stream=side)
+    as_pointer = flashdecode.flash_decode(q, k, v, stream=side.cuda_stream)
+    side.synchronize()
+    for result in (on_current, explicit, as_pointer):
+        torch.testing.assert_close(result, expected, atol=0, rtol=0)
+    with pytest.raises(TypeError, match="stream: expected"):
+        flashdecode.flash_decode(q, k, v, stream="default")
+
+
+def test_torch_workspace_and_cuda_graph() -> None:
+    """A reserved (or own) workspace makes decode allocation-free, so it can be captured and replayed."""
+    torch = cuda_torch()
+    q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(4, 8, 2048, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn(4, 8, 2048, 128, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(q)
+    with flashdecode.Handle("cuda") as handle:
+        nbytes = handle.workspace_size(q, k, v, layout="HND")
+        assert nbytes > 0
+        handle.reserve_workspace(nbytes)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture, as PyTorch recommends
+            handle.decode(q, k, v, out=out, layout="HND")
+        torch.cuda.current_stream().wait_stream(side)
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            handle.decode(q, k, v, out=out, layout="HND")
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = seed_reference(
+            torch, q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), 1 / math.sqrt(128)
+        )
+        torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+        own = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        handle.set_workspace(own)
+        torch.testing.assert_close(handle.decode(q, k, v, layout="HND"), out, atol=0, rtol=0)
+        handle.set_workspace(own[: nbytes // 2 // 256 * 256])
+        with pytest.raises(flashdecode.WorkspaceTooSmallError):
+            handle.decode(q, k, v, layout="HND")
+        handle.set_workspace(None)
+        torch.cuda.synchronize()
+
+
+def test_host_memory_refused_by_a_cuda_handle() -> None:
+    torch = cuda_torch()
+    q = np.zeros((1, 1, 2, 64), np.float32)
+    k = torch.zeros(1, 8, 2, 64, device="cuda")
+    with flashdecode.Handle("cuda") as handle:
+        with pytest.raises(flashdecode.InvalidArgumentError, match="q: is in host memory"):
+            handle.decode(q, k, k)
+        with pytest.raises(flashdecode.InvalidArgumentError, match="seq_lens: a list is host memory"):
+            handle.decode(torch.zeros(1, 1, 2, 64, device="cuda"), k, k, seq_lens=[8])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cupy_arrays(dtype) -> None:
+    cupy = cuda_cupy()
+    generator = np.random.default_rng(5)
+    q = generator.standard_normal((2, 8, 1, 64)).astype(dtype)
+    k = generator.standard_normal((2, 2, 700, 64)).astype(dtype)
+    v = generator.standard_normal((2, 2, 700, 64)).astype(dtype)
+    expected, _ = attention(q[:, :, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+
+    out = flashdecode.flash_decode(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), num_splits=5)
+
+    assert isinstance(out, cupy.ndarray) and out.dtype == q.dtype and out.shape == q.shape
+    np.testing.assert_allclose(
+        cupy.asnumpy(out)[:, :, 0].astype(np.float64), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+
+
+def test_cupy_stream_from_the_array_interface() -> None:
+    """CuPy names its current stream in __cuda_array_interface__; the decode runs on it."""
+    cupy = cuda_cupy()
+    generator = np.random.default_rng(6)
+    q, k, v = (
+        cupy.asarray(generator.standard_normal(shape).astype(np.float32))
+        for shape in ((1, 4, 1, 32), (1, 4, 5000, 32), (1, 4, 5000, 32))
+    )
+    expected = cupy.asnumpy(flashdecode.flash_decode(q, k, v))
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        interface_stream = q.__cuda_array_interface__.get("stream")
+        out = flashdecode.flash_decode(q, k, v)
+        stream.synchronize()
+    assert interface_stream in (None, stream.ptr)
+    np.testing.assert_array_equal(cupy.asnumpy(out), expected)
+    with flashdecode.Handle("cuda") as handle:
+        lens = cupy.asarray(np.array([1234], np.int32))
+        result = handle.decode(q, k, v, layout="HND", seq_lens=lens, stream=cupy.cuda.get_current_stream())
+        cupy.cuda.get_current_stream().synchronize()
+    host_k, host_v = (cupy.asnumpy(x).transpose(0, 2, 1, 3) for x in (k, v))
+    reference, _ = attention(cupy.asnumpy(q)[:, :, 0], host_k, host_v, seq_lens=[1234])
+    np.testing.assert_allclose(cupy.asnumpy(result)[:, :, 0], reference, atol=TOLERANCE["float32"])

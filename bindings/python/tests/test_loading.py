@@ -1,0 +1,119 @@
+"""How the package finds libflashdecode, and what it says when it cannot.
+
+Each case runs in a fresh interpreter: a process loads the library once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+import flashdecode
+from flashdecode import _library
+
+PACKAGE_ROOT = Path(flashdecode.__file__).resolve().parent.parent
+LIBRARY = os.environ.get(_library.LIBRARY_ENV)
+needs_library_path = pytest.mark.skipif(not LIBRARY, reason=f"{_library.LIBRARY_ENV} names no library to test with")
+
+REPORT = "import flashdecode; info = flashdecode.load_library(); print(info.source, info.path, info.version)"
+
+
+def run_python(
+    code: str, library: Optional[str] = None, loader_path: Optional[str] = None
+) -> subprocess.CompletedProcess:
+    env = {name: value for name, value in os.environ.items() if name not in (_library.LIBRARY_ENV, "LD_LIBRARY_PATH")}
+    env["PYTHONPATH"] = str(PACKAGE_ROOT)
+    if library is not None:
+        env[_library.LIBRARY_ENV] = library
+    if loader_path is not None:
+        env["LD_LIBRARY_PATH"] = loader_path
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+@needs_library_path
+def test_environment_variable_names_the_library() -> None:
+    assert LIBRARY is not None
+    result = run_python(REPORT, library=LIBRARY)
+    assert result.returncode == 0, result.stderr
+    source, path, version = result.stdout.split()
+    assert source == _library.LIBRARY_ENV and path == os.path.realpath(LIBRARY)
+    assert version == flashdecode.version()
+
+
+def test_environment_variable_has_no_silent_fallback() -> None:
+    result = run_python(REPORT, library="/nonexistent/libflashdecode.so.0")
+    assert result.returncode != 0
+    assert "LibraryError" in result.stderr
+    assert "/nonexistent/libflashdecode.so.0 (FLASHDECODE_LIBRARY)" in result.stderr
+    assert "(system)" not in result.stderr
+
+
+@needs_library_path
+def test_system_search_by_soname() -> None:
+    if _library.BUNDLED_LIBRARY.exists():
+        pytest.skip("this installation bundles the library, which comes first")
+    assert LIBRARY is not None
+    result = run_python(REPORT, loader_path=os.path.dirname(LIBRARY))
+    assert result.returncode == 0, result.stderr
+    source, path, _ = result.stdout.split()
+    assert source == "system" and path == os.path.realpath(LIBRARY)
+
+
+def test_nothing_found_lists_what_was_tried() -> None:
+    result = run_python(REPORT)
+    if result.returncode == 0:
+        pytest.skip(f"a libflashdecode is installed on this system: {result.stdout.strip()}")
+    assert "cannot load libflashdecode (major version 0). Tried:" in result.stderr
+    assert "libflashdecode.so.0 (system)" in result.stderr
+    assert "Set FLASHDECODE_LIBRARY" in result.stderr
+
+
+def build_fake_library(directory: Path, version_number: int, version: str, functions: list) -> str:
+    """A shared library exporting stubs of ``functions`` and the given version."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build a fake library with")
+    body = [
+        f"unsigned fd_version_number(void) {{ return {version_number}u; }}",
+        f'const char *fd_version_string(void) {{ return "{version}"; }}',
+    ]
+    body += [f"int {name}(void) {{ return 0; }}" for name in functions if not name.startswith("fd_version")]
+    source = directory / "fake.c"
+    source.write_text("\n".join(body) + "\n")
+    library = directory / "libflashdecode.so.0"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return str(library)
+
+
+def test_incompatible_major_version_is_refused(tmp_path: Path) -> None:
+    every_function = [name for name, _, _ in _library._PROTOTYPES]
+    fake = build_fake_library(tmp_path, 10000, "1.0.0", every_function)
+    result = run_python(REPORT, library=fake)
+    assert result.returncode != 0
+    assert "is version 1.0.0; this binding needs 0.x with x >= 1" in result.stderr
+
+
+def test_missing_function_is_refused(tmp_path: Path) -> None:
+    fake = build_fake_library(tmp_path, 100, "0.1.0", [])
+    result = run_python(REPORT, library=fake)
+    assert result.returncode != 0
+    assert "does not export fd_status_string" in result.stderr
+
+
+def test_switching_library_after_loading_is_refused() -> None:
+    info = flashdecode.load_library()
+    assert flashdecode.load_library(info.path) == info
+    with pytest.raises(flashdecode.LibraryError, match="is already loaded"):
+        flashdecode.load_library("/elsewhere/libflashdecode.so.0")
+
+
+def test_versions_agree() -> None:
+    info = flashdecode.load_library()
+    assert info.version == flashdecode.version()
+    assert info.version_number // 10000 == _library.ABI_MAJOR
+    assert flashdecode.__version__.split(".")[:2] == info.version.split(".")[:2]

@@ -1,0 +1,416 @@
+//! Handles, their options and workspace, and the decode call.
+
+use std::alloc::{self, Layout};
+use std::os::raw::c_void;
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result, Status};
+use crate::library::Library;
+use crate::sys;
+use crate::tensor::{CudaStream, Memory, Tensor, TensorMut};
+
+/// Which backend a handle runs on (`fd_backend`). Values are pinned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// CUDA when the library can use the device, else the CPU.
+    #[default]
+    Auto = 0,
+    /// The multi-threaded CPU backend: host memory.
+    Cpu = 1,
+    /// The CUDA backend: device memory, asynchronous on a stream.
+    Cuda = 2,
+}
+
+/// Options for [`Handle::new`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    backend: Backend,
+    device: i32,
+    num_threads: i32,
+}
+
+impl Options {
+    /// The CPU backend, with a worker per core.
+    pub fn cpu() -> Options {
+        Options {
+            backend: Backend::Cpu,
+            ..Options::default()
+        }
+    }
+
+    /// The CUDA backend on device `device`.
+    pub fn cuda(device: i32) -> Options {
+        Options {
+            backend: Backend::Cuda,
+            device,
+            ..Options::default()
+        }
+    }
+
+    /// Sets the backend.
+    pub fn backend(mut self, backend: Backend) -> Options {
+        self.backend = backend;
+        self
+    }
+
+    /// Sets the CUDA device ordinal.
+    pub fn device(mut self, device: i32) -> Options {
+        self.device = device;
+        self
+    }
+
+    /// Sets the CPU backend's worker threads; 0 uses every core.
+    pub fn num_threads(mut self, num_threads: i32) -> Options {
+        self.num_threads = num_threads;
+        self
+    }
+}
+
+/// Everything one decode reads and writes.
+///
+/// Shapes, by role (the order is fixed; the layout comes from strides):
+/// - `q`, `out`: `[batch, 1, q_heads, head_dim]`; `out` of q's dtype or f32.
+/// - `k`, `v`: a dense cache `[batch, kv_len, kv_heads, head_dim]` (a BHND
+///   cache `[batch, heads, kv_len, head_dim]` is the same with strides
+///   `[H*N*D, D, N*D, 1]`), or with a block table the page pool
+///   `[num_pages, page_size, kv_heads, head_dim]`.
+/// - `lse`: `[batch, 1, q_heads]`, f32, natural log; -inf for empty sequences.
+/// - `seq_lens`: `[batch]`, i32. `block_table`: `[batch, max_pages]`, i32.
+///
+/// q_heads must be a multiple of kv_heads (grouped-query attention).
+#[derive(Debug)]
+pub struct DecodeArgs<'a> {
+    q: Tensor<'a>,
+    k: Tensor<'a>,
+    v: Tensor<'a>,
+    out: TensorMut<'a>,
+    lse: Option<TensorMut<'a>>,
+    seq_lens: Option<Tensor<'a>>,
+    block_table: Option<Tensor<'a>>,
+    softmax_scale: Option<f64>,
+    num_splits: i32,
+}
+
+impl<'a> DecodeArgs<'a> {
+    /// The required tensors; the scale defaults to `1/sqrt(head_dim)` and
+    /// the split count is chosen by the library.
+    pub fn new(q: Tensor<'a>, k: Tensor<'a>, v: Tensor<'a>, out: TensorMut<'a>) -> Self {
+        DecodeArgs {
+            q,
+            k,
+            v,
+            out,
+            lse: None,
+            seq_lens: None,
+            block_table: None,
+            softmax_scale: None,
+            num_splits: 0,
+        }
+    }
+
+    /// Also writes the log-sum-exp of the scores.
+    pub fn lse(mut self, lse: TensorMut<'a>) -> Self {
+        self.lse = Some(lse);
+        self
+    }
+
+    /// Per-sequence lengths (a ragged batch); absent, every sequence fills its cache.
+    pub fn seq_lens(mut self, seq_lens: Tensor<'a>) -> Self {
+        self.seq_lens = Some(seq_lens);
+        self
+    }
+
+    /// Page indices: k and v are then a paged cache.
+    pub fn block_table(mut self, block_table: Tensor<'a>) -> Self {
+        self.block_table = Some(block_table);
+        self
+    }
+
+    /// Multiplies q·k before the softmax (default `1/sqrt(head_dim)`); must be finite and non-zero.
+    pub fn softmax_scale(mut self, scale: f64) -> Self {
+        self.softmax_scale = Some(scale);
+        self
+    }
+
+    /// Splits of the KV sequence; 0 lets the library choose.
+    pub fn num_splits(mut self, num_splits: i32) -> Self {
+        self.num_splits = num_splits;
+        self
+    }
+
+    fn raw(&self) -> Result<sys::fd_decode_args> {
+        if self.softmax_scale == Some(0.0) {
+            // The C API reads 0 as "automatic": refuse it rather than change its meaning.
+            return Err(Error::refused(
+                Status::InvalidArgument,
+                "softmax_scale must not be 0; leave it unset for 1/sqrt(head_dim)",
+            ));
+        }
+        Ok(sys::fd_decode_args {
+            q: self.q.raw(),
+            k: self.k.raw(),
+            v: self.v.raw(),
+            out: self.out.raw(),
+            lse: self.lse.as_ref().map_or(sys::fd_tensor::ABSENT, TensorMut::raw),
+            seq_lens: self.seq_lens.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            block_table: self.block_table.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            softmax_scale: self.softmax_scale.unwrap_or(0.0),
+            num_splits: self.num_splits,
+            ..sys::fd_decode_args::default()
+        })
+    }
+
+    fn memories(&self) -> Vec<(&'static str, Memory)> {
+        let mut found = vec![
+            ("q", self.q.memory()),
+            ("k", self.k.memory()),
+            ("v", self.v.memory()),
+            ("out", self.out.memory()),
+        ];
+        found.extend(self.lse.as_ref().map(|t| ("lse", t.memory())));
+        found.extend(self.seq_lens.as_ref().map(|t| ("seq_lens", t.memory())));
+        found.extend(self.block_table.as_ref().map(|t| ("block_table", t.memory())));
+        found
+    }
+}
+
+/// Host memory aligned for [`Handle::set_host_workspace`].
+#[derive(Debug)]
+pub struct HostWorkspace {
+    memory: NonNull<u8>,
+    layout: Layout,
+    bytes: usize,
+}
+
+// It owns its memory.
+unsafe impl Send for HostWorkspace {}
+
+impl HostWorkspace {
+    /// Allocates `bytes` (uninitialised), aligned to 256 bytes.
+    pub fn new(bytes: usize) -> Result<HostWorkspace> {
+        let layout = Layout::from_size_align(bytes.max(1), sys::WORKSPACE_ALIGNMENT)
+            .map_err(|_| Error::refused(Status::OutOfMemory, format!("workspace: {} bytes is too large", bytes)))?;
+        // SAFETY: the layout has a non-zero size.
+        let memory = NonNull::new(unsafe { alloc::alloc(layout) }).ok_or_else(|| {
+            Error::refused(
+                Status::OutOfMemory,
+                format!("workspace: cannot allocate {} bytes", bytes),
+            )
+        })?;
+        Ok(HostWorkspace { memory, layout, bytes })
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+impl Drop for HostWorkspace {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.memory.as_ptr(), self.layout) };
+    }
+}
+
+/// A decode handle: a backend, its device, and a workspace reused across calls.
+///
+/// Destroyed (and its library-owned workspace freed) on drop. For CUDA, work
+/// enqueued with it must have finished before it is dropped.
+///
+/// # Threads
+/// A handle is `Send` but not `Sync`: the C API lets a handle move between
+/// threads but not be used by two at once (every call uses its workspace).
+/// Methods that touch the workspace take `&mut self`, so the borrow checker
+/// enforces that; for parallel decodes, use one handle per thread.
+pub struct Handle {
+    raw: NonNull<sys::fd_handle>,
+    library: Library,
+    backend: Backend,
+    device: i32,
+    host_workspace: Option<HostWorkspace>,
+}
+
+// SAFETY: see "Threads" above; fd_handle has no thread affinity.
+unsafe impl Send for Handle {}
+
+impl Handle {
+    /// Creates a handle on `library`.
+    ///
+    /// Fails with [`Status::NoDevice`] when CUDA was asked for and the device
+    /// (or the library's CUDA support) is missing, [`Status::InvalidArgument`]
+    /// for a bad device or thread count.
+    pub fn new(library: &Library, options: &Options) -> Result<Handle> {
+        let functions = library.functions();
+        let raw_options = sys::fd_options {
+            backend: options.backend as sys::fd_backend,
+            device: options.device,
+            num_threads: options.num_threads,
+            ..sys::fd_options::default()
+        };
+        let mut raw: *mut sys::fd_handle = std::ptr::null_mut();
+        // SAFETY: both pointers are valid for the call.
+        library.check(unsafe { (functions.fd_create)(&mut raw, &raw_options) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::refused(Status::Internal, "fd_create returned no handle"))?;
+        let mut handle = Handle {
+            raw,
+            library: library.clone(),
+            backend: options.backend,
+            device: options.device,
+            host_workspace: None,
+        };
+        let mut resolved: sys::fd_backend = 0;
+        // SAFETY: a live handle and a valid output pointer.
+        library.check(unsafe { (functions.fd_get_backend)(handle.raw.as_ptr(), &mut resolved) })?;
+        handle.backend = if resolved == Backend::Cuda as i32 {
+            Backend::Cuda
+        } else {
+            Backend::Cpu
+        };
+        Ok(handle)
+    }
+
+    /// The backend it runs on (`Auto` resolved).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The library it was made from.
+    pub fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// Decode attention for one query token per sequence: on the CPU backend
+    /// synchronously, on CUDA enqueued on the legacy default stream.
+    ///
+    /// On error nothing is written, and the error names the argument at fault.
+    pub fn decode(&mut self, args: &mut DecodeArgs<'_>) -> Result<()> {
+        self.decode_on(args, CudaStream::LEGACY_DEFAULT)
+    }
+
+    /// [`decode`](Self::decode), enqueued on `stream` (CUDA backend; the CPU ignores it).
+    pub fn decode_on(&mut self, args: &mut DecodeArgs<'_>, stream: CudaStream) -> Result<()> {
+        self.check_memory(args)?;
+        let raw = args.raw()?;
+        // SAFETY: the tensors borrow memory that outlives the call (host) or
+        // was promised valid by an unsafe constructor (device), and is of the
+        // kind this backend reads.
+        self.library
+            .check(unsafe { (self.library.functions().fd_decode)(self.raw.as_ptr(), &raw, stream.as_raw()) })
+    }
+
+    /// Bytes of workspace [`decode`](Self::decode) needs for `args` on this
+    /// handle; depends only on shapes and the split count.
+    pub fn workspace_size(&self, args: &DecodeArgs<'_>) -> Result<usize> {
+        let raw = args.raw()?;
+        let mut bytes = 0usize;
+        // SAFETY: shapes only are read; the pointers are not dereferenced.
+        self.library
+            .check(unsafe { (self.library.functions().fd_workspace_size)(self.raw.as_ptr(), &raw, &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// Makes the library-owned workspace at least `bytes`, so that decodes
+    /// that fit do not allocate (for CUDA graph capture, real-time loops).
+    pub fn reserve_workspace(&mut self, bytes: usize) -> Result<()> {
+        // SAFETY: a live handle.
+        self.library
+            .check(unsafe { (self.library.functions().fd_reserve_workspace)(self.raw.as_ptr(), bytes) })
+    }
+
+    /// Hands the handle host memory of your own as its workspace (CPU
+    /// backend); returns the one it replaces, if it was also yours.
+    pub fn set_host_workspace(&mut self, workspace: HostWorkspace) -> Result<Option<HostWorkspace>> {
+        if self.backend != Backend::Cpu {
+            return Err(Error::refused(
+                Status::InvalidArgument,
+                "workspace: host memory, but the handle runs on the CUDA backend; use set_workspace_raw with device memory",
+            ));
+        }
+        // SAFETY: the memory is kept alive in `self` until it is replaced or the handle dropped.
+        unsafe { self.set_raw(workspace.memory.as_ptr() as *mut c_void, workspace.bytes)? };
+        Ok(self.host_workspace.replace(workspace))
+    }
+
+    /// Hands the handle caller-owned workspace memory by pointer, e.g.
+    /// device memory for the CUDA backend; returns a previous
+    /// [`HostWorkspace`] if there was one.
+    ///
+    /// # Safety
+    /// `workspace` must be memory of the handle's kind (host for the CPU
+    /// backend, the device's for CUDA), at least `bytes` long, aligned to
+    /// 256 bytes, and used by nothing else until it is replaced or the handle
+    /// is dropped (and its last decode has finished).
+    pub unsafe fn set_workspace_raw(
+        &mut self,
+        workspace: NonNull<c_void>,
+        bytes: usize,
+    ) -> Result<Option<HostWorkspace>> {
+        // SAFETY: the caller's promise above.
+        unsafe { self.set_raw(workspace.as_ptr(), bytes)? };
+        Ok(self.host_workspace.take())
+    }
+
+    /// Goes back to a library-owned workspace; returns a previous [`HostWorkspace`].
+    pub fn use_library_workspace(&mut self) -> Result<Option<HostWorkspace>> {
+        // SAFETY: null hands the workspace back to the library.
+        unsafe { self.set_raw(std::ptr::null_mut(), 0)? };
+        Ok(self.host_workspace.take())
+    }
+
+    /// # Safety
+    /// As for [`set_workspace_raw`](Self::set_workspace_raw); null goes back to library-owned memory.
+    unsafe fn set_raw(&mut self, workspace: *mut c_void, bytes: usize) -> Result<()> {
+        // SAFETY: a live handle; the memory is the caller's promise.
+        let status = unsafe { (self.library.functions().fd_set_workspace)(self.raw.as_ptr(), workspace, bytes) };
+        self.library.check(status)
+    }
+
+    /// Host tensors on a CUDA handle (or device tensors on a CPU one) would
+    /// be dereferenced in the wrong address space: refuse them here.
+    fn check_memory(&self, args: &DecodeArgs<'_>) -> Result<()> {
+        let expected = if self.backend == Backend::Cuda {
+            Memory::Device
+        } else {
+            Memory::Host
+        };
+        for (name, memory) in args.memories() {
+            if memory != expected {
+                let backend = if self.backend == Backend::Cuda {
+                    format!("CUDA device {}", self.device)
+                } else {
+                    "the CPU backend".to_owned()
+                };
+                return Err(Error::refused(
+                    Status::InvalidArgument,
+                    format!("{}: is {}, but the handle runs on {}", name, memory, backend),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once. A failure cannot be
+        // reported from drop, and can only mean a bug.
+        let status = unsafe { (self.library.functions().fd_destroy)(self.raw.as_ptr()) };
+        debug_assert_eq!(status, 0, "fd_destroy failed");
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("backend", &self.backend)
+            .field("device", &self.device)
+            .finish()
+    }
+}

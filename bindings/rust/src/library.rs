@@ -1,0 +1,299 @@
+//! Loading libflashdecode with `dlopen` and checking that it is the ABI this crate speaks.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::os::raw::{c_char, c_int, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::handle::{Handle, Options};
+use crate::sys;
+
+#[repr(C)]
+struct DlInfo {
+    dli_fname: *const c_char,
+    dli_fbase: *mut c_void,
+    dli_sname: *const c_char,
+    dli_saddr: *mut c_void,
+}
+
+// libdl: part of libc since glibc 2.34, a separate library before.
+#[link(name = "dl")]
+extern "C" {
+    fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    fn dlclose(handle: *mut c_void) -> c_int;
+    fn dlerror() -> *mut c_char;
+    fn dladdr(address: *const c_void, info: *mut DlInfo) -> c_int;
+}
+
+const RTLD_NOW: c_int = 2;
+const RTLD_LOCAL: c_int = 0;
+
+/// A loaded libflashdecode: cheap to clone, unloaded when the last clone
+/// and the last [`Handle`] made from it are dropped.
+///
+/// It is `Send` and `Sync`: the header allows its version and status
+/// functions from any thread, and handles carry their own thread rules.
+#[derive(Clone)]
+pub struct Library {
+    inner: Arc<Loaded>,
+}
+
+struct Loaded {
+    dl: *mut c_void,
+    functions: sys::Functions,
+    path: PathBuf,
+    version: String,
+    version_number: u32,
+}
+
+// The dlopen handle is process-global and immutable once loaded.
+unsafe impl Send for Loaded {}
+unsafe impl Sync for Loaded {}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // SAFETY: `dl` came from dlopen and every handle keeps this alive.
+        unsafe { dlclose(self.dl) };
+    }
+}
+
+impl Library {
+    /// The environment variable naming the library file for [`Library::load`].
+    pub const ENV: &'static str = "FLASHDECODE_LIBRARY";
+    /// The SONAME [`Library::load`] asks the dynamic loader for.
+    pub const SONAME: &'static str = "libflashdecode.so.0";
+
+    /// Loads the library named by `$FLASHDECODE_LIBRARY`, or else by its
+    /// SONAME through the dynamic loader's search (`LD_LIBRARY_PATH`, the
+    /// ld.so cache); checks that its major version is this crate's.
+    pub fn load() -> Result<Library> {
+        match std::env::var_os(Self::ENV) {
+            Some(path) if !path.is_empty() => Self::open(&path)
+                .map_err(|error| Error::load(format!("{} ({}): {}", Self::ENV, path.to_string_lossy(), error))),
+            _ => Self::open(Self::SONAME).map_err(|error| {
+                Error::load(format!(
+                    "{}; set {} to the library's path, or install it",
+                    error,
+                    Self::ENV
+                ))
+            }),
+        }
+    }
+
+    /// Loads the library at `path` (a path, or a file name the dynamic loader searches for).
+    pub fn open<P: AsRef<OsStr>>(path: P) -> Result<Library> {
+        let name = path.as_ref();
+        let c_name = CString::new(name.as_bytes())
+            .map_err(|_| Error::load(format!("{}: the path contains a NUL byte", name.to_string_lossy())))?;
+        // SAFETY: loading runs the library's initialisers; libflashdecode's are plain C++ statics.
+        let dl = unsafe { dlopen(c_name.as_ptr(), RTLD_NOW | RTLD_LOCAL) };
+        if dl.is_null() {
+            return Err(Error::load(format!(
+                "cannot load {}: {}",
+                name.to_string_lossy(),
+                last_dl_error()
+            )));
+        }
+        let functions = match resolve_functions(dl, name) {
+            Ok(functions) => functions,
+            Err(error) => {
+                // SAFETY: nothing from this library is in use yet.
+                unsafe { dlclose(dl) };
+                return Err(error);
+            }
+        };
+        // From here `Loaded` owns `dl`: dropping it on an error below closes it.
+        let mut loaded = Loaded {
+            dl,
+            functions,
+            path: PathBuf::from(name),
+            version: String::new(),
+            version_number: 0,
+        };
+        if let Some(file) = loaded_file(loaded.functions.fd_version_number as *const c_void) {
+            loaded.path = file;
+        }
+        // SAFETY: both take no arguments and return a number or a static string.
+        loaded.version_number = unsafe { (loaded.functions.fd_version_number)() };
+        loaded.version = unsafe { CStr::from_ptr((loaded.functions.fd_version_string)()) }
+            .to_string_lossy()
+            .into_owned();
+        check_compatible(&loaded)?;
+        Ok(Library {
+            inner: Arc::new(loaded),
+        })
+    }
+
+    /// The file the dynamic loader mapped (symlinks resolved).
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The library's version string, e.g. `"0.1.0"`.
+    pub fn version(&self) -> &str {
+        &self.inner.version
+    }
+
+    /// The library's version as `major * 10000 + minor * 100 + patch`.
+    pub fn version_number(&self) -> u32 {
+        self.inner.version_number
+    }
+
+    /// The raw C functions, for what the safe API does not cover.
+    pub fn functions(&self) -> &sys::Functions {
+        &self.inner.functions
+    }
+
+    /// Creates a handle; the same as [`Handle::new`].
+    pub fn create_handle(&self, options: &Options) -> Result<Handle> {
+        Handle::new(self, options)
+    }
+
+    /// The calling thread's last detailed error message (`fd_last_error_message`).
+    pub(crate) fn last_error_message(&self) -> String {
+        let functions = &self.inner.functions;
+        // SAFETY: a null buffer with size 0 only queries the length; then the
+        // buffer is as large as promised.
+        unsafe {
+            let length = (functions.fd_last_error_message)(std::ptr::null_mut(), 0);
+            let mut buffer = vec![0u8; length + 1];
+            (functions.fd_last_error_message)(buffer.as_mut_ptr() as *mut c_char, buffer.len());
+            buffer.truncate(length);
+            String::from_utf8_lossy(&buffer).into_owned()
+        }
+    }
+
+    /// `Ok` for `FD_SUCCESS`, else the error with this thread's message.
+    /// Must directly follow the call, on the same thread: the message is thread-local.
+    pub(crate) fn check(&self, status: sys::fd_status) -> Result<()> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(Error::from_call(status, self.last_error_message()))
+        }
+    }
+}
+
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Library")
+            .field("path", &self.inner.path)
+            .field("version", &self.inner.version)
+            .finish()
+    }
+}
+
+fn last_dl_error() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated, thread-local message.
+    let message = unsafe { dlerror() };
+    if message.is_null() {
+        "unknown dlopen error".to_owned()
+    } else {
+        unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+    }
+}
+
+/// A function pointer of type `F` for `symbol` (NUL-terminated).
+///
+/// # Safety
+/// `F` must be the `extern "C"` function pointer type of that symbol.
+unsafe fn symbol<F: Copy>(dl: *mut c_void, symbol: &'static str, library: &OsStr) -> Result<F> {
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: `dl` is a live dlopen handle and `symbol` is NUL-terminated.
+    let address = unsafe { dlsym(dl, symbol.as_ptr() as *const c_char) };
+    if address.is_null() {
+        return Err(Error::load(format!(
+            "{}: does not export {}; not a flashdecode library?",
+            library.to_string_lossy(),
+            symbol.trim_end_matches('\0')
+        )));
+    }
+    // SAFETY: the caller names the symbol's type; sizes match (checked above).
+    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) })
+}
+
+fn resolve_functions(dl: *mut c_void, library: &OsStr) -> Result<sys::Functions> {
+    macro_rules! resolve {
+        ($($name:ident),* $(,)?) => {
+            // SAFETY: each field's type is the declaration of the symbol of the same name.
+            unsafe { sys::Functions { $($name: symbol(dl, concat!(stringify!($name), "\0"), library)?,)* } }
+        };
+    }
+    let functions = resolve!(
+        fd_version_number,
+        fd_version_string,
+        fd_status_string,
+        fd_last_error_message,
+        fd_options_init,
+        fd_decode_args_init,
+        fd_create,
+        fd_destroy,
+        fd_get_backend,
+        fd_decode,
+        fd_workspace_size,
+        fd_reserve_workspace,
+        fd_set_workspace,
+    );
+    Ok(functions)
+}
+
+fn loaded_file(address: *const c_void) -> Option<PathBuf> {
+    let mut info = DlInfo {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr fills `info` for an address inside a loaded object.
+    if unsafe { dladdr(address, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    std::fs::canonicalize(OsStr::from_bytes(name.to_bytes())).ok()
+}
+
+/// The major version must be this crate's and the minor at least the one its
+/// declarations come from; the struct sizes the library reports must match.
+fn check_compatible(loaded: &Loaded) -> Result<()> {
+    let (major, minor) = (loaded.version_number / 10000, loaded.version_number / 100 % 100);
+    if major != sys::VERSION_MAJOR || minor < sys::VERSION_MINOR {
+        return Err(Error::load(format!(
+            "{} is version {}; this crate needs {}.x with x >= {}",
+            loaded.path.display(),
+            loaded.version,
+            sys::VERSION_MAJOR,
+            sys::VERSION_MINOR
+        )));
+    }
+    // The init functions record the library's sizeof in struct_size; give
+    // them room for a larger, newer struct.
+    let mut scratch = [0u64; 512];
+    let sizes = unsafe {
+        (loaded.functions.fd_options_init)(scratch.as_mut_ptr() as *mut sys::fd_options);
+        let options = scratch[0] as usize;
+        (loaded.functions.fd_decode_args_init)(scratch.as_mut_ptr() as *mut sys::fd_decode_args);
+        [
+            ("fd_options", options, std::mem::size_of::<sys::fd_options>()),
+            (
+                "fd_decode_args",
+                scratch[0] as usize,
+                std::mem::size_of::<sys::fd_decode_args>(),
+            ),
+        ]
+    };
+    for (name, library_size, ours) in sizes {
+        if library_size < ours || (minor == sys::VERSION_MINOR && library_size != ours) {
+            return Err(Error::load(format!(
+                "{}: its {} is {} bytes, this crate's is {}: the crate and the library disagree on the ABI",
+                loaded.path.display(),
+                name,
+                library_size,
+                ours
+            )));
+        }
+    }
+    Ok(())
+}

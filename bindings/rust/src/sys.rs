@@ -1,0 +1,162 @@
+//! The C ABI of `include/flashdecode.h`, declared by hand.
+//!
+//! `#[repr(C)]` mirrors of its structs and the signatures of its functions,
+//! under their C names. [`Library::functions`](crate::Library::functions)
+//! hands out the resolved function pointers for anything the safe API does
+//! not cover; calling them is `unsafe` and follows the header's rules.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+/// `FD_VERSION_MAJOR` of the header mirrored here: the ABI, and the SONAME suffix.
+pub const VERSION_MAJOR: u32 = 0;
+/// `FD_VERSION_MINOR` of the header mirrored here.
+pub const VERSION_MINOR: u32 = 1;
+/// `FD_MAX_DIMS`: the most dimensions an [`fd_tensor`] has.
+pub const MAX_DIMS: usize = 4;
+/// Alignment in bytes that `fd_set_workspace` requires of caller memory.
+pub const WORKSPACE_ALIGNMENT: usize = 256;
+
+/// `fd_status` (an `int`-sized enum).
+pub type fd_status = c_int;
+/// `fd_dtype` (an `int`-sized enum).
+pub type fd_dtype = c_int;
+/// `fd_backend` (an `int`-sized enum).
+pub type fd_backend = c_int;
+/// `fd_cuda_stream`: a `cudaStream_t`; null is the legacy default stream.
+pub type fd_cuda_stream = *mut c_void;
+
+/// `fd_handle`: opaque.
+#[repr(C)]
+pub struct fd_handle {
+    _opaque: [u8; 0],
+}
+
+/// `fd_tensor`: pointer, dtype, shape and element strides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_tensor {
+    /// First element; null marks an optional tensor as absent.
+    pub data: *mut c_void,
+    /// Element type.
+    pub dtype: fd_dtype,
+    /// Dimensions used in `shape` and `strides`.
+    pub ndim: i32,
+    /// Extent of each dimension.
+    pub shape: [i64; MAX_DIMS],
+    /// Distance in elements between neighbours along each dimension.
+    pub strides: [i64; MAX_DIMS],
+}
+
+impl fd_tensor {
+    /// An absent optional tensor.
+    pub const ABSENT: fd_tensor = fd_tensor {
+        data: std::ptr::null_mut(),
+        dtype: 0,
+        ndim: 0,
+        shape: [0; MAX_DIMS],
+        strides: [0; MAX_DIMS],
+    };
+}
+
+/// `fd_options`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_options {
+    /// `sizeof(fd_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Backend to use.
+    pub backend: fd_backend,
+    /// CUDA device ordinal.
+    pub device: i32,
+    /// CPU worker threads; 0 uses every core.
+    pub num_threads: i32,
+}
+
+impl Default for fd_options {
+    /// What `fd_options_init` writes. Filled here rather than by calling it:
+    /// a newer library's init function would write its own, larger struct.
+    fn default() -> Self {
+        fd_options {
+            struct_size: std::mem::size_of::<fd_options>(),
+            backend: 0,
+            device: 0,
+            num_threads: 0,
+        }
+    }
+}
+
+/// `fd_decode_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_decode_args {
+    /// `sizeof(fd_decode_args)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Queries `[batch, q_len, q_heads, head_dim]`.
+    pub q: fd_tensor,
+    /// Key cache (dense, or the page pool).
+    pub k: fd_tensor,
+    /// Value cache, shaped like `k`.
+    pub v: fd_tensor,
+    /// Output, shaped like `q`.
+    pub out: fd_tensor,
+    /// Optional log-sum-exp `[batch, q_len, q_heads]`, f32.
+    pub lse: fd_tensor,
+    /// Optional sequence lengths `[batch]`, i32.
+    pub seq_lens: fd_tensor,
+    /// Optional block table `[batch, max_pages]`, i32.
+    pub block_table: fd_tensor,
+    /// Softmax scale; 0 means `1/sqrt(head_dim)`.
+    pub softmax_scale: f64,
+    /// KV splits; 0 chooses automatically.
+    pub num_splits: i32,
+}
+
+impl Default for fd_decode_args {
+    /// What `fd_decode_args_init` writes (see [`fd_options::default`]).
+    fn default() -> Self {
+        fd_decode_args {
+            struct_size: std::mem::size_of::<fd_decode_args>(),
+            q: fd_tensor::ABSENT,
+            k: fd_tensor::ABSENT,
+            v: fd_tensor::ABSENT,
+            out: fd_tensor::ABSENT,
+            lse: fd_tensor::ABSENT,
+            seq_lens: fd_tensor::ABSENT,
+            block_table: fd_tensor::ABSENT,
+            softmax_scale: 0.0,
+            num_splits: 0,
+        }
+    }
+}
+
+/// Every exported function, resolved from a loaded library.
+#[derive(Clone, Copy, Debug)]
+pub struct Functions {
+    /// `unsigned fd_version_number(void)`
+    pub fd_version_number: unsafe extern "C" fn() -> c_uint,
+    /// `const char *fd_version_string(void)`
+    pub fd_version_string: unsafe extern "C" fn() -> *const c_char,
+    /// `const char *fd_status_string(fd_status)`
+    pub fd_status_string: unsafe extern "C" fn(fd_status) -> *const c_char,
+    /// `size_t fd_last_error_message(char *, size_t)`
+    pub fd_last_error_message: unsafe extern "C" fn(*mut c_char, usize) -> usize,
+    /// `void fd_options_init(fd_options *)`
+    pub fd_options_init: unsafe extern "C" fn(*mut fd_options),
+    /// `void fd_decode_args_init(fd_decode_args *)`
+    pub fd_decode_args_init: unsafe extern "C" fn(*mut fd_decode_args),
+    /// `fd_status fd_create(fd_handle **, const fd_options *)`
+    pub fd_create: unsafe extern "C" fn(*mut *mut fd_handle, *const fd_options) -> fd_status,
+    /// `fd_status fd_destroy(fd_handle *)`
+    pub fd_destroy: unsafe extern "C" fn(*mut fd_handle) -> fd_status,
+    /// `fd_status fd_get_backend(const fd_handle *, fd_backend *)`
+    pub fd_get_backend: unsafe extern "C" fn(*const fd_handle, *mut fd_backend) -> fd_status,
+    /// `fd_status fd_decode(fd_handle *, const fd_decode_args *, fd_cuda_stream)`
+    pub fd_decode: unsafe extern "C" fn(*mut fd_handle, *const fd_decode_args, fd_cuda_stream) -> fd_status,
+    /// `fd_status fd_workspace_size(const fd_handle *, const fd_decode_args *, size_t *)`
+    pub fd_workspace_size: unsafe extern "C" fn(*const fd_handle, *const fd_decode_args, *mut usize) -> fd_status,
+    /// `fd_status fd_reserve_workspace(fd_handle *, size_t)`
+    pub fd_reserve_workspace: unsafe extern "C" fn(*mut fd_handle, usize) -> fd_status,
+    /// `fd_status fd_set_workspace(fd_handle *, void *, size_t)`
+    pub fd_set_workspace: unsafe extern "C" fn(*mut fd_handle, *mut c_void, usize) -> fd_status,
+}

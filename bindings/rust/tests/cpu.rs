@@ -1,0 +1,630 @@
+//! The binding on the CPU backend: numerics against a float64 reference,
+//! every error path, workspace control and thread rules. The library comes
+//! from `$FLASHDECODE_LIBRARY` (the CTest suite points it at the staged
+//! install) or the system.
+
+use flashdecode::{
+    Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Options, Status, Tensor,
+    TensorMut,
+};
+
+fn library() -> Library {
+    Library::load().expect("load libflashdecode (set FLASHDECODE_LIBRARY)")
+}
+
+fn cpu_handle() -> Handle {
+    library()
+        .create_handle(&Options::cpu().num_threads(2))
+        .expect("CPU handle")
+}
+
+/// Deterministic values in [-1, 1).
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Decode attention in f64 over NHD data: q `[b][h][d]`, k/v `[b][n][hk][d]`.
+/// Returns out `[b][h][d]` and lse `[b][h]`.
+struct Problem {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    kv_len: usize,
+    dim: usize,
+}
+
+impl Problem {
+    fn reference(&self, q: &[f64], k: &[f64], v: &[f64], lens: &[usize], scale: f64) -> (Vec<f64>, Vec<f64>) {
+        let Problem {
+            batch,
+            heads,
+            kv_heads,
+            kv_len,
+            dim,
+        } = *self;
+        let group = heads / kv_heads;
+        let mut out = vec![0.0; batch * heads * dim];
+        let mut lse = vec![f64::NEG_INFINITY; batch * heads];
+        for b in 0..batch {
+            for h in 0..heads {
+                let g = h / group;
+                let scores: Vec<f64> = (0..lens[b])
+                    .map(|j| {
+                        let key = &k[((b * kv_len + j) * kv_heads + g) * dim..][..dim];
+                        scale
+                            * key
+                                .iter()
+                                .zip(&q[(b * heads + h) * dim..][..dim])
+                                .map(|(x, y)| x * y)
+                                .sum::<f64>()
+                    })
+                    .collect();
+                if scores.is_empty() {
+                    continue;
+                }
+                let peak = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - peak).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for (j, w) in weights.iter().enumerate() {
+                    let value = &v[((b * kv_len + j) * kv_heads + g) * dim..][..dim];
+                    for d in 0..dim {
+                        out[(b * heads + h) * dim + d] += w / total * value[d];
+                    }
+                }
+                lse[b * heads + h] = peak + total.ln();
+            }
+        }
+        (out, lse)
+    }
+
+    fn shapes(&self) -> ([i64; 4], [i64; 4]) {
+        let Problem {
+            batch,
+            heads,
+            kv_heads,
+            kv_len,
+            dim,
+        } = *self;
+        (
+            [batch as i64, 1, heads as i64, dim as i64],
+            [batch as i64, kv_len as i64, kv_heads as i64, dim as i64],
+        )
+    }
+}
+
+fn assert_close(got: &[f64], expected: &[f64], tolerance: f64) {
+    assert_eq!(got.len(), expected.len());
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!(
+            (g - e).abs() <= tolerance * (1.0 + e.abs()),
+            "element {}: got {}, expected {}",
+            i,
+            g,
+            e
+        );
+    }
+}
+
+fn widen(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&x| x as f64).collect()
+}
+
+fn f32_to_f16_bits(x: f32) -> u16 {
+    // Round to nearest even; the test data is in the normal range of f16.
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    if x == 0.0 || exponent <= 0 {
+        return sign;
+    }
+    let mantissa = bits & 0x7f_ffff;
+    let mut half = ((exponent as u32) << 10) | (mantissa >> 13);
+    let rest = mantissa & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && half & 1 == 1) {
+        half += 1;
+    }
+    sign | half as u16
+}
+
+fn f16_bits_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exponent = ((h >> 10) & 0x1f) as i32;
+    let mantissa = (h & 0x3ff) as f64;
+    match exponent {
+        0 => sign * mantissa * 2f64.powi(-24),
+        _ => sign * (1.0 + mantissa / 1024.0) * 2f64.powi(exponent - 15),
+    }
+}
+
+fn f32_to_bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+fn bf16_bits_to_f64(b: u16) -> f64 {
+    f32::from_bits((b as u32) << 16) as f64
+}
+
+#[test]
+fn library_reports_a_compatible_version() {
+    let library = library();
+    assert_eq!(library.version_number() / 10000, flashdecode::sys::VERSION_MAJOR);
+    assert_eq!(library.version().split('.').next(), Some("0"));
+    assert!(library.path().exists(), "{}", library.path().display());
+    for status in Status::all() {
+        let text = unsafe { std::ffi::CStr::from_ptr((library.functions().fd_status_string)(status.code())) };
+        assert_eq!(text.to_str().unwrap(), status.summary());
+        assert_eq!(Status::from_code(status.code()), Some(status));
+    }
+}
+
+#[test]
+fn f32_gqa_with_ragged_lengths_and_lse() {
+    let problem = Problem {
+        batch: 3,
+        heads: 8,
+        kv_heads: 2,
+        kv_len: 300,
+        dim: 64,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let q = values(3 * 8 * 64, 1);
+    let k = values(3 * 300 * 2 * 64, 2);
+    let v = values(3 * 300 * 2 * 64, 3);
+    let lens = [300i32, 0, 17];
+    let mut out = vec![f32::NAN; q.len()];
+    let mut lse = vec![0f32; 3 * 8];
+    let mut handle = cpu_handle();
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &q_shape).unwrap(),
+        Tensor::f32(&k, &kv_shape).unwrap(),
+        Tensor::f32(&v, &kv_shape).unwrap(),
+        TensorMut::f32(&mut out, &q_shape).unwrap(),
+    )
+    .lse(TensorMut::f32(&mut lse, &[3, 1, 8]).unwrap())
+    .seq_lens(Tensor::i32(&lens, &[3]).unwrap())
+    .num_splits(5);
+    handle.decode(&mut args).unwrap();
+
+    let (expected, expected_lse) = problem.reference(&widen(&q), &widen(&k), &widen(&v), &[300, 0, 17], 1.0 / 8.0);
+    assert_close(&widen(&out), &expected, 2e-5);
+    assert!(
+        out[8 * 64..2 * 8 * 64].iter().all(|&x| x == 0.0),
+        "an empty sequence gives zeros"
+    );
+    assert!(lse[8..16].iter().all(|x| x.is_infinite() && *x < 0.0));
+    for (got, want) in lse.iter().zip(&expected_lse) {
+        if want.is_finite() {
+            assert!((*got as f64 - want).abs() < 1e-4, "lse {} vs {}", got, want);
+        }
+    }
+}
+
+#[test]
+fn half_and_bfloat16_bits() {
+    let problem = Problem {
+        batch: 2,
+        heads: 4,
+        kv_heads: 4,
+        kv_len: 64,
+        dim: 32,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let (q, k, v) = (
+        values(2 * 4 * 32, 4),
+        values(2 * 64 * 4 * 32, 5),
+        values(2 * 64 * 4 * 32, 6),
+    );
+    let lens = [64, 64];
+    let mut handle = cpu_handle();
+
+    let to_f16 = |x: &[f32]| x.iter().map(|&v| f32_to_f16_bits(v)).collect::<Vec<u16>>();
+    let (qh, kh, vh) = (to_f16(&q), to_f16(&k), to_f16(&v));
+    let mut out = vec![0u16; qh.len()];
+    let mut args = DecodeArgs::new(
+        Tensor::f16(&qh, &q_shape).unwrap(),
+        Tensor::f16(&kh, &kv_shape).unwrap(),
+        Tensor::f16(&vh, &kv_shape).unwrap(),
+        TensorMut::f16(&mut out, &q_shape).unwrap(),
+    );
+    handle.decode(&mut args).unwrap();
+    let widen16 = |x: &[u16], f: fn(u16) -> f64| x.iter().map(|&b| f(b)).collect::<Vec<f64>>();
+    let (expected, _) = problem.reference(
+        &widen16(&qh, f16_bits_to_f64),
+        &widen16(&kh, f16_bits_to_f64),
+        &widen16(&vh, f16_bits_to_f64),
+        &lens,
+        1.0 / 32f64.sqrt(),
+    );
+    assert_close(&widen16(&out, f16_bits_to_f64), &expected, 2e-3);
+
+    let to_bf16 = |x: &[f32]| x.iter().map(|&v| f32_to_bf16_bits(v)).collect::<Vec<u16>>();
+    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
+    let mut out = vec![0u16; qb.len()];
+    let mut args = DecodeArgs::new(
+        Tensor::bf16(&qb, &q_shape).unwrap(),
+        Tensor::bf16(&kb, &kv_shape).unwrap(),
+        Tensor::bf16(&vb, &kv_shape).unwrap(),
+        TensorMut::bf16(&mut out, &q_shape).unwrap(),
+    );
+    handle.decode(&mut args).unwrap();
+    let (expected, _) = problem.reference(
+        &widen16(&qb, bf16_bits_to_f64),
+        &widen16(&kb, bf16_bits_to_f64),
+        &widen16(&vb, bf16_bits_to_f64),
+        &lens,
+        1.0 / 32f64.sqrt(),
+    );
+    assert_close(&widen16(&out, bf16_bits_to_f64), &expected, 1.6e-2);
+}
+
+#[test]
+fn bhnd_strides_and_paged_cache_agree_with_dense() {
+    let problem = Problem {
+        batch: 2,
+        heads: 4,
+        kv_heads: 2,
+        kv_len: 48,
+        dim: 16,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let q = values(2 * 4 * 16, 7);
+    let k = values(2 * 48 * 2 * 16, 8);
+    let v = values(2 * 48 * 2 * 16, 9);
+    let mut handle = cpu_handle();
+    let mut dense = vec![0f32; q.len()];
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &q_shape).unwrap(),
+        Tensor::f32(&k, &kv_shape).unwrap(),
+        Tensor::f32(&v, &kv_shape).unwrap(),
+        TensorMut::f32(&mut dense, &q_shape).unwrap(),
+    )
+    .softmax_scale(0.5)
+    .num_splits(1);
+    handle.decode(&mut args).unwrap();
+    let (expected, _) = problem.reference(&widen(&q), &widen(&k), &widen(&v), &[48, 48], 0.5);
+    assert_close(&widen(&dense), &expected, 2e-5);
+
+    // The same cache stored BHND: [batch][kv_heads][kv_len][dim], described by strides.
+    let to_bhnd = |x: &[f32]| {
+        let mut y = vec![0f32; x.len()];
+        for b in 0..2 {
+            for n in 0..48 {
+                for h in 0..2 {
+                    let from = ((b * 48 + n) * 2 + h) * 16;
+                    let to = ((b * 2 + h) * 48 + n) * 16;
+                    y[to..to + 16].copy_from_slice(&x[from..from + 16]);
+                }
+            }
+        }
+        y
+    };
+    let (kt, vt) = (to_bhnd(&k), to_bhnd(&v));
+    let bhnd = [2 * 48 * 16, 16, 48 * 16, 1];
+    let mut strided = vec![0f32; q.len()];
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &q_shape).unwrap(),
+        Tensor::f32(&kt, &kv_shape).unwrap().with_strides(&bhnd).unwrap(),
+        Tensor::f32(&vt, &kv_shape).unwrap().with_strides(&bhnd).unwrap(),
+        TensorMut::f32(&mut strided, &q_shape).unwrap(),
+    )
+    .softmax_scale(0.5)
+    .num_splits(1);
+    handle.decode(&mut args).unwrap();
+    assert_eq!(
+        strided, dense,
+        "layout is only strides: the same plan gives the same bits"
+    );
+
+    // A paged cache: 6 pages of 16 tokens, sequence 0 on pages [4, 0, 2], sequence 1 on [1, 5, 3].
+    let table = [4i32, 0, 2, 1, 5, 3];
+    let mut pool_k = vec![0f32; 6 * 16 * 2 * 16];
+    let mut pool_v = pool_k.clone();
+    let page_elements = 16 * 2 * 16;
+    for b in 0..2 {
+        for j in 0..3 {
+            let page = table[b * 3 + j] as usize;
+            let from = (b * 48 + j * 16) * 2 * 16;
+            pool_k[page * page_elements..][..page_elements].copy_from_slice(&k[from..from + page_elements]);
+            pool_v[page * page_elements..][..page_elements].copy_from_slice(&v[from..from + page_elements]);
+        }
+    }
+    let mut paged = vec![0f32; q.len()];
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &q_shape).unwrap(),
+        Tensor::f32(&pool_k, &[6, 16, 2, 16]).unwrap(),
+        Tensor::f32(&pool_v, &[6, 16, 2, 16]).unwrap(),
+        TensorMut::f32(&mut paged, &q_shape).unwrap(),
+    )
+    .block_table(Tensor::i32(&table, &[2, 3]).unwrap())
+    .softmax_scale(0.5)
+    .num_splits(1);
+    handle.decode(&mut args).unwrap();
+    assert_close(&widen(&paged), &expected, 2e-5);
+}
+
+#[test]
+fn workspace_size_reserve_and_own_memory() {
+    let (q, k) = (values(8 * 64, 10), values(512 * 2 * 64, 11));
+    let mut out = vec![0f32; q.len()];
+    let mut handle = cpu_handle();
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[1, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[1, 512, 2, 64]).unwrap(),
+        Tensor::f32(&k, &[1, 512, 2, 64]).unwrap(),
+        TensorMut::f32(&mut out, &[1, 1, 8, 64]).unwrap(),
+    )
+    .num_splits(4);
+    let bytes = handle.workspace_size(&args).unwrap();
+    assert!(bytes >= 8 * 4 * 64 * 4, "{} bytes", bytes);
+    handle.reserve_workspace(bytes).unwrap();
+    handle.decode(&mut args).unwrap();
+
+    assert!(handle
+        .set_host_workspace(HostWorkspace::new(bytes).unwrap())
+        .unwrap()
+        .is_none());
+    handle.decode(&mut args).unwrap();
+    let small = HostWorkspace::new(256).unwrap();
+    let previous = handle.set_host_workspace(small).unwrap();
+    assert_eq!(previous.map(|w| w.len()), Some(bytes));
+    let error = handle.decode(&mut args).unwrap_err();
+    assert_eq!(error.status(), Some(Status::WorkspaceTooSmall));
+    assert!(error.message().contains("the caller's workspace has 256"), "{}", error);
+    assert_eq!(handle.use_library_workspace().unwrap().map(|w| w.len()), Some(256));
+    handle.decode(&mut args).unwrap();
+
+    let error = handle.reserve_workspace(usize::MAX / 2).unwrap_err();
+    assert_eq!(error.status(), Some(Status::OutOfMemory));
+}
+
+/// A valid problem: 2 sequences, 8 query heads over 2 KV heads, head_dim 64.
+struct Buffers {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn buffers() -> Buffers {
+    Buffers {
+        q: values(2 * 8 * 64, 12),
+        k: values(2 * 100 * 2 * 64, 13),
+        out: vec![7.0; 2 * 8 * 64],
+    }
+}
+
+fn expect_refused(result: Result<(), Error>, status: Status, needle: &str) {
+    let error = result.expect_err("the call should fail");
+    assert_eq!(error.status(), Some(status), "{}", error);
+    assert!(
+        error.message().contains(needle),
+        "{:?} does not contain {:?}",
+        error.message(),
+        needle
+    );
+    assert!(
+        error.to_string().starts_with(&format!("{}: ", status.summary())),
+        "{}",
+        error
+    );
+}
+
+#[test]
+fn library_errors_carry_its_message_and_write_nothing() {
+    let mut handle = cpu_handle();
+    let mut b = buffers();
+    let q_shape = [2, 1, 8, 64];
+    let kv_shape = [2, 100, 2, 64];
+    let lens_too_long = [100, 101];
+    let table = [0, 9];
+    let half = vec![0u16; 2 * 100 * 2 * 64];
+    let cases: Vec<(&str, Status, &str)> = vec![
+        ("splits", Status::InvalidSplits, "num_splits must be in [0, 1024]"),
+        ("scale", Status::InvalidArgument, "softmax_scale must be finite"),
+        ("length", Status::InvalidLength, "seq_lens[1] must be in [0, 100]"),
+        ("heads", Status::InvalidHeadCount, "must be a multiple of kv_heads"),
+        (
+            "stride",
+            Status::InvalidStride,
+            "k: stride of head_dim must be 1, got 2",
+        ),
+        (
+            "block table",
+            Status::InvalidBlockTable,
+            "block_table[1][0] must be in [0, 4)",
+        ),
+        ("query tokens", Status::Unsupported, "q_len must be 1"),
+        ("dtypes differ", Status::InvalidDType, "k: dtype must be f32, got f16"),
+        ("shape", Status::InvalidShape, "v: batch must be 2 (from k)"),
+    ];
+    for (case, status, needle) in cases {
+        let q = Tensor::f32(&b.q, &q_shape).unwrap();
+        let k = Tensor::f32(&b.k, &kv_shape).unwrap();
+        let out = TensorMut::f32(&mut b.out, &q_shape).unwrap();
+        let mut args = match case {
+            "splits" => DecodeArgs::new(q, k, k, out).num_splits(2000),
+            "scale" => DecodeArgs::new(q, k, k, out).softmax_scale(f64::INFINITY),
+            "length" => DecodeArgs::new(q, k, k, out).seq_lens(Tensor::i32(&lens_too_long, &[2]).unwrap()),
+            "heads" => {
+                let k3 = Tensor::f32(&b.k[..2 * 100 * 3 * 16], &[2, 100, 3, 16]).unwrap();
+                let q3 = Tensor::f32(&b.q[..2 * 8 * 16], &[2, 1, 8, 16]).unwrap();
+                let out3 = TensorMut::f32(&mut b.out[..2 * 8 * 16], &[2, 1, 8, 16]).unwrap();
+                DecodeArgs::new(q3, k3, k3, out3)
+            }
+            "stride" => {
+                let wide = Tensor::f32(&b.k, &[2, 100, 2, 32])
+                    .unwrap()
+                    .with_strides(&[12800, 128, 64, 2])
+                    .unwrap();
+                let q32 = Tensor::f32(&b.q[..2 * 8 * 32], &[2, 1, 8, 32]).unwrap();
+                let out32 = TensorMut::f32(&mut b.out[..2 * 8 * 32], &[2, 1, 8, 32]).unwrap();
+                DecodeArgs::new(q32, wide, wide, out32)
+            }
+            "block table" => {
+                let pool = Tensor::f32(&b.k, &[4, 50, 2, 64]).unwrap();
+                DecodeArgs::new(q, pool, pool, out)
+                    .block_table(Tensor::i32(&table, &[2, 1]).unwrap())
+                    .seq_lens(Tensor::i32(&[50, 50], &[2]).unwrap())
+            }
+            "query tokens" => {
+                let q2 = Tensor::f32(&b.q, &[2, 2, 4, 64]).unwrap();
+                let out2 = TensorMut::f32(&mut b.out, &[2, 2, 4, 64]).unwrap();
+                let k4 = Tensor::f32(&b.k, &[2, 100, 2, 64]).unwrap();
+                DecodeArgs::new(q2, k4, k4, out2)
+            }
+            "dtypes differ" => {
+                let k16 = Tensor::f16(&half, &kv_shape).unwrap();
+                DecodeArgs::new(q, k16, k16, out)
+            }
+            "shape" => {
+                let v1 = Tensor::f32(&b.k[..100 * 2 * 64], &[1, 100, 2, 64]).unwrap();
+                DecodeArgs::new(q, k, v1, out)
+            }
+            _ => unreachable!(),
+        };
+        expect_refused(handle.decode(&mut args), status, needle);
+        assert!(b.out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
+    }
+}
+
+#[test]
+fn binding_refuses_before_calling() {
+    let mut handle = cpu_handle();
+    let b = buffers();
+
+    let error = Tensor::f32(&b.q, &[2, 1, 8, 65]).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidShape));
+    assert!(error.message().contains("but the slice has 1024"), "{}", error);
+    let error = Tensor::f32(&b.q, &[2, 1, 8, 64])
+        .unwrap()
+        .with_strides(&[512, 512, 64, 2])
+        .unwrap_err();
+    assert!(error.message().contains("reaches element"), "{}", error);
+    let error = Tensor::f32(&b.q, &[2, 1, 8, 64])
+        .unwrap()
+        .with_strides(&[512, 512, -64, 1])
+        .unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidStride));
+    let error = Tensor::f32(&b.q, &[2, 1, 1, 8, 64]).unwrap_err();
+    assert!(error.message().contains("5 dimensions"), "{}", error);
+    let error = Tensor::f32(&b.q, &[2, -1, 8, 64]).unwrap_err();
+    assert!(error.message().contains("negative extent"), "{}", error);
+
+    // Device memory given to a CPU handle is refused before anything reads it.
+    let mut out = vec![0f32; 2 * 8 * 64];
+    let fake_device = unsafe { Tensor::device(0xdead_0000 as *const _, DType::F32, &[2, 100, 2, 64]).unwrap() };
+    assert_eq!(fake_device.memory(), Memory::Device);
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&b.q, &[2, 1, 8, 64]).unwrap(),
+        fake_device,
+        fake_device,
+        TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+    );
+    expect_refused(
+        handle.decode(&mut args),
+        Status::InvalidArgument,
+        "k: is device memory, but the handle runs on the CPU",
+    );
+    expect_refused(
+        handle.decode_on(&mut args, CudaStream::LEGACY_DEFAULT),
+        Status::InvalidArgument,
+        "is device memory",
+    );
+
+    let mut out = vec![0f32; 2 * 8 * 64];
+    let k = Tensor::f32(&b.k, &[2, 100, 2, 64]).unwrap();
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&b.q, &[2, 1, 8, 64]).unwrap(),
+        k,
+        k,
+        TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+    )
+    .softmax_scale(0.0);
+    expect_refused(handle.decode(&mut args), Status::InvalidArgument, "leave it unset");
+}
+
+#[test]
+fn options_and_loading_errors() {
+    let library = library();
+    let error = library.create_handle(&Options::cpu().num_threads(-1)).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidArgument));
+    assert!(error.message().contains("num_threads must be >= 0"), "{}", error);
+    let error = library.create_handle(&Options::cuda(4096)).unwrap_err();
+    assert_eq!(error.status(), Some(Status::NoDevice));
+    assert!(error.message().contains("CUDA device 4096"), "{}", error);
+    match library.create_handle(&Options::cuda(0)) {
+        Ok(handle) => assert_eq!(handle.backend(), Backend::Cuda),
+        Err(error) => assert!(
+            matches!(error.status(), Some(Status::NoDevice) | Some(Status::Unsupported)),
+            "{}",
+            error
+        ),
+    }
+    let automatic = library.create_handle(&Options::default()).unwrap();
+    assert!(matches!(automatic.backend(), Backend::Cpu | Backend::Cuda));
+
+    let error = Library::open("/nonexistent/libflashdecode.so.0").unwrap_err();
+    assert_eq!(error.status(), None);
+    assert!(
+        error.message().contains("cannot load /nonexistent/libflashdecode.so.0"),
+        "{}",
+        error
+    );
+    let error = Library::open("libc.so.6").unwrap_err();
+    assert!(
+        error.message().contains("does not export fd_version_number"),
+        "{}",
+        error
+    );
+}
+
+#[test]
+fn handles_move_between_threads() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Handle>();
+    assert_send::<Library>();
+    let (q, k) = (values(4 * 32, 14), values(64 * 4 * 32, 15));
+    let expected = {
+        let mut out = vec![0f32; q.len()];
+        let tq = Tensor::f32(&q, &[1, 1, 4, 32]).unwrap();
+        let tk = Tensor::f32(&k, &[1, 64, 4, 32]).unwrap();
+        cpu_handle()
+            .decode(&mut DecodeArgs::new(
+                tq,
+                tk,
+                tk,
+                TensorMut::f32(&mut out, &[1, 1, 4, 32]).unwrap(),
+            ))
+            .unwrap();
+        out
+    };
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let mut handle = cpu_handle();
+            let (q, k) = (q.clone(), k.clone());
+            std::thread::spawn(move || {
+                let mut out = vec![0f32; q.len()];
+                let tk = Tensor::f32(&k, &[1, 64, 4, 32]).unwrap();
+                let mut args = DecodeArgs::new(
+                    Tensor::f32(&q, &[1, 1, 4, 32]).unwrap(),
+                    tk,
+                    tk,
+                    TensorMut::f32(&mut out, &[1, 1, 4, 32]).unwrap(),
+                );
+                handle.decode(&mut args).unwrap();
+                out
+            })
+        })
+        .collect();
+    for worker in workers {
+        assert_eq!(worker.join().unwrap(), expected);
+    }
+}
