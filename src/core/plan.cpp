@@ -15,9 +15,36 @@ size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAli
 // before splitting.
 int32_t automatic_splits(const Problem &p, const ParallelismHint &hint) {
   const int64_t units = std::max<int64_t>(1, p.batch * p.kv_heads);
-  const int64_t wanted = ceil_div(2 * hint.workers, units);
   const int64_t most_useful = std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, hint.min_split_tokens)));
-  return static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
+  const int64_t workers = std::max<int64_t>(1, hint.workers);
+  if (hint.split_overhead_tokens <= 0) {
+    const int64_t wanted = ceil_div(2 * workers, units);
+    return static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
+  }
+  const int64_t limit = std::min<int64_t>(most_useful, FD_MAX_SPLITS);
+  if (p.has_seq_lens) {
+    // Lengths are unknown here: about four waves of splits, so that the
+    // hardware scheduler can balance long sequences against short ones.
+    return static_cast<int32_t>(std::clamp<int64_t>(ceil_div(4 * workers, units), 1, limit));
+  }
+  // Every split has the same length: minimise waves x (split length + fixed
+  // cost), plus the merge pass when there is more than one split.
+  const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
+  const int64_t capacity = std::max<int64_t>(1, p.kv_capacity);
+  int64_t best = 1;
+  double best_cost = 0.0;
+  for (int64_t s = 1; s <= limit; ++s) {
+    const int64_t split_tokens = ceil_div(ceil_div(capacity, s), granularity) * granularity;
+    const int64_t splits = ceil_div(capacity, split_tokens);
+    const double waves = static_cast<double>(ceil_div(units * splits, workers));
+    const double cost = waves * static_cast<double>(split_tokens + hint.split_overhead_tokens) +
+                        (splits > 1 ? static_cast<double>(hint.merge_overhead_tokens) : 0.0);
+    if (s == 1 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int32_t>(best);
 }
 
 }  // namespace

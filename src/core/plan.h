@@ -17,6 +17,11 @@ struct ParallelismHint {
   int64_t min_split_tokens = 1;   // automatic splits are at least this long (a partial has a fixed cost)
   int64_t split_granularity = 1;  // split lengths are multiples of this (a kernel's KV tile)
   size_t extra_workspace_bytes = 0;  // backend scratch (counters, schedules) after the partials
+  // Non-zero: pick automatic splits with a wave model (workers units run at
+  // once, each costing its split length plus this many tokens; a merge pass
+  // costs merge_overhead_tokens). Zero: about two units per worker.
+  int64_t split_overhead_tokens = 0;
+  int64_t merge_overhead_tokens = 0;
 };
 
 // The workspace holds, for every query row r = (b * q_len + t) * q_heads + h

@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""Times flashdecode's CUDA backend against PyTorch's SDPA on decode shapes.
+"""Times flashdecode's CUDA backend against PyTorch SDPA and the seed kernel.
 
-    python3 tests/bench/compare_sdpa.py --lib build-h200/src/libflashdecode.so.0 [--json out.json]
+    python3 tests/bench/compare_sdpa.py --lib build-h200/src/libflashdecode.so.0 \
+        [--dtypes float16,bfloat16] [--shapes 1,2,...] [--json out.json] [--plot out.png]
 
-Loads libflashdecode with ctypes (no binding needed) and, for each shape
-(batch x q_heads/kv_heads x kv_len x head_dim, fp16 by default), times:
-flashdecode, SDPA with the cuDNN backend and SDPA with the FlashAttention
-backend (enable_gqa=True, so neither expands K/V).
+Loads libflashdecode with ctypes (no binding needed) and, in the same process
+on the same inputs, runs for each shape of issue 4 (batch x q_heads/kv_heads x
+kv_len x head_dim) and dtype: flashdecode, SDPA with the cuDNN backend, SDPA
+with the FlashAttention backend (enable_gqa=True, so neither expands K/V) and
+the seed Triton kernel (../shared/seed/, copied to .seed/ for the device; it
+has no GQA, so it gets K/V expanded to every query head: more bytes read, the
+same useful bytes counted). Shape 9 is ragged: flashdecode gets the real
+lengths, the anchors the dense max-length cache, and bandwidth counts the real
+tokens only. Shape 10 is shape 2 through a paged cache (token-major pages
+[page, slot, kv_head, dim] of 16 tokens, shuffled block table) for
+flashdecode; the anchors run the dense cache.
 
-Method (tests/../shared/device/README.md): every implementation runs under
-CUDA graph replay (one graph calls it once per KV set), KV sets rotated so
-their total is well above the 60 MiB L2, CUDA events, the median over many
-replays divided by the calls per replay. Effective bandwidth counts K and V
-once plus q and out; the percentages are of the streaming-read rate measured
-in the same run (the device-to-device copy rate is printed beside it).
+Every output is checked against a float64 reference before timing (relative
+L2 error; bound 2e-3 for fp16, 1e-2 for bf16). Method
+(../shared/device/README.md): every implementation runs under CUDA graph
+replay (one graph calls it once per KV set), KV sets rotated so their total is
+well above the 60 MiB L2, CUDA events, the median over many replays divided by
+the calls per replay. Effective bandwidth counts the K and V bytes that must be
+read once plus q and out; the percentages are of the streaming-read rate
+measured in the same run.
 """
 import argparse
 import ctypes
@@ -22,14 +32,17 @@ import math
 import statistics
 import sys
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # --from-json (tables and plot of an earlier run) needs no torch
+    torch = None
 
 # ---- ctypes mirror of include/flashdecode.h (ABI major 0) ---------------------
 FD_SUCCESS = 0
 FD_BACKEND_CUDA = 2
-FD_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+FD_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 
 
 class FdTensor(ctypes.Structure):
@@ -106,7 +119,7 @@ def fd_tensor(t, order):
     """An fd_tensor over torch tensor t, its dimensions taken in `order`."""
     desc = FdTensor()
     desc.data = t.data_ptr()
-    desc.dtype = FD_DTYPES[t.dtype]
+    desc.dtype = FD_DTYPE_CODES[str(t.dtype).replace("torch.", "")]
     desc.ndim = len(order)
     for i, dim in enumerate(order):
         desc.shape[i] = t.shape[dim]
@@ -114,15 +127,23 @@ def fd_tensor(t, order):
     return desc
 
 
-def decode_args(fd, q, k, v, out):
-    """q/out [B, Hq, 1, D] and k/v [B, Hkv, N, D] (SDPA's layout) as the API's
-    [B, 1, Hq, D] and [B, N, Hkv, D]: the same memory, other strides."""
+def decode_args(fd, q, k, v, out, seq_lens=None, block_table=None):
+    """q/out [B, Hq, 1, D] and dense k/v [B, Hkv, N, D] (SDPA's layout) as the
+    API's [B, 1, Hq, D] and [B, N, Hkv, D]: the same memory, other strides.
+    With block_table, k/v are page pools [pages, page_size, Hkv, D]."""
     args = FdDecodeArgs()
     fd.lib.fd_decode_args_init(ctypes.byref(args))
     args.q = fd_tensor(q, (0, 2, 1, 3))
     args.out = fd_tensor(out, (0, 2, 1, 3))
-    args.k = fd_tensor(k, (0, 2, 1, 3))
-    args.v = fd_tensor(v, (0, 2, 1, 3))
+    if block_table is None:
+        args.k = fd_tensor(k, (0, 2, 1, 3))
+        args.v = fd_tensor(v, (0, 2, 1, 3))
+    else:
+        args.k = fd_tensor(k, (0, 1, 2, 3))
+        args.v = fd_tensor(v, (0, 1, 2, 3))
+        args.block_table = fd_tensor(block_table, (0, 1))
+    if seq_lens is not None:
+        args.seq_lens = fd_tensor(seq_lens, (0,))
     return args
 
 
@@ -148,7 +169,8 @@ def time_graph(calls, replays):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3 / count)
-    return statistics.median(times)
+    del graph
+    return statistics.median(times), min(times), max(times)
 
 
 def bandwidth_ceilings():
@@ -178,25 +200,104 @@ def bandwidth_ceilings():
     return read, copy
 
 
-def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays):
-    batch, q_heads, kv_heads, kv_len, head_dim = shape
-    torch.manual_seed(0)
-    kv_set_bytes = 2 * batch * kv_heads * kv_len * head_dim * torch.finfo(dtype).bits // 8
+# The shapes of issue 4: (id, batch, q_heads, kv_heads, kv_len, head_dim, kind).
+SHAPES = [
+    (1, 1, 32, 8, 32768, 128, "dense"),
+    (2, 32, 32, 8, 2048, 128, "dense"),
+    (3, 8, 64, 8, 16384, 128, "dense"),
+    (4, 256, 32, 32, 512, 128, "dense"),
+    (5, 1, 32, 32, 2048, 128, "dense"),
+    (6, 4, 16, 16, 65536, 64, "dense"),
+    (7, 2, 8, 1, 262144, 128, "dense"),
+    (8, 4, 8, 4, 16384, 256, "dense"),
+    (9, 16, 32, 8, 16384, 128, "ragged"),
+    (10, 32, 32, 8, 2048, 128, "paged"),
+]
+PAGE_SIZE = 16
+BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
+
+
+def shape_label(shape):
+    sid, b, hq, hkv, n, d, kind = shape
+    extra = {"ragged": " ragged", "paged": " paged16"}.get(kind, "")
+    return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
+
+
+def reference(q, k, v, lens=None):
+    """float64 attention; q [B, Hq, 1, D], k/v [B, Hkv, N, D]; lens masks."""
+    b, hq, _, d = q.shape
+    hkv, n = k.shape[1], k.shape[2]
+    g = hq // hkv
+    q64 = q.double().reshape(b, hkv, g, d)
+    scores = torch.matmul(q64, k.double().transpose(-1, -2)) / math.sqrt(d)
+    if lens is not None:
+        mask = torch.arange(n, device=q.device)[None, :] >= lens.long()[:, None]
+        scores.masked_fill_(mask[:, None, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.double())
+    return out.reshape(b, hq, 1, d)
+
+
+def rel_error(out, ref):
+    diff = out.double() - ref
+    return (diff.norm() / ref.norm()).item(), diff.abs().max().item()
+
+
+def load_seed(path):
+    if not path:
+        return None
+    sys.path.insert(0, path)
+    try:
+        from flash_decode_splitk import flash_decode_splitk  # noqa: E402
+    except Exception as error:  # no Triton, or no seed
+        print(f"seed kernel not loaded from {path}: {error}")
+        return None
+    return flash_decode_splitk
+
+
+def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
+    sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
+    group = q_heads // kv_heads
+    elem = torch.finfo(dtype).bits // 8
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1000 + sid)
+    kv_set_bytes = 2 * batch * kv_heads * kv_len * head_dim * elem
     sets = max(2, math.ceil(min_rotation_bytes / kv_set_bytes))
-    qs = [torch.randn(batch, q_heads, 1, head_dim, device="cuda", dtype=dtype) for _ in range(sets)]
-    ks = [torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype) for _ in range(sets)]
-    vs = [torch.randn(batch, kv_heads, kv_len, head_dim, device="cuda", dtype=dtype) for _ in range(sets)]
+
+    def randn(*size):
+        return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
+
+    qs = [randn(batch, q_heads, 1, head_dim) for _ in range(sets)]
+    lens = None
+    tables = None
+    if kind == "paged":
+        pages = batch * kv_len // PAGE_SIZE
+        pools_k = [randn(pages, PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
+        pools_v = [randn(pages, PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
+        perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+        table = perm.reshape(batch, kv_len // PAGE_SIZE).contiguous()
+        tables = table
+
+        def dense(pool):  # [B, Hkv, N, D] gathered through the block table
+            return pool[table.long()].reshape(batch, kv_len, kv_heads, head_dim).permute(0, 2, 1, 3).contiguous()
+
+        ks = [dense(p) for p in pools_k]
+        vs = [dense(p) for p in pools_v]
+    else:
+        ks = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        vs = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        if kind == "ragged":
+            lens = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     outs = [torch.empty_like(q) for q in qs]
-    io_bytes = 2 * batch * q_heads * head_dim * torch.finfo(dtype).bits // 8
-    moved = kv_set_bytes + io_bytes
 
-    # Reference for set 0: float32 math.
-    ref = F.scaled_dot_product_attention(
-        qs[0].float(), ks[0].float(), vs[0].float(), enable_gqa=True
-    )
-    results = []
+    real_tokens = int(lens.sum().item()) if lens is not None else batch * kv_len
+    moved = 2 * kv_heads * head_dim * elem * real_tokens + 2 * batch * q_heads * head_dim * elem
+    ref_dense = reference(qs[0], ks[0], vs[0])
+    ref_fd = reference(qs[0], ks[0], vs[0], lens) if lens is not None else ref_dense
 
-    fd_args = [decode_args(fd, qs[i], ks[i], vs[i], outs[i]) for i in range(sets)]
+    if kind == "paged":
+        fd_args = [decode_args(fd, qs[i], pools_k[i], pools_v[i], outs[i], block_table=tables) for i in range(sets)]
+    else:
+        fd_args = [decode_args(fd, qs[i], ks[i], vs[i], outs[i], seq_lens=lens) for i in range(sets)]
     workspace = ctypes.c_size_t()
     fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)), "fd_workspace_size")
     fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
@@ -207,7 +308,7 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays):
             fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
         return sets
 
-    implementations = [("flashdecode", flashdecode_calls, lambda: outs[0])]
+    implementations = [("flashdecode", flashdecode_calls, lambda: outs[0], ref_fd)]
     for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         holder = {}
 
@@ -219,77 +320,194 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays):
                         holder["out"] = o
             return sets
 
-        implementations.append((name, sdpa_calls, lambda holder=holder: holder["out"]))
+        implementations.append((name, sdpa_calls, lambda holder=holder: holder["out"], ref_dense))
+    seed_kv = None
+    if seed is not None:
+        holder = {}
+        if head_dim in (16, 32, 64, 128):  # the seed's head dims
+            seed_kv = [(k.repeat_interleave(group, dim=1).contiguous() if group > 1 else k,
+                        v.repeat_interleave(group, dim=1).contiguous() if group > 1 else v) for k, v in zip(ks, vs)]
 
-    for name, calls, first_out in implementations:
-        row = {"impl": name, "shape": list(shape), "dtype": str(dtype).replace("torch.", ""), "kv_sets": sets}
+        def seed_calls(holder=holder):
+            if seed_kv is None:
+                raise RuntimeError(f"seed: head_dim {head_dim} unsupported")
+            for i in range(sets):
+                o = seed(qs[i], seed_kv[i][0], seed_kv[i][1])
+                if i == 0:
+                    holder["out"] = o
+            return sets
+
+        implementations.append(("seed", seed_calls, lambda holder=holder: holder["out"], ref_dense))
+
+    results = []
+    bound = BOUNDS[str(dtype).replace("torch.", "")]
+    for name, calls, first_out, ref in implementations:
+        row = {"impl": name, "shape_id": sid, "shape": [batch, q_heads, kv_heads, kv_len, head_dim], "kind": kind,
+               "label": shape_label(shape), "dtype": str(dtype).replace("torch.", ""), "kv_sets": sets,
+               "kv_mib": kv_set_bytes / 2**20, "real_tokens": real_tokens, "bytes": moved}
+        if name == "seed" and group > 1:
+            row["kv_expanded"] = group  # the seed has no GQA: it reads K/V repeated per query head
         try:
-            seconds = time_graph(calls, replays)
+            calls()  # once, eagerly: the output is checked before timing
             torch.cuda.synchronize()
-            row.update(
-                us=seconds * 1e6,
-                gbps=moved / seconds * 1e-9,
-                max_abs_err=(first_out().float() - ref).abs().max().item(),
-            )
+            rel, max_abs = rel_error(first_out(), ref)
+            row.update(rel_err=rel, max_abs_err=max_abs, ok=bool(rel <= bound))
+            median, fastest, slowest = time_graph(calls, replays)
+            torch.cuda.synchronize()
+            row.update(us=median * 1e6, us_min=fastest * 1e6, us_max=slowest * 1e6, gbps=moved / median * 1e-9)
         except Exception as error:  # an SDPA backend may refuse a shape
-            row["error"] = str(error).splitlines()[0][:120]
+            row["error"] = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
         results.append(row)
-    del qs, ks, vs, outs
+    del qs, ks, vs, outs, seed_kv, fd_args
     torch.cuda.empty_cache()
-    return results, kv_set_bytes
+    return results
+
+
+def summarise(rows, shapes, dtypes):
+    """Per shape and dtype: flashdecode vs the best anchor that passed its check."""
+    table = []
+    for dtype in dtypes:
+        ratios = []
+        for shape in shapes:
+            here = [r for r in rows if r["shape_id"] == shape[0] and r["dtype"] == dtype and "us" in r]
+            fd = next((r for r in here if r["impl"] == "flashdecode"), None)
+            anchors = [r for r in here if r["impl"] != "flashdecode" and r.get("ok")]
+            if fd is None or not anchors:
+                continue
+            best = min(anchors, key=lambda r: r["us"])
+            ratio = best["us"] / fd["us"]
+            fd["best_anchor"] = best["impl"]
+            fd["speedup_vs_best_anchor"] = ratio
+            if shape[0] <= 8:
+                ratios.append(ratio)
+            table.append((dtype, shape, fd, best, ratio))
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            table.append((dtype, None, None, None, geo))
+    return table
+
+
+def plot(path, rows, shapes, dtypes, impls):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 4.2 * len(dtypes)), squeeze=False)
+    width = 0.8 / len(impls)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        top = 100.0
+        for j, impl in enumerate(impls):
+            xs, ys = [], []
+            for i, shape in enumerate(shapes):
+                r = next((r for r in rows if r["shape_id"] == shape[0] and r["dtype"] == dtype and r["impl"] == impl
+                          and "pct_of_read" in r), None)
+                if r is not None:
+                    xs.append(i + (j - (len(impls) - 1) / 2) * width)
+                    ys.append(r["pct_of_read"])
+            label = "seed (K/V expanded for GQA)" if impl == "seed" else impl
+            ax.bar(xs, ys, width, label=label)
+            top = max([top] + ys)
+        ax.axhline(90, color="gray", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([shape_label(s) for s in shapes], rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("% of streaming-read ceiling")
+        ax.grid(axis="y", linewidth=0.3)
+        ax.set_title(f"decode attention on the H200, {dtype} (median under CUDA graph replay, KV rotated)")
+        ax.set_ylim(0, top * 1.08)
+        ax.legend(fontsize=8, ncol=len(impls))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(all_rows, shapes, dtypes, plot_path):
+    """The results table, flashdecode against the best anchor, and the plot."""
+    print("=== results (median under CUDA graph replay, KV rotated; GB/s over the bytes that must move)")
+    print(f"{'shape B x Hq/Hkv x N x D':<34} {'dtype':<8} {'KV MiB':>7} {'impl':<13} {'us':>9} {'GB/s':>6} {'%read':>6} "
+          f"{'rel err':>8}")
+    for r in all_rows:
+        head = f"{r['label']:<34} {r['dtype']:<8} {r['kv_mib']:>7.0f} {r['impl']:<13}"
+        if "error" in r:
+            print(f"{head} n/a: {r['error']}")
+        else:
+            flag = "" if r["ok"] else " CHECK FAILED"
+            print(f"{head} {r['us']:>9.1f} {r['gbps']:>6.0f} {r['pct_of_read']:>6.1f} {r['rel_err']:>8.1e}{flag}")
+    summary = summarise(all_rows, shapes, dtypes)
+    print("=== flashdecode vs the best anchor (best anchor time / flashdecode time; > 1: flashdecode faster)")
+    for dtype, shape, fd_row, best, ratio in summary:
+        if shape is None:
+            print(f"{dtype:<8} geometric mean over shapes 1-8: {ratio:.2f}")
+        else:
+            print(f"{dtype:<8} {shape_label(shape):<34} flashdecode {fd_row['us']:>8.1f} us {fd_row['pct_of_read']:>5.1f}%  "
+                  f"best {best['impl']:<13} {best['us']:>8.1f} us  ratio {ratio:.2f}")
+    if plot_path:
+        impls = []
+        for r in all_rows:
+            if r["impl"] not in impls:
+                impls.append(r["impl"])
+        try:
+            plot(plot_path, all_rows, shapes, dtypes, impls)
+        except Exception as error:
+            print(f"plot failed: {error}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", required=True, help="path of libflashdecode.so.0")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
+    parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
+    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated shape ids (1..10)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
-    parser.add_argument(
-        "--shapes",
-        default="1x32/8x32768x128,32x32/8x2048x128,8x64/8x16384x128,4x32/32x8192x128",
-        help="comma-separated BATCHxQHEADS/KVHEADSxKVLENxHEADDIM",
-    )
+    default_seed = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "..", ".seed")
+    parser.add_argument("--seed-dir", default=default_seed, help="folder of flash_decode_splitk.py ('' to skip)")
+    parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
-    shapes = []
-    for text in args.shapes.split(","):
-        b, heads, n, d = text.split("x")
-        hq, hkv = heads.split("/")
-        shapes.append((int(b), int(hq), int(hkv), int(n), int(d)))
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    wanted = {int(x) for x in args.shapes.split(",") if x}
+    shapes = [s for s in SHAPES if s[0] in wanted]
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        rows = saved["results"]
+        for r in rows:  # older runs named the expanded seed apart
+            if r["impl"].startswith("seed"):
+                r["impl"] = "seed"
+        dtypes = [d for d in dtypes if any(r["dtype"] == d for r in rows)]
+        print(f"ceilings: streaming read {saved['read_ceiling_gbps']:.0f} GB/s, device-to-device copy "
+              f"{saved['copy_gbps']:.0f} GB/s (read + written)")
+        report(rows, shapes, dtypes, args.plot)
+        return 0
+    if torch is None:
+        parser.error("PyTorch is needed to run the comparison")
 
     fd = FlashDecode(args.lib)
     handle = fd.create_cuda_handle(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(0)
+    seed = load_seed(args.seed_dir)
     ceiling, copy = bandwidth_ceilings()
     print(f"flashdecode {fd.version}, torch {torch.__version__}, {props.name}, {props.multi_processor_count} SMs")
     print(f"ceilings: streaming read {ceiling * 1e-9:.0f} GB/s, device-to-device copy {copy * 1e-9:.0f} GB/s (read + written)")
     all_rows = []
-    for shape in shapes:
-        rows, kv_bytes = run_shape(fd, handle, shape, dtype, args.rotation_mib << 20, args.replays)
-        for row in rows:
-            row["kv_mib"] = kv_bytes / 2**20
-            if "gbps" in row:
-                row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
-        all_rows.extend(rows)
+    for dtype_name in dtypes:
+        for shape in shapes:
+            rows = run_shape(fd, handle, shape, getattr(torch, dtype_name), args.rotation_mib << 20, args.replays, seed)
+            for row in rows:
+                if "gbps" in row:
+                    row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
+            all_rows.extend(rows)
     fd.lib.fd_destroy(handle)
 
-    print("=== results (median under CUDA graph replay, KV rotated)")
-    print(f"{'shape B x Hq/Hkv x N x D':<26} {'KV MiB':>7} {'impl':<12} {'us':>9} {'GB/s':>7} {'%read':>6} {'max|err|':>9}")
-    for r in all_rows:
-        b, hq, hkv, n, d = r["shape"]
-        label = f"{b}x{hq}/{hkv}x{n}x{d} {r['dtype']}"
-        if "error" in r:
-            print(f"{label:<26} {r['kv_mib']:>7.0f} {r['impl']:<12} n/a: {r['error']}")
-        else:
-            print(
-                f"{label:<26} {r['kv_mib']:>7.0f} {r['impl']:<12} {r['us']:>9.1f} {r['gbps']:>7.0f} "
-                f"{r['pct_of_read']:>6.1f} {r['max_abs_err']:>9.2g}"
-            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"read_ceiling_gbps": ceiling * 1e-9, "copy_gbps": copy * 1e-9, "results": all_rows}, f, indent=1)
+            json.dump({"read_ceiling_gbps": ceiling * 1e-9, "copy_gbps": copy * 1e-9, "device": props.name,
+                       "torch": torch.__version__, "flashdecode": fd.version, "results": all_rows}, f, indent=1)
+    report(all_rows, shapes, dtypes, args.plot)
+    failed = [r for r in all_rows if r["impl"] == "flashdecode" and not r.get("ok")]
+    if failed:
+        print(f"flashdecode failed its check on {len(failed)} case(s)")
+        return 1
     return 0
 
 

@@ -8,6 +8,21 @@
  *
  *   flashdecode [--backend auto|cpu|cuda] [--batch B] [--q-heads H] [--kv-heads H]
  *               [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]
+ *
+ * Benchmark mode (CUDA backend): shapes from an argument or a file, each as
+ * BATCHxQHEADS/KVHEADSxKVLENxHEADDIM (dense BNHD cache, every sequence full):
+ *
+ *   flashdecode --bench 1x32/8x32768x128,32x32/8x2048x128 [--dtype f16|bf16|f32]
+ *               [--bench-file shapes.txt] [--rotate-mib 1024] [--iters I] [--json out.json]
+ *
+ * For each shape it allocates as many K/V sets as make --rotate-mib (at least
+ * two), so that the timed reads come from memory, not from L2; times I
+ * launches one by one with CUDA events (rotating the sets) and I replays of a
+ * CUDA graph that decodes every set once; and reports medians, spread, the
+ * effective bandwidth over the bytes that must move (K and V once, q, out) and
+ * its share of the device-to-device copy rate it measures first (bytes read +
+ * written: a memory ceiling that needs no kernel of its own). A table goes to
+ * stdout, JSON to --json.
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,13 +43,19 @@ typedef struct demo_options {
   fd_backend backend;
   fdt_case c;
   int iters;
+  const char *bench;       /* comma-separated shapes, or NULL */
+  const char *bench_file;  /* one shape a line, '#' comments, or NULL */
+  const char *json;        /* benchmark JSON output, or NULL */
+  long long rotate_mib;
 } demo_options;
 
 static int usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--backend auto|cpu|cuda] [--batch B] [--q-heads H] [--kv-heads H] [--kv-len N]\n"
-          "          [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n",
-          argv0);
+          "          [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n"
+          "       %s --bench BxHQ/HKVxNxD[,...] | --bench-file FILE [--dtype f16|bf16|f32] [--rotate-mib M]\n"
+          "          [--iters I] [--json FILE]\n",
+          argv0, argv0);
   return 2;
 }
 
@@ -51,13 +72,20 @@ static int parse(int argc, char **argv, demo_options *o) {
   o->c.with_lse = 1;
   o->c.seed = (uint64_t)time(NULL);
   o->iters = 20;
+  o->rotate_mib = 1024;
   for (int i = 1; i < argc; ++i) {
     const char *flag = argv[i];
     const char *value = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) return usage(argv[0]);
     if (value == NULL) return usage(argv[0]);
     ++i;
-    if (strcmp(flag, "--backend") == 0) {
+    if (strcmp(flag, "--bench") == 0) {
+      o->bench = value;
+    } else if (strcmp(flag, "--bench-file") == 0) {
+      o->bench_file = value;
+    } else if (strcmp(flag, "--json") == 0) {
+      o->json = value;
+    } else if (strcmp(flag, "--backend") == 0) {
       if (strcmp(value, "auto") == 0) o->backend = FD_BACKEND_AUTO;
       else if (strcmp(value, "cpu") == 0) o->backend = FD_BACKEND_CPU;
       else if (strcmp(value, "cuda") == 0) o->backend = FD_BACKEND_CUDA;
@@ -79,6 +107,7 @@ static int parse(int argc, char **argv, demo_options *o) {
       else if (strcmp(flag, "--head-dim") == 0) o->c.head_dim = n;
       else if (strcmp(flag, "--splits") == 0) o->c.num_splits = (int32_t)n;
       else if (strcmp(flag, "--iters") == 0) o->iters = (int)(n > 0 ? n : 1);
+      else if (strcmp(flag, "--rotate-mib") == 0) o->rotate_mib = n > 0 ? n : 1;
       else return usage(argv[0]);
     }
   }
@@ -159,9 +188,339 @@ static int run_cpu(fd_handle *h, fdt_problem *p, int iters, double *times) {
   return 0;
 }
 
+#ifdef FD_DEMO_WITH_CUDA
+/* ---- benchmark mode ---------------------------------------------------------- */
+typedef struct bench_shape {
+  long long batch, q_heads, kv_heads, kv_len, head_dim;
+} bench_shape;
+
+static int parse_shape(const char *text, bench_shape *s) {
+  char tail = 0;
+  const int n = sscanf(text, " %lldx%lld/%lldx%lldx%lld %c", &s->batch, &s->q_heads, &s->kv_heads, &s->kv_len,
+                       &s->head_dim, &tail);
+  return n == 5 && s->batch > 0 && s->q_heads > 0 && s->kv_heads > 0 && s->kv_len > 0 && s->head_dim > 0 ? 0 : -1;
+}
+
+/* Shapes from a comma-separated list and/or a file (one a line, '#' starts a comment). */
+static int collect_shapes(const demo_options *o, bench_shape **shapes, int *count) {
+  int capacity = 16, n = 0;
+  bench_shape *list = malloc((size_t)capacity * sizeof *list);
+  if (list == NULL) return -1;
+  char line[256];
+  const char *sources[2] = {o->bench, NULL};
+  FILE *file = NULL;
+  if (o->bench_file != NULL) {
+    file = fopen(o->bench_file, "r");
+    if (file == NULL) {
+      fprintf(stderr, "flashdecode: cannot open %s\n", o->bench_file);
+      free(list);
+      return -1;
+    }
+  }
+  for (int src = 0; src < 2; ++src) {
+    const char *text = sources[src];
+    while (1) {
+      if (src == 0) {
+        if (text == NULL || *text == '\0') break;
+        const char *comma = strchr(text, ',');
+        const size_t len = comma ? (size_t)(comma - text) : strlen(text);
+        if (len >= sizeof line) return -1;
+        memcpy(line, text, len);
+        line[len] = '\0';
+        text = comma ? comma + 1 : text + len;
+      } else {
+        if (file == NULL || fgets(line, sizeof line, file) == NULL) break;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+      }
+      if (n == capacity) {
+        capacity *= 2;
+        bench_shape *grown = realloc(list, (size_t)capacity * sizeof *list);
+        if (grown == NULL) return -1;
+        list = grown;
+      }
+      if (parse_shape(line, &list[n]) != 0) {
+        fprintf(stderr, "flashdecode: bad shape '%s' (want BATCHxQHEADS/KVHEADSxKVLENxHEADDIM)\n", line);
+        if (file) fclose(file);
+        free(list);
+        return -1;
+      }
+      ++n;
+    }
+  }
+  if (file) fclose(file);
+  *shapes = list;
+  *count = n;
+  return 0;
+}
+
+/* Random finite values in +-[0.125, 0.5) as raw bits of the dtype. */
+static void fill_random(fd_dtype dtype, void *dst, size_t elements, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < elements; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const uint32_t r = (uint32_t)(x >> 16);
+    if (dtype == FD_DTYPE_F32) {
+      ((uint32_t *)dst)[i] = ((r & 1u) << 31) | ((124u + ((r >> 1) & 1u)) << 23) | ((r >> 2) & 0x7FFFFFu);
+    } else if (dtype == FD_DTYPE_F16) {
+      ((uint16_t *)dst)[i] = (uint16_t)(((r & 1u) << 15) | ((12u + ((r >> 1) & 1u)) << 10) | ((r >> 2) & 0x3FFu));
+    } else {
+      ((uint16_t *)dst)[i] = (uint16_t)(((r & 1u) << 15) | ((124u + ((r >> 1) & 1u)) << 7) | ((r >> 2) & 0x7Fu));
+    }
+  }
+}
+
+static fd_tensor dense_tensor(void *data, fd_dtype dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  fd_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = 4;
+  const int64_t shape[4] = {d0, d1, d2, d3};
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+static double median_of(double *values, int n) {
+  qsort(values, (size_t)n, sizeof *values, compare_doubles);
+  return values[n / 2];
+}
+
+/* Device-to-device copy rate over 1 GiB (bytes read + written), median of 7. */
+static double copy_ceiling_gbps(void) {
+  const size_t bytes = (size_t)1 << 30;
+  void *a = NULL, *b = NULL;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    cudaGetLastError();
+    return 0.0;
+  }
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  double t[7];
+  for (int i = -1; i < 7; ++i) {
+    cudaEventRecord(start, NULL);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, NULL);
+    cudaEventRecord(stop, NULL);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 0) t[i] = ms * 1e-3;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * (double)bytes / median_of(t, 7) * 1e-9;
+}
+
+typedef struct bench_result {
+  int sets;
+  double kv_mib, bytes;
+  double event_median, event_min, event_max;
+  double graph_median, graph_min, graph_max;
+} bench_result;
+
+static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const demo_options *o, bench_result *r) {
+  const size_t es = fdt_dtype_size(dtype);
+  const size_t kv_elems = (size_t)(sh->batch * sh->kv_len * sh->kv_heads * sh->head_dim);
+  const size_t q_elems = (size_t)(sh->batch * sh->q_heads * sh->head_dim);
+  const double set_bytes = 2.0 * (double)kv_elems * (double)es;
+  int sets = (int)ceil((double)o->rotate_mib * 1048576.0 / set_bytes);
+  if (sets < 2) sets = 2;
+  r->sets = sets;
+  r->kv_mib = set_bytes / 1048576.0;
+  r->bytes = set_bytes + 2.0 * (double)q_elems * (double)es;
+
+  int rc = 1;
+  void **mem = calloc((size_t)sets * 4, sizeof *mem); /* q, k, v, out per set */
+  fd_decode_args *args = calloc((size_t)sets, sizeof *args);
+  double *times = calloc((size_t)o->iters, sizeof *times);
+  void *host = malloc(kv_elems * es > q_elems * es ? kv_elems * es : q_elems * es);
+  cudaStream_t stream = NULL;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaEvent_t start = NULL, stop = NULL;
+  if (mem == NULL || args == NULL || times == NULL || host == NULL) goto done;
+  for (int i = 0; i < sets; ++i) {
+    if (cudaMalloc(&mem[4 * i + 0], q_elems * es) != cudaSuccess || cudaMalloc(&mem[4 * i + 1], kv_elems * es) != cudaSuccess ||
+        cudaMalloc(&mem[4 * i + 2], kv_elems * es) != cudaSuccess || cudaMalloc(&mem[4 * i + 3], q_elems * es) != cudaSuccess) {
+      fprintf(stderr, "flashdecode: out of device memory for %d K/V sets\n", sets);
+      goto done;
+    }
+  }
+  /* K, then V, then every q: random bits; sets after the first copy them on the device. */
+  fill_random(dtype, host, kv_elems, 1);
+  cudaMemcpy(mem[1], host, kv_elems * es, cudaMemcpyHostToDevice);
+  fill_random(dtype, host, kv_elems, 2);
+  cudaMemcpy(mem[2], host, kv_elems * es, cudaMemcpyHostToDevice);
+  for (int i = 0; i < sets; ++i) {
+    fill_random(dtype, host, q_elems, 3 + (uint64_t)i);
+    cudaMemcpy(mem[4 * i], host, q_elems * es, cudaMemcpyHostToDevice);
+    if (i > 0) {
+      cudaMemcpy(mem[4 * i + 1], mem[1], kv_elems * es, cudaMemcpyDeviceToDevice);
+      cudaMemcpy(mem[4 * i + 2], mem[2], kv_elems * es, cudaMemcpyDeviceToDevice);
+    }
+    fd_decode_args_init(&args[i]);
+    args[i].q = dense_tensor(mem[4 * i], dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+    args[i].k = dense_tensor(mem[4 * i + 1], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
+    args[i].v = dense_tensor(mem[4 * i + 2], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
+    args[i].out = dense_tensor(mem[4 * i + 3], dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) goto done;
+  size_t workspace = 0;
+  fd_status s = fd_workspace_size(h, &args[0], &workspace);
+  if (s == FD_SUCCESS) s = fd_reserve_workspace(h, workspace);
+  if (s != FD_SUCCESS) {
+    fail_status("workspace", s);
+    goto done;
+  }
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&start) != cudaSuccess ||
+      cudaEventCreate(&stop) != cudaSuccess)
+    goto done;
+
+  /* Launches one by one, rotating the sets. */
+  for (int i = -2; i < o->iters; ++i) {
+    const int set = (i + 2) % sets;
+    cudaEventRecord(start, stream);
+    s = fd_decode(h, &args[set], (fd_cuda_stream)stream);
+    if (s != FD_SUCCESS) {
+      fail_status("fd_decode", s);
+      goto done;
+    }
+    cudaEventRecord(stop, stream);
+    if (cudaEventSynchronize(stop) != cudaSuccess) goto done;
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 0) times[i] = ms * 1e-3;
+  }
+  r->event_median = median_of(times, o->iters);
+  r->event_min = times[0];
+  r->event_max = times[o->iters - 1];
+
+  /* One graph decodes every set once; replays are timed and divided. */
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess) goto done;
+  for (int i = 0; i < sets && s == FD_SUCCESS; ++i) s = fd_decode(h, &args[i], (fd_cuda_stream)stream);
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || s != FD_SUCCESS) {
+    if (s != FD_SUCCESS) fail_status("fd_decode under capture", s);
+    goto done;
+  }
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) goto done;
+  for (int i = -2; i < o->iters; ++i) {
+    cudaEventRecord(start, stream);
+    cudaGraphLaunch(exec, stream);
+    cudaEventRecord(stop, stream);
+    if (cudaEventSynchronize(stop) != cudaSuccess) goto done;
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 0) times[i] = ms * 1e-3 / sets;
+  }
+  r->graph_median = median_of(times, o->iters);
+  r->graph_min = times[0];
+  r->graph_max = times[o->iters - 1];
+  rc = 0;
+done:
+  if (rc != 0 && cudaGetLastError() != cudaSuccess) fprintf(stderr, "flashdecode: a CUDA call failed\n");
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (stream) cudaStreamDestroy(stream);
+  if (mem) {
+    for (int i = 0; i < 4 * sets; ++i) cudaFree(mem[i]);
+  }
+  free(mem);
+  free(args);
+  free(times);
+  free(host);
+  return rc;
+}
+
+static int run_bench(const demo_options *o) {
+  bench_shape *shapes = NULL;
+  int count = 0;
+  if (collect_shapes(o, &shapes, &count) != 0) return 2;
+  if (count == 0) {
+    fprintf(stderr, "flashdecode: no shapes to benchmark\n");
+    free(shapes);
+    return 2;
+  }
+  fd_options options;
+  fd_options_init(&options);
+  options.backend = FD_BACKEND_CUDA;
+  fd_handle *h = NULL;
+  fd_status s = fd_create(&h, &options);
+  if (s != FD_SUCCESS) {
+    free(shapes);
+    return fail_status("fd_create (CUDA)", s);
+  }
+  const fd_dtype dtype = o->c.dtype;
+  const char *dtype_name = dtype == FD_DTYPE_F16 ? "f16" : dtype == FD_DTYPE_BF16 ? "bf16" : "f32";
+  const double ceiling = copy_ceiling_gbps();
+  printf("flashdecode %s benchmark, %s; device-to-device copy %.0f GB/s (read + written)\n", fd_version_string(),
+         dtype_name, ceiling);
+  printf("%-26s %8s %5s %10s %10s %10s %8s %7s\n", "shape BxHq/HkvxNxD", "KV MiB", "sets", "launch us", "graph us",
+         "spread us", "GB/s", "%copy");
+  FILE *json = o->json ? fopen(o->json, "w") : NULL;
+  if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
+  if (json) fprintf(json, "{\"dtype\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", dtype_name, ceiling);
+  int rc = 0;
+  for (int i = 0; i < count; ++i) {
+    const bench_shape *sh = &shapes[i];
+    char label[64];
+    snprintf(label, sizeof label, "%lldx%lld/%lldx%lldx%lld", sh->batch, sh->q_heads, sh->kv_heads, sh->kv_len,
+             sh->head_dim);
+    bench_result r;
+    memset(&r, 0, sizeof r);
+    if (bench_one(h, sh, dtype, o, &r) != 0) {
+      printf("%-26s failed\n", label);
+      rc = 1;
+      continue;
+    }
+    const double gbps = r.bytes / r.graph_median * 1e-9;
+    printf("%-26s %8.1f %5d %10.1f %10.1f %10.1f %8.0f %7.1f\n", label, r.kv_mib, r.sets, r.event_median * 1e6,
+           r.graph_median * 1e6, (r.graph_max - r.graph_min) * 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0);
+    if (json) {
+      fprintf(json,
+              "%s\n {\"shape\": \"%s\", \"kv_mib\": %.3f, \"sets\": %d, \"bytes\": %.0f, \"launch_us\": {\"median\": %.3f, "
+              "\"min\": %.3f, \"max\": %.3f}, \"graph_us\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}, "
+              "\"gbps\": %.1f, \"pct_of_copy\": %.2f}",
+              i ? "," : "", label, r.kv_mib, r.sets, r.bytes, r.event_median * 1e6, r.event_min * 1e6,
+              r.event_max * 1e6, r.graph_median * 1e6, r.graph_min * 1e6, r.graph_max * 1e6, gbps,
+              ceiling > 0 ? 100.0 * gbps / ceiling : 0.0);
+    }
+  }
+  if (json) {
+    fprintf(json, "\n]}\n");
+    fclose(json);
+  }
+  fd_destroy(h);
+  free(shapes);
+  return rc;
+}
+#endif
+
 int main(int argc, char **argv) {
   demo_options o;
   if (parse(argc, argv, &o) != 0) return 2;
+  if (o.bench != NULL || o.bench_file != NULL) {
+#ifdef FD_DEMO_WITH_CUDA
+    return run_bench(&o);
+#else
+    fprintf(stderr, "flashdecode: benchmark mode needs the CUDA build\n");
+    return 2;
+#endif
+  }
 
   fd_options options;
   fd_options_init(&options);

@@ -11,7 +11,9 @@
  *
  * Exits 77 (CTest: skipped) without a CUDA device.
  * FD_GPU_TEST_QUICK=1 shrinks the matrix (for compute-sanitizer) and skips
- * the multi-GiB large-offset test. FD_GPU_TEST_SEED=n draws other data. */
+ * the multi-GiB large-offset test. FD_GPU_TEST_SEED=n draws other data.
+ * 16-bit cases with a 16-bit output run the tensor-core kernel; the rest,
+ * and unaligned caches, the CUDA-core kernel. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -199,6 +201,48 @@ static int make_matrix(fdt_case *cases, int quick) {
 #undef FDT_CASE_COST
   }
   return count;
+}
+
+/* ---- tensor-core path ------------------------------------------------------- */
+/* The matrix sends every 16-bit case with a 16-bit output and aligned rows
+ * through the tensor-core kernel (about half of it). These add longer caches
+ * than its budget allows: many pipeline tiles and splits per sequence, every
+ * head-dim bucket, a page size that is not a power of two, a group of 5. */
+enum { kTensorCoreCases = 5 };
+
+static int make_tensor_core_cases(fdt_case *cases, int quick) {
+  static const struct {
+    fd_dtype dtype;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, quick_len, page_size;
+    fdt_layout layout;
+    int ragged;
+    int32_t splits;
+    double scale;
+  } spec[kTensorCoreCases] = {
+      {FD_DTYPE_F16, 1, 32, 8, 128, 20000, 1200, 0, FDT_BHND, 0, 0, 0.0},
+      {FD_DTYPE_BF16, 2, 8, 4, 256, 5000, 600, 16, FDT_PAGED_NHD, 1, 0, 0.0},
+      {FD_DTYPE_F16, 3, 16, 16, 64, 3000, 500, 7, FDT_PAGED_HND, 1, 3, 0.0},
+      {FD_DTYPE_BF16, 4, 64, 8, 128, 2000, 300, 0, FDT_BNHD, 0, 1, 0.0},
+      {FD_DTYPE_F16, 2, 40, 8, 72, 2500, 400, 0, FDT_BNHD_PADDED, 1, 0, 0.3},
+  };
+  for (int i = 0; i < kTensorCoreCases; ++i) {
+    fdt_case *c = &cases[i];
+    memset(c, 0, sizeof *c);
+    c->dtype = c->out_dtype = spec[i].dtype;
+    c->batch = spec[i].batch;
+    c->q_heads = spec[i].q_heads;
+    c->kv_heads = spec[i].kv_heads;
+    c->head_dim = spec[i].head_dim;
+    c->kv_len = quick ? spec[i].quick_len : spec[i].kv_len;
+    c->page_size = spec[i].page_size;
+    c->layout = spec[i].layout;
+    c->ragged = spec[i].ragged;
+    c->with_lse = 1;
+    c->num_splits = spec[i].splits;
+    c->softmax_scale = spec[i].scale;
+    c->seed = g_seed * 7919u + 31u * (uint64_t)i;
+  }
+  return kTensorCoreCases;
 }
 
 /* ---- single tests ------------------------------------------------------------ */
@@ -778,12 +822,19 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + 16];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 16];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
     snprintf(names[i], sizeof names[i], "matrix_case_%03d", i);
     tests[n++] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
+  }
+  static fdt_case tc_cases[kTensorCoreCases];
+  static char tc_names[kTensorCoreCases][32];
+  const int tc_count = make_tensor_core_cases(tc_cases, g_quick);
+  for (int i = 0; i < tc_count; ++i) {
+    snprintf(tc_names[i], sizeof tc_names[i], "tensor_core_case_%d", i);
+    tests[n++] = (struct CMUnitTest){tc_names[i], run_case, NULL, NULL, &tc_cases[i]};
   }
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);

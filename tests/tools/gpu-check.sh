@@ -14,7 +14,13 @@
 #   cmake --build build-h200
 #
 # FD_GPU_CHECK_STEPS picks steps (default: "tests memcheck racecheck initcheck
-# synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in seconds.
+# synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in seconds
+# (racecheck over the tensor-core kernel did not finish the quick suite in 90 s
+# on the H200: give it FD_GPU_CHECK_TIMEOUT=600 on its own)
+# (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
+# FD_GPU_CHECK_SDPA_ARGS adds arguments to compare_sdpa.py (e.g.
+# "--dtypes float16 --shapes 1,2,3"). The seed Triton kernel is timed when
+# .seed/flash_decode_splitk.py exists (copy it from ../shared/seed/).
 set -uo pipefail
 
 if [ $# -ne 1 ] || [ ! -d "$1" ]; then
@@ -27,6 +33,7 @@ logs=${OUT:-$build/gpu-check}
 mkdir -p "$logs"
 steps=${FD_GPU_CHECK_STEPS:-tests memcheck racecheck initcheck synccheck demo sdpa}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
+sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}
 export PATH="$PATH:/usr/local/cuda/bin"
 export PYTHONUNBUFFERED=1
 test_program=$build/tests/gpu/test_cuda_decode
@@ -65,7 +72,9 @@ sanitize() {
   note "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/$tool.log" | tr -s ' =' ' ' | tr '\n' ';' | cut -c1-110)"
 }
 
-# At most 8 files under $OUT come back from the device tool: 7 logs and sdpa.json.
+# At most 8 files under $OUT come back from the device tool: the four
+# sanitizer logs are joined into sanitizers.log at the end, leaving tests.log,
+# sanitizers.log, demo.log, sdpa.log, sdpa.json and sdpa.png.
 machine=$( (nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 ||
   true) | head -1; ("$sanitizer" --version 2>&1 || true) | tail -1)
 echo "=== machine: $machine"
@@ -83,12 +92,15 @@ for step in $steps; do
     demo)
       run_step demo bash -c "'$build/flashdecode' --backend cuda --iters 50 &&
         '$build/flashdecode' --backend cuda --batch 1 --kv-len 32768 --iters 50 &&
-        '$build/flashdecode' --backend cuda --batch 8 --q-heads 40 --kv-heads 8 --head-dim 72 --dtype bf16 --kv-len 3000 --iters 20"
+        '$build/flashdecode' --backend cuda --batch 8 --q-heads 40 --kv-heads 8 --head-dim 72 --dtype bf16 --kv-len 3000 --iters 20 &&
+        '$build/flashdecode' --bench 1x32/8x32768x128,32x32/8x2048x128,8x64/8x16384x128,256x32/32x512x128,1x32/32x2048x128,4x16/16x65536x64,2x8/1x262144x128,4x8/4x16384x256 --iters 20"
       note "$(grep -E 'effective bandwidth' "$logs/demo.log" | sed 's/effective bandwidth: //' | tr '\n' ';' | cut -c1-110)"
       ;;
     sdpa)
-      run_step sdpa python3 "$root/tests/bench/compare_sdpa.py" --lib "$build/src/libflashdecode.so.0" \
-        --json "$logs/sdpa.json"
+      # shellcheck disable=SC2086 # FD_GPU_CHECK_SDPA_ARGS is a word list
+      step_timeout=$sdpa_timeout run_step sdpa python3 "$root/tests/bench/compare_sdpa.py" \
+        --lib "$build/src/libflashdecode.so.0" --json "$logs/sdpa.json" --plot "$logs/sdpa.png" \
+        ${FD_GPU_CHECK_SDPA_ARGS:-}
       ;;
     *) echo "unknown step: $step" >&2 ;;
   esac
@@ -103,6 +115,12 @@ if [ -f "$logs/sdpa.log" ]; then
   sed -n '/^ceilings:/p; /=== results/,$p' "$logs/sdpa.log"
   echo
 fi
+for tool in memcheck racecheck initcheck synccheck; do
+  if [ -f "$logs/$tool.log" ]; then
+    cat "$logs/$tool.log" >>"$logs/sanitizers.log"
+    rm -f "$logs/$tool.log"
+  fi
+done
 echo "=== gpu-check summary ($build, logs in $logs)"
 echo "$machine"
 printf '%s\n' "${summary[@]}"

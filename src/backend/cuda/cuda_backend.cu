@@ -26,6 +26,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Splits shorter than this cost more in partial-state traffic and pipeline
 // start-up than they win in parallelism.
 constexpr int64_t kMinSplitTokens = 256;
+// The planner's wave model (core/plan.cpp): a CTA's fixed cost (pipeline
+// fill, epilogue) and the merge launch, in tokens a CTA streams meanwhile.
+constexpr int64_t kSplitOverheadTokens = 64;
+constexpr int64_t kMergeOverheadTokens = 128;
+
+// The tensor-core kernel takes 16-bit inputs with a 16-bit output: P is
+// rounded to 16 bits before P V, which a float output's 1e-5 bound would not
+// absorb, so float outputs stay on the CUDA-core kernel. Decided from dtypes
+// alone, so the plan (and the workspace size) does not depend on pointers;
+// K/V rows that are not 16-byte aligned run the CUDA-core kernel on the same
+// plan.
+bool mma_eligible(const Problem &p) { return p.dtype != FD_DTYPE_F32 && p.out_dtype == p.dtype; }
 
 [[noreturn]] void fail_cuda(const char *what, cudaError_t err) {
   cudaGetLastError();  // the error is reported here; do not leave it pending
@@ -112,7 +124,7 @@ class CudaBackend final : public Backend {
     }
     check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
                "CUDA backend: reading the multiprocessor count");
-    check_cuda(cuda::prepare_kernels(ctas_per_sm_), "CUDA backend: preparing the kernels");
+    check_cuda(cuda::prepare_kernels(ctas_per_sm_, mma_ctas_per_sm_), "CUDA backend: preparing the kernels");
   }
 
   fd_backend kind() const override { return FD_BACKEND_CUDA; }
@@ -130,15 +142,19 @@ class CudaBackend final : public Backend {
   void check_contents(const Problem &) const override {}
 
   ParallelismHint parallelism(const Problem &p) const override {
-    const cuda::SplitKernelShape shape = cuda::split_kernel_shape(p.dtype, p.head_dim);
+    const bool mma = mma_eligible(p);
+    const cuda::SplitKernelShape shape = kernel_shape(p);
     const HeadTiling heads = tile_heads(p.group_size, shape.rows);
-    const int resident = std::max(1, ctas_per_sm_[p.dtype][cuda::bucket_index(shape.head_dim_bucket)]);
+    const int bucket = cuda::bucket_index(shape.head_dim_bucket);
+    const int resident = std::max(1, mma ? mma_ctas_per_sm_[p.dtype - 1][bucket] : ctas_per_sm_[p.dtype][bucket]);
     ParallelismHint hint;
     // A unit of the planner is one (sequence, KV head); each takes
     // heads.chunks CTAs per split.
     hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
     hint.min_split_tokens = kMinSplitTokens;
     hint.split_granularity = shape.tile_tokens;
+    hint.split_overhead_tokens = kSplitOverheadTokens;
+    hint.merge_overhead_tokens = kMergeOverheadTokens;
     return hint;
   }
 
@@ -164,7 +180,10 @@ class CudaBackend final : public Backend {
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
-    const cuda::SplitKernelShape shape = cuda::split_kernel_shape(p.dtype, p.head_dim);
+    const bool aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
+    const bool mma = mma_eligible(p) && aligned;
+    const cuda::SplitKernelShape shape =
+        mma ? cuda::mma_kernel_shape(p.head_dim) : cuda::split_kernel_shape(p.dtype, p.head_dim);
     const HeadTiling heads = tile_heads(p.group_size, shape.rows);
     auto *base = static_cast<char *>(workspace);
 
@@ -178,7 +197,7 @@ class CudaBackend final : public Backend {
       s.k_strides[d] = p.k.strides[d];
       s.v_strides[d] = p.v.strides[d];
     }
-    s.kv_aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
+    s.kv_aligned = aligned;
     if (p.has_seq_lens) {
       s.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
       s.seq_lens_stride = p.seq_lens.strides[0];
@@ -190,6 +209,10 @@ class CudaBackend final : public Backend {
       // Validation bounds max_pages * page_size by INT32_MAX; a table with no
       // columns leaves page_size unbounded but unused.
       s.page_size = static_cast<int32_t>(std::min<int64_t>(p.page_size, INT32_MAX));
+      if (s.page_size > 0 && (s.page_size & (s.page_size - 1)) == 0) {
+        s.page_shift = 0;
+        while ((1 << s.page_shift) < s.page_size) ++s.page_shift;
+      }
     }
     s.batch = p.batch;
     s.kv_capacity = static_cast<int32_t>(p.kv_capacity);
@@ -233,15 +256,21 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 ? &merge : nullptr,
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 ? &merge : nullptr, mma,
                                    reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
 
  private:
+  // The kernel the plan is made for (see mma_eligible).
+  static cuda::SplitKernelShape kernel_shape(const Problem &p) {
+    return mma_eligible(p) ? cuda::mma_kernel_shape(p.head_dim) : cuda::split_kernel_shape(p.dtype, p.head_dim);
+  }
+
   int device_;
   int sm_count_ = 1;
-  int ctas_per_sm_[3][3] = {};  // [dtype][head-dim bucket]
+  int ctas_per_sm_[3][3] = {};      // [dtype][head-dim bucket]
+  int mma_ctas_per_sm_[2][3] = {};  // [dtype - 1][head-dim bucket], f16 and bf16
 };
 
 // The device count and compute capability, or why the device is unusable.

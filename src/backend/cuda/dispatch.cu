@@ -1,9 +1,11 @@
 // The one place where runtime choices become template parameters: the
 // storage dtype and the head-dim bucket pick the split kernel, the output
 // dtype picks the merge kernel. Every kernel instantiation of the library is
-// here: 3 dtypes x 3 buckets split kernels and 3 merge kernels.
+// here: 3 dtypes x 3 buckets CUDA-core split kernels, 2 dtypes x 3 buckets
+// tensor-core split kernels and 3 merge kernels.
 #include "backend/cuda/launch.h"
 #include "backend/cuda/merge_kernel.cuh"
+#include "backend/cuda/mma_kernel.cuh"
 #include "backend/cuda/split_kernel.cuh"
 
 namespace fd {
@@ -15,6 +17,13 @@ template <class T, int kBucket>
 struct SplitKernel {
   using Traits = SplitTraits<T, kBucket>;
   static constexpr auto function = split_kernel<T, kBucket>;
+};
+
+// A tensor-core split kernel as a value.
+template <class T, int kBucket>
+struct MmaKernel {
+  using Traits = MmaTraits<kBucket>;
+  static constexpr auto function = mma_split_kernel<T, kBucket>;
 };
 
 int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
@@ -36,6 +45,53 @@ auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
     case FD_DTYPE_BF16: return with_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, body);
     default: return with_bucket<StorageOf<FD_DTYPE_F32>::type>(bucket, body);
   }
+}
+
+template <class T, class Body>
+auto with_mma_bucket(int bucket, Body &&body) {
+  switch (bucket) {
+    case 64: return body(MmaKernel<T, 64>{});
+    case 128: return body(MmaKernel<T, 128>{});
+    default: return body(MmaKernel<T, 256>{});
+  }
+}
+
+// Calls body(MmaKernel<T, bucket>{}) for the storage type of dtype (f16 or bf16).
+template <class Body>
+auto with_mma_kernel(fd_dtype dtype, int bucket, Body &&body) {
+  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, body);
+  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, body);
+}
+
+template <class Kernel>
+cudaError_t launch_split(const SplitParams &split, cudaStream_t stream) {
+  using Traits = typename Kernel::Traits;
+  cudaLaunchConfig_t config = {};
+  const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
+  config.gridDim = dim3(static_cast<unsigned>(ctas_per_sequence),
+                        static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, Kernel::function, split);
+}
+
+template <class Kernel>
+cudaError_t prepare(int &ctas_per_sm) {
+  using Traits = typename Kernel::Traits;
+  cudaError_t e =
+      cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  // All of L1 as shared memory: these kernels stream through shared memory
+  // and want as many CTAs resident as it holds.
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(Kernel::function, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  }
+  if (e == cudaSuccess) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, Kernel::function, Traits::kThreads,
+                                                      Traits::kSmemBytes);
+  }
+  return e;
 }
 
 template <class OutT>
@@ -68,7 +124,20 @@ SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
   });
 }
 
-cudaError_t prepare_kernels(int ctas_per_sm[3][3]) {
+SplitKernelShape mma_kernel_shape(int64_t head_dim) {
+  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), [](auto kernel) {
+    using Traits = typename decltype(kernel)::Traits;
+    SplitKernelShape shape;
+    shape.head_dim_bucket = Traits::kBucket;
+    shape.threads = Traits::kThreads;
+    shape.rows = Traits::kHeads;
+    shape.tile_tokens = Traits::kTileTokens;
+    shape.smem_bytes = Traits::kSmemBytes;
+    return shape;
+  });
+}
+
+cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]) {
   // Touching every kernel here also loads it now: with lazy loading, a first
   // load inside fd_decode could synchronise the context or land in a graph
   // capture.
@@ -79,17 +148,12 @@ cudaError_t prepare_kernels(int ctas_per_sm[3][3]) {
   if (merge_err != cudaSuccess) return merge_err;
   for (int d = 0; d < 3; ++d) {
     for (int b = 0; b < 3; ++b) {
-      const cudaError_t err = with_split_kernel(kDtypes[d], kBuckets[b], [&](auto kernel) {
-        using Kernel = decltype(kernel);
-        using Traits = typename Kernel::Traits;
-        cudaError_t e = cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Traits::kSmemBytes);
-        if (e == cudaSuccess) {
-          e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm[d][b], Kernel::function, Traits::kThreads,
-                                                            Traits::kSmemBytes);
-        }
-        return e;
-      });
+      cudaError_t err = with_split_kernel(
+          kDtypes[d], kBuckets[b], [&](auto kernel) { return prepare<decltype(kernel)>(ctas_per_sm[d][b]); });
+      if (err == cudaSuccess && d > 0) {
+        err = with_mma_kernel(kDtypes[d], kBuckets[b],
+                              [&](auto kernel) { return prepare<decltype(kernel)>(mma_ctas_per_sm[d - 1][b]); });
+      }
       if (err != cudaSuccess) return err;
     }
   }
@@ -102,19 +166,13 @@ cudaError_t probe_kernel_image() {
 }
 
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          cudaStream_t stream) {
-  cudaError_t err = with_split_kernel(dtype, head_dim_bucket(split.head_dim), [&](auto kernel) {
-    using Kernel = decltype(kernel);
-    using Traits = typename Kernel::Traits;
-    cudaLaunchConfig_t config = {};
-    const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
-    config.gridDim = dim3(static_cast<unsigned>(ctas_per_sequence),
-                          static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
-    config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kSmemBytes;
-    config.stream = stream;
-    return cudaLaunchKernelEx(&config, Kernel::function, split);
-  });
+                          bool mma, cudaStream_t stream) {
+  const int bucket = head_dim_bucket(split.head_dim);
+  cudaError_t err =
+      mma && dtype != FD_DTYPE_F32
+          ? with_mma_kernel(dtype, bucket, [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); })
+          : with_split_kernel(dtype, bucket,
+                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); });
   if (err != cudaSuccess || merge == nullptr) return err;
   switch (out_dtype) {
     case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, stream);

@@ -32,6 +32,7 @@ struct SplitParams {
   const int32_t *block_table = nullptr;  // null: dense cache
   int64_t block_table_strides[2] = {0, 0};
   int32_t page_size = 1;
+  int32_t page_shift = -1;  // log2(page_size) when it is a power of two, else -1
 
   int64_t batch = 0;
   int32_t kv_capacity = 0;
@@ -92,22 +93,29 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kHeadDimMultiple = 8;
 constexpr int kMaxMergeSplits = FD_MAX_SPLITS;
 
+// Query-head slots of one CTA of the tensor-core split kernel (mma_kernel.cuh).
+constexpr int kMmaHeads = 16;
+
 // head_dim must be supported (see kMinHeadDim..kMaxHeadDim).
 SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim);
+// The same for the tensor-core split kernel (16-bit K/V; rows is kMmaHeads).
+SplitKernelShape mma_kernel_shape(int64_t head_dim);
 
 // On the current device: loads every kernel, raises the shared-memory limit
 // of every split kernel and reports how many CTAs of the split kernel for (dtype, head_dim)
-// fit on one multiprocessor, indexed [dtype][bucket index 0..2].
-cudaError_t prepare_kernels(int ctas_per_sm[3][3]);
+// fit on one multiprocessor, indexed [dtype][bucket index 0..2], and of the
+// tensor-core kernel, indexed [dtype - 1 (f16, bf16)][bucket index].
+cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]);
 int bucket_index(int head_dim_bucket);
 
 // Checks that this binary has code the current device can run.
 cudaError_t probe_kernel_image();
 
-// Enqueues the split kernel and, when merge is not null, the merge kernel.
+// Enqueues the split kernel (the tensor-core one when mma is set: dtype f16
+// or bf16 and kv_aligned) and, when merge is not null, the merge kernel.
 // Returns the first launch error.
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          cudaStream_t stream);
+                          bool mma, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fd

@@ -1,8 +1,9 @@
 // Phase 2: one warp per query row merges the row's per-split states into
 // out and lse. The common max is the largest split max; every split is
 // rescaled by exp2(m_split - m_max) and summed in split order, so the result
-// does not depend on timing. Empty splits (m = -inf) weigh 0 and their acc is
-// not read; a row whose splits are all empty gets zeros and LSE -inf.
+// does not depend on timing. Empty splits (m = -inf) weigh 0 and add nothing
+// (their acc, zeros, may be read); a row whose splits are all empty gets
+// zeros and LSE -inf.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,25 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const MergeParams 
   const float inv_l = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // all splits empty: zeros
   for (int d = lane * 4; d < p.head_dim; d += 32 * 4) {
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < splits; ++s) {
+    // Eight splits' loads in flight at a time (a long row of splits is
+    // latency-bound otherwise); the sum still runs in split order. An empty
+    // split's acc is zeros (the split kernels write it), and weighs 0.
+    int s = 0;
+    for (; s + 8 <= splits; s += 8) {
+      float4 a[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) a[j] = *reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s + j) * p.head_dim + d);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float w = weights[s + j];
+        if (w == 0.0f) continue;
+        sum.x = fmaf(w, a[j].x, sum.x);
+        sum.y = fmaf(w, a[j].y, sum.y);
+        sum.z = fmaf(w, a[j].z, sum.z);
+        sum.w = fmaf(w, a[j].w, sum.w);
+      }
+    }
+    for (; s < splits; ++s) {
       const float w = weights[s];
       if (w == 0.0f) continue;
       const float4 a = *reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s) * p.head_dim + d);

@@ -1,0 +1,454 @@
+// Phase 1 on tensor cores, for 16-bit K/V with a 16-bit output: one CTA per
+// (chunk of up to 16 query heads of a GQA group, KV head, split, sequence).
+//
+// The query heads are the M dimension of mma.sync m16n8k16 (16 head slots;
+// slots past the group hold zero queries), so a whole GQA group shares every
+// K/V element it reads from shared memory:
+//   S[head, token] = Q[head, :] . K[token, :]   (A = Q from registers, B = K via ldmatrix)
+//   O[head, :]    += P[head, token] V[token, :] (A = P, the S accumulators
+//                                                 rounded to 16 bits; B = V via ldmatrix.trans)
+// with float accumulators and the online softmax in base 2 on the S
+// fragments (a row's max is reduced across the 4 lanes that hold it).
+//
+// The warps form kTokenGroups x kDSplits: a token group takes its own
+// kWarpTokens tokens of every tile and keeps its own softmax state; its
+// kDSplits warps each compute the same S (bitwise: same instructions, same
+// data) and accumulate their share of head_dim, which halves the accumulator
+// registers and doubles the warps that hide latency. At the end the token
+// groups' states are merged in group order in shared memory (deterministic),
+// and the result goes to out/lse (one split) or to the workspace as a partial
+// state, exactly as split_kernel does.
+//
+// K/V tiles move with 16-byte cp.async (.cg: past L1) into a kStages-deep
+// pipeline. (An L2 evict-first policy on these copies built, with nvcc 13.0,
+// a kernel that stopped on an illegal instruction on the H200: left out.) rows are XOR-swizzled in 16-byte chunks so
+// that ldmatrix reads 8 rows without bank conflicts. Tokens at or past the
+// sequence's end are zero-filled without a read and masked to -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/element.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/load.cuh"
+#include "backend/cuda/state.cuh"
+
+namespace fd {
+namespace cuda {
+
+template <int Bucket>
+struct MmaTraits {
+  static constexpr int kBucket = Bucket;
+  static constexpr int kHeads = kMmaHeads;                    // head slots: the MMA's M
+  static constexpr int kTokenGroups = Bucket == 256 ? 2 : 4;  // warps along a tile's tokens
+  static constexpr int kDSplits = 2;                          // warps along head_dim for P V (S is computed by each)
+  static constexpr int kWarps = kTokenGroups * kDSplits;
+  static constexpr int kThreads = 32 * kWarps;                // 256, 256, 128
+  static constexpr int kWarpTokens = Bucket == 64 ? 32 : 16;  // tokens per warp per tile
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32
+  static constexpr int kRowBytes = Bucket * 2;
+  static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB
+  static constexpr int kStages = 3;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr int kCombineBytes = kTokenGroups * kHeads * (2 + Bucket) * 4;
+  static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+  static constexpr int kSTiles = kWarpTokens / 8;    // n-tiles of S per warp
+  static constexpr int kDSteps = Bucket / 16;        // k-steps of S
+  static constexpr int kDWidth = Bucket / kDSplits;  // output columns per warp
+  static constexpr int kOTiles = kDWidth / 8;        // n-tiles of O per warp
+  static constexpr int kPSteps = kWarpTokens / 16;   // k-steps of P V
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
+  static constexpr int kPasses = kTileTokens / kRowsPerPass;
+  // Two CTAs per SM: 128 registers a thread at 256 threads.
+  static constexpr int kMinBlocks = 2;
+  static_assert(kSmemBytes <= 96 * 1024, "mma kernel shared memory budget");
+  static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
+  static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
+  static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
+  static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
+template <class T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+};
+
+// Issues the copies of one tile (tokens [tile_begin, tile_begin + kTileTokens)
+// of one sequence and KV head) into a swizzled stage: K rows, then V rows.
+// Each thread keeps one 16-byte chunk column and takes every kRowsPerPass-th
+// row. A dense cache advances a pointer by a fixed stride; a paged one looks
+// each row's page up (a shift when the page size is a power of two).
+template <class Traits>
+struct TileLoader {
+  const SplitParams &p;
+  const unsigned char *k_base;  // dense: this sequence and head; paged: this head; + this thread's column
+  const unsigned char *v_base;
+  const int32_t *table_row;     // paged: this sequence's block table row
+  int first_row;
+  int column;
+  bool column_valid;
+
+  __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head) : p(params) {
+    column = threadIdx.x % Traits::kChunksPerRow;
+    first_row = threadIdx.x / Traits::kChunksPerRow;
+    column_valid = column * (kChunkBytes / 2) < p.head_dim;
+    int64_t k_offset = kv_head * p.k_strides[2];
+    int64_t v_offset = kv_head * p.v_strides[2];
+    table_row = nullptr;
+    if (p.block_table == nullptr) {
+      k_offset += b * p.k_strides[0];
+      v_offset += b * p.v_strides[0];
+    } else {
+      table_row = p.block_table + b * p.block_table_strides[0];
+    }
+    k_base = static_cast<const unsigned char *>(p.k) + k_offset * 2 + column * kChunkBytes;
+    v_base = static_cast<const unsigned char *>(p.v) + v_offset * 2 + column * kChunkBytes;
+  }
+
+  __device__ __forceinline__ void load(unsigned char *stage, int64_t tile_begin, int64_t end) const {
+    unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowBytes;
+    const int64_t first_token = tile_begin + first_row;
+    const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
+    if (p.block_table == nullptr) {
+      const int64_t k_step = Traits::kRowsPerPass * p.k_strides[1] * 2;
+      const int64_t v_step = Traits::kRowsPerPass * p.v_strides[1] * 2;
+      const unsigned char *k_src = k_base + first_token * p.k_strides[1] * 2;
+      const unsigned char *v_src = v_base + first_token * p.v_strides[1] * 2;
+#pragma unroll
+      for (int i = 0; i < Traits::kPasses; ++i) {
+        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
+        cp_async_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid);
+        cp_async_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid);
+        k_src += k_step;
+        v_src += v_step;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Traits::kPasses; ++i) {
+        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        const void *k_src = p.k;
+        const void *v_src = p.v;
+        if (valid) {
+          const int32_t token = static_cast<int32_t>(first_token + i * Traits::kRowsPerPass);  // < INT32_MAX
+          int32_t page_in_sequence, slot;
+          if (p.page_shift >= 0) {
+            page_in_sequence = token >> p.page_shift;
+            slot = token & (p.page_size - 1);
+          } else {
+            page_in_sequence = token / p.page_size;
+            slot = token - page_in_sequence * p.page_size;
+          }
+          const int64_t page = __ldg(table_row + page_in_sequence * p.block_table_strides[1]);
+          k_src = k_base + (page * p.k_strides[0] + slot * p.k_strides[1]) * 2;
+          v_src = v_base + (page * p.v_strides[0] + slot * p.v_strides[1]) * 2;
+        }
+        cp_async_chunk(stage + offset, k_src, valid);
+        cp_async_chunk(v_stage + offset, v_src, valid);
+      }
+    }
+  }
+};
+
+// One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
+// token warp_begin): S on tensor cores, online softmax, O += P V.
+template <class T, class Traits>
+__device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int row0, int d_part, int64_t warp_begin,
+                                                int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
+                                                float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
+                                                float q_scale, int head_dim) {
+  const unsigned char *k_tile = stage;
+  const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowBytes;
+  const int lane = threadIdx.x % 32;
+  const int matrix = lane >> 3;  // which 8x8 matrix of an x4 ldmatrix this lane addresses
+  const int r8 = lane & 7;
+  const int quad_lane = lane & 3;
+
+  float s[Traits::kSTiles][4];
+#pragma unroll
+  for (int n = 0; n < Traits::kSTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+    if (kk * 16 < head_dim) {  // warp-uniform: chunks past head_dim are zeros
+#pragma unroll
+      for (int j = 0; j < Traits::kSTiles / 2; ++j) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8,
+                                                             kk * 2 + (matrix & 1)));
+        Mma<T>::run(s[2 * j], qf[kk], kb[0], kb[1]);
+        Mma<T>::run(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+  }
+
+  // Scale, mask, and the new running max of this thread's two rows.
+  float block_max[2] = {negative_infinity(), negative_infinity()};
+  const int64_t remaining = end - warp_begin;  // > 0
+#pragma unroll
+  for (int n = 0; n < Traits::kSTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool valid = n * 8 + quad_lane * 2 + e < remaining;
+      s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();
+      s[n][2 + e] = valid ? s[n][2 + e] * q_scale : negative_infinity();
+      block_max[0] = fmaxf(block_max[0], s[n][e]);
+      block_max[1] = fmaxf(block_max[1], s[n][2 + e]);
+    }
+  }
+  float base[2], alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
+    block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
+    const float m_new = fmaxf(m[r], block_max[r]);
+    base[r] = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
+    alpha[r] = exp2f(m[r] - base[r]);                        // 0 when m was -inf
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int t = 0; t < Traits::kOTiles; ++t) {
+    o[t][0] *= alpha[0];
+    o[t][1] *= alpha[0];
+    o[t][2] *= alpha[1];
+    o[t][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int n = 0; n < Traits::kSTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[n][e] = exp2f(s[n][e] - base[0]);
+      s[n][2 + e] = exp2f(s[n][2 + e] - base[1]);
+    }
+    l[0] += s[n][0] + s[n][1];
+    l[1] += s[n][2] + s[n][3];
+  }
+
+#pragma unroll
+  for (int ks = 0; ks < Traits::kPSteps; ++ks) {
+    const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]),
+                           Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                           Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+    for (int c = 0; c < Traits::kOTiles / 2; ++c) {
+      if (d_part * Traits::kDWidth + c * 16 < head_dim) {  // warp-uniform
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
+                                                                   d_part * (Traits::kDWidth / 8) + c * 2 +
+                                                                       (matrix >> 1)));
+        Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
+        Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+template <class T, int kBucket>
+__global__ void __launch_bounds__(MmaTraits<kBucket>::kThreads, MmaTraits<kBucket>::kMinBlocks)
+    mma_split_kernel(const SplitParams p) {
+  using Traits = MmaTraits<kBucket>;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int token_group = warp % Traits::kTokenGroups;
+  const int d_part = warp / Traits::kTokenGroups;
+  const int matrix = lane >> 3;
+  const int r8 = lane & 7;
+  const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
+  const int quad_lane = lane & 3;
+
+  const int chunk = blockIdx.x % p.head_chunks;
+  const int kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
+  const int split = blockIdx.x / (p.head_chunks * p.kv_heads);
+  const int first_head = chunk * p.heads_per_chunk;  // within the group
+  const int heads_here = min(p.heads_per_chunk, p.group_size - first_head);
+  unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
+
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    int64_t len = p.kv_capacity;
+    if (p.seq_lens != nullptr) {
+      len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
+    }
+    const int64_t begin = min(len, split * p.split_tokens);
+    const int64_t end = min(len, begin + p.split_tokens);
+    const TileLoader<Traits> loader(p, b, kv_head);
+
+    // Start the first tiles before anything else: the query is small.
+    const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;  // 0 when empty
+#pragma unroll
+    for (int s = 0; s < Traits::kStages - 1; ++s) {
+      if (s < tiles) loader.load(smem + s * Traits::kStageBytes, begin + s * Traits::kTileTokens, end);
+      cp_async_commit();  // empty groups too: the waits below count groups
+    }
+
+    // The query tile [16 head slots, bucket] goes through the last pipeline
+    // stage (first written by the main loop, after a barrier) into registers.
+    for (int i = threadIdx.x; i < Traits::kHeads * Traits::kChunksPerRow; i += Traits::kThreads) {
+      const int row = i / Traits::kChunksPerRow;
+      const int column = i % Traits::kChunksPerRow;
+      uint16_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row < heads_here && column * 8 < p.head_dim) {
+        const uint16_t *src = static_cast<const uint16_t *>(p.q) + b * p.q_batch_stride +
+                              static_cast<int64_t>(kv_head * p.group_size + first_head + row) * p.q_head_stride +
+                              column * 8;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
+      }
+      *reinterpret_cast<uint4 *>(q_stage + swizzled<Traits::kRowBytes>(row, column)) =
+          *reinterpret_cast<const uint4 *>(words);
+    }
+    __syncthreads();
+    uint32_t qf[Traits::kDSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+      ldmatrix_x4(qf[kk], q_stage + swizzled<Traits::kRowBytes>((matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+    }
+
+    float o[Traits::kOTiles][4];
+#pragma unroll
+    for (int t = 0; t < Traits::kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m[2] = {negative_infinity(), negative_infinity()};
+    float l[2] = {0.0f, 0.0f};
+
+    int read_stage = 0;
+    int write_stage = Traits::kStages - 1;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      cp_async_wait<Traits::kStages - 2>();  // this thread's copies of `tile` have landed
+      __syncthreads();  // everyone's have; everyone is done with tile - 1 (and with the query stage)
+      if (tile + Traits::kStages - 1 < tiles) {
+        loader.load(smem + write_stage * Traits::kStageBytes, begin + (tile + Traits::kStages - 1) * Traits::kTileTokens,
+                    end);
+      }
+      cp_async_commit();
+      const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
+      if (warp_begin < end) {  // warp-uniform
+        attend_tile_mma<T, Traits>(smem + read_stage * Traits::kStageBytes, token_group * Traits::kWarpTokens,
+                                   d_part, warp_begin, end, qf, o, m, l, p.q_scale, p.head_dim);
+      }
+      read_stage = read_stage + 1 == Traits::kStages ? 0 : read_stage + 1;
+      write_stage = write_stage + 1 == Traits::kStages ? 0 : write_stage + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the pipeline memory is free for the combine below
+
+    // Each thread holds partial sums of l over its columns: add the quad's.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    // Per token group: m and l (the d_part warps of a group hold the same
+    // ones), and the accumulator, each d_part warp its columns.
+    float *part_m = reinterpret_cast<float *>(smem);
+    float *part_l = part_m + Traits::kTokenGroups * Traits::kHeads;
+    float *part_o = part_l + Traits::kTokenGroups * Traits::kHeads;
+    if (quad_lane == 0 && d_part == 0) {
+      part_m[token_group * Traits::kHeads + group_row] = m[0];
+      part_m[token_group * Traits::kHeads + group_row + 8] = m[1];
+      part_l[token_group * Traits::kHeads + group_row] = l[0];
+      part_l[token_group * Traits::kHeads + group_row + 8] = l[1];
+    }
+#pragma unroll
+    for (int t = 0; t < Traits::kOTiles; ++t) {
+      const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
+      *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
+          make_float2(o[t][0], o[t][1]);
+      *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
+          make_float2(o[t][2], o[t][3]);
+    }
+    __syncthreads();
+
+    // Merge the token groups' states in group order, one (head slot, element) per thread.
+    for (int i = threadIdx.x; i < Traits::kHeads * kBucket; i += Traits::kThreads) {
+      const int row = i / kBucket;
+      const int d = i % kBucket;
+      if (row >= heads_here || d >= p.head_dim) continue;
+      float m_max = negative_infinity();
+#pragma unroll
+      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = fmaxf(m_max, part_m[g * Traits::kHeads + row]);
+      float l_sum = 0.0f, acc = 0.0f;
+#pragma unroll
+      for (int g = 0; g < Traits::kTokenGroups; ++g) {
+        const float weight = merge_weight(part_m[g * Traits::kHeads + row], m_max);
+        l_sum = fmaf(weight, part_l[g * Traits::kHeads + row], l_sum);
+        acc = fmaf(weight, part_o[(g * Traits::kHeads + row) * kBucket + d], acc);
+      }
+      const int q_head = kv_head * p.group_size + first_head + row;
+      if (p.write_output) {
+        const float inv_l = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // empty: acc is 0, so out is 0
+        const int64_t offset = b * p.out_batch_stride + q_head * p.out_head_stride + d;
+        if (p.out_f32) {
+          static_cast<float *>(p.out)[offset] = acc * inv_l;
+        } else {
+          static_cast<T *>(p.out)[offset] = Element<T>::from_float(acc * inv_l);
+        }
+        if (p.lse != nullptr && d == 0) {
+          p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(m_max, l_sum);
+        }
+      } else {
+        const int64_t index = (b * p.q_heads + q_head) * p.num_splits + split;
+        p.acc[index * p.head_dim + d] = acc;
+        if (d == 0) {
+          p.m[index] = m_max;
+          p.l[index] = l_sum;
+        }
+      }
+    }
+    __syncthreads();  // shared memory is reused by the next sequence
+  }
+}
+
+}  // namespace cuda
+}  // namespace fd
