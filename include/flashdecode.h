@@ -195,7 +195,8 @@ typedef enum fd_backend {
 } fd_backend;
 
 /**
- * @brief Options for fd_create(). Initialise with fd_options_init().
+ * @brief Options for fd_create(). Initialise with
+ *        `fd_options_init(&options, sizeof options)`.
  *
  * The struct starts with its own size so fields can be appended in later
  * minor versions without breaking callers compiled against older headers.
@@ -208,10 +209,19 @@ typedef struct fd_options {
 } fd_options;
 
 /**
- * @brief Fills @p options with defaults and sets its struct_size.
- * @param options The struct to fill; ignored if NULL.
+ * @brief Fills the caller's options struct with defaults and sets its struct_size.
+ *
+ * Safe across versions: writes exactly @p struct_size bytes, so a caller
+ * compiled against an older (smaller) header is never overrun, and bytes this
+ * library does not know (a newer header's fields) are zeroed — zero is the
+ * default of every field added later.
+ *
+ * @param options The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*options) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_options) of this library, for bindings that check the ABI.
  */
-FD_API void fd_options_init(fd_options *options);
+FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
 
 /**
  * @brief Creates a decode handle.
@@ -267,7 +277,7 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
 
 /**
  * @brief Everything one decode call reads and writes. Initialise with
- *        fd_decode_args_init(), then fill in the tensors.
+ *        `fd_decode_args_init(&args, sizeof args)`, then fill in the tensors.
  *
  * Shapes, by role (dimension order is fixed; layout comes from strides):
  * - `q`:   `[batch, q_len, q_heads, head_dim]`; q_len must be 1 in this
@@ -295,7 +305,11 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  *
  * q, k and v share one dtype of F32, F16 or BF16. Query head h attends to KV
  * head h / (q_heads / kv_heads) (grouped-query attention; MQA when kv_heads
- * is 1). Arithmetic is in float32 whatever the storage type.
+ * is 1). Scores, the softmax state and the accumulation are float32 whatever
+ * the storage type; with 16-bit inputs and a 16-bit output the CUDA backend
+ * rounds the softmax weights to the input type before multiplying by V (as
+ * FlashAttention does), which stays well within that output's precision. An
+ * F32 output keeps the weights in float32.
  *
  * The CPU backend validates seq_lens and block_table contents (host memory).
  * The CUDA backend cannot read them without synchronising, so it clamps each
@@ -315,11 +329,17 @@ typedef struct fd_decode_args {
 } fd_decode_args;
 
 /**
- * @brief Fills @p args with defaults (all tensors absent, automatic scale and
- *        splits) and sets its struct_size.
- * @param args The struct to fill; ignored if NULL.
+ * @brief Fills the caller's args struct with defaults (all tensors absent,
+ *        automatic scale and splits) and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param args The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*args) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_decode_args) of this library.
  */
-FD_API void fd_decode_args_init(fd_decode_args *args);
+FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
 
 /**
  * @brief Computes decode attention for one query token per sequence.

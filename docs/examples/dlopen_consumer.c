@@ -13,8 +13,8 @@
 
 typedef unsigned (*version_number_fn)(void);
 typedef const char *(*version_string_fn)(void);
-typedef void (*options_init_fn)(fd_options *);
-typedef void (*args_init_fn)(fd_decode_args *);
+typedef size_t (*options_init_fn)(fd_options *, size_t);
+typedef size_t (*args_init_fn)(fd_decode_args *, size_t);
 typedef fd_status (*create_fn)(fd_handle **, const fd_options *);
 typedef fd_status (*decode_fn)(fd_handle *, const fd_decode_args *, fd_cuda_stream);
 typedef fd_status (*destroy_fn)(fd_handle *);
@@ -55,11 +55,11 @@ int main(int argc, char **argv) {
   for (int d = 0; d < D; ++d) q[d] = 0.25f;
 
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   fd_handle *handle = NULL;
   fd_decode_args args;
-  fd_decode_args_init(&args);
+  fd_decode_args_init(&args, sizeof args);
   const fd_tensor tq = {q, FD_DTYPE_F32, 4, {1, 1, 1, D}, {D, D, D, 1}};
   const fd_tensor tk = {k, FD_DTYPE_F32, 4, {1, N, 1, D}, {N * D, D, D, 1}};
   const fd_tensor tv = {v, FD_DTYPE_F32, 4, {1, N, 1, D}, {N * D, D, D, 1}};

@@ -19,13 +19,13 @@ int main(void) {
   for (int i = 0; i < B * HQ * D; ++i) (&q[0][0][0])[i] = (float)(i % 17) / 17.0f;
 
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;  /* FD_BACKEND_CUDA takes device pointers */
   fd_handle *handle = NULL;
   fd_status status = fd_create(&handle, &options);
 
   fd_decode_args args;
-  fd_decode_args_init(&args);
+  fd_decode_args_init(&args, sizeof args);
   args.q = bnhd(q, B, 1, HQ, D);
   args.k = bnhd(k, B, N, HKV, D);
   args.v = bnhd(v, B, N, HKV, D);

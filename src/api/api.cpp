@@ -60,11 +60,11 @@ Handle &checked_handle(Handle *handle) {
 
 fd_options read_options(const fd_options *caller) {
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   if (caller == nullptr) return options;
   const size_t required = offsetof(fd_options, backend) + sizeof(caller->backend);
   if (caller->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT, "options: struct_size is %zu, expected at least %zu (call fd_options_init)",
+    fail(FD_ERROR_INVALID_ARGUMENT, "options: struct_size is %zu, expected at least %zu (initialise it with fd_options_init)",
          caller->struct_size, required);
   }
   std::memcpy(&options, caller, caller->struct_size < sizeof options ? caller->struct_size : sizeof options);
@@ -124,6 +124,17 @@ void ensure_workspace(fd_handle &h, size_t bytes) {
   h.workspace_bytes = bytes;
 }
 
+// Fills exactly the caller's struct_size bytes: the library's defaults for
+// the fields it knows, zero (the default of every later field) beyond.
+template <class Struct>
+size_t init_sized(Struct *caller, size_t struct_size, const Struct &defaults) {
+  if (caller == nullptr || struct_size < sizeof(size_t)) return sizeof(Struct);
+  std::memset(static_cast<void *>(caller), 0, struct_size);
+  std::memcpy(static_cast<void *>(caller), &defaults, struct_size < sizeof defaults ? struct_size : sizeof defaults);
+  caller->struct_size = struct_size;
+  return sizeof(Struct);
+}
+
 }  // namespace
 }  // namespace fd
 
@@ -138,21 +149,23 @@ FD_API const char *fd_version_string(void) {
   return FD_STRINGIFY(FD_VERSION_MAJOR) "." FD_STRINGIFY(FD_VERSION_MINOR) "." FD_STRINGIFY(FD_VERSION_PATCH);
  }
 
-FD_API void fd_options_init(fd_options *options) {
-  if (options == nullptr) return;
-  std::memset(options, 0, sizeof *options);
-  options->struct_size = sizeof *options;
-  options->backend = FD_BACKEND_AUTO;
-  options->device = 0;
-  options->num_threads = 0;
+FD_API size_t fd_options_init(fd_options *options, size_t struct_size) {
+  fd_options defaults;
+  std::memset(&defaults, 0, sizeof defaults);
+  defaults.struct_size = sizeof defaults;
+  defaults.backend = FD_BACKEND_AUTO;
+  defaults.device = 0;
+  defaults.num_threads = 0;
+  return fd::init_sized(options, struct_size, defaults);
 }
 
-FD_API void fd_decode_args_init(fd_decode_args *args) {
-  if (args == nullptr) return;
-  std::memset(args, 0, sizeof *args);
-  args->struct_size = sizeof *args;
-  args->softmax_scale = 0.0;
-  args->num_splits = 0;
+FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size) {
+  fd_decode_args defaults;
+  std::memset(&defaults, 0, sizeof defaults);
+  defaults.struct_size = sizeof defaults;
+  defaults.softmax_scale = 0.0;
+  defaults.num_splits = 0;
+  return fd::init_sized(args, struct_size, defaults);
 }
 
 FD_API fd_status fd_create(fd_handle **handle, const fd_options *options) {

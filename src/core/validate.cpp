@@ -96,11 +96,11 @@ fd_decode_args read_args(const fd_decode_args *args) {
   if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
   const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
   if (args->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT, "args: struct_size is %zu, expected at least %zu (call fd_decode_args_init)",
+    fail(FD_ERROR_INVALID_ARGUMENT, "args: struct_size is %zu, expected at least %zu (initialise it with fd_decode_args_init)",
          args->struct_size, required);
   }
   fd_decode_args copy;
-  fd_decode_args_init(&copy);
+  fd_decode_args_init(&copy, sizeof copy);
   std::memcpy(&copy, args, args->struct_size < sizeof copy ? args->struct_size : sizeof copy);
   return copy;
 }

@@ -85,15 +85,17 @@ class FlashDecode:
     def __init__(self, path):
         lib = ctypes.CDLL(path)
         lib.fd_version_string.restype = ctypes.c_char_p
-        lib.fd_options_init.argtypes = [ctypes.POINTER(FdOptions)]
+        lib.fd_options_init.argtypes = [ctypes.POINTER(FdOptions), ctypes.c_size_t]
         lib.fd_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(FdOptions)]
         lib.fd_destroy.argtypes = [ctypes.c_void_p]
-        lib.fd_decode_args_init.argtypes = [ctypes.POINTER(FdDecodeArgs)]
+        lib.fd_decode_args_init.argtypes = [ctypes.POINTER(FdDecodeArgs), ctypes.c_size_t]
         lib.fd_decode.argtypes = [ctypes.c_void_p, ctypes.POINTER(FdDecodeArgs), ctypes.c_void_p]
         lib.fd_workspace_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(ctypes.c_size_t)]
         lib.fd_reserve_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         lib.fd_last_error_message.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.fd_last_error_message.restype = ctypes.c_size_t
+        lib.fd_options_init.restype = ctypes.c_size_t
+        lib.fd_decode_args_init.restype = ctypes.c_size_t
         for name in ("fd_create", "fd_destroy", "fd_decode", "fd_workspace_size", "fd_reserve_workspace"):
             getattr(lib, name).restype = ctypes.c_int
         self.lib = lib
@@ -107,7 +109,7 @@ class FlashDecode:
 
     def create_cuda_handle(self, device):
         options = FdOptions()
-        self.lib.fd_options_init(ctypes.byref(options))
+        self.lib.fd_options_init(ctypes.byref(options), ctypes.sizeof(options))
         options.backend = FD_BACKEND_CUDA
         options.device = device
         handle = ctypes.c_void_p()
@@ -132,7 +134,7 @@ def decode_args(fd, q, k, v, out, seq_lens=None, block_table=None):
     API's [B, 1, Hq, D] and [B, N, Hkv, D]: the same memory, other strides.
     With block_table, k/v are page pools [pages, page_size, Hkv, D]."""
     args = FdDecodeArgs()
-    fd.lib.fd_decode_args_init(ctypes.byref(args))
+    fd.lib.fd_decode_args_init(ctypes.byref(args), ctypes.sizeof(args))
     args.q = fd_tensor(q, (0, 2, 1, 3))
     args.out = fd_tensor(out, (0, 2, 1, 3))
     if block_table is None:

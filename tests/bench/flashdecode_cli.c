@@ -371,7 +371,7 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
       cudaMemcpy(mem[4 * i + 1], mem[1], kv_elems * es, cudaMemcpyDeviceToDevice);
       cudaMemcpy(mem[4 * i + 2], mem[2], kv_elems * es, cudaMemcpyDeviceToDevice);
     }
-    fd_decode_args_init(&args[i]);
+    fd_decode_args_init(&args[i], sizeof args[i]);
     args[i].q = dense_tensor(mem[4 * i], dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
     args[i].k = dense_tensor(mem[4 * i + 1], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
     args[i].v = dense_tensor(mem[4 * i + 2], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
@@ -456,7 +456,7 @@ static int run_bench(const demo_options *o) {
     return 2;
   }
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CUDA;
   fd_handle *h = NULL;
   fd_status s = fd_create(&h, &options);
@@ -523,7 +523,7 @@ int main(int argc, char **argv) {
   }
 
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = o.backend;
   fd_handle *h = NULL;
   fd_status s = fd_create(&h, &options);

@@ -58,7 +58,7 @@ static const char *last_message(void) {
 
 static fd_handle *make_handle(fd_backend backend) {
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = backend;
   fd_handle *h = NULL;
   const fd_status s = fd_create(&h, &options);
@@ -367,7 +367,7 @@ static void *worker_main(void *arg) {
   worker *w = arg;
   w->ok = 0;
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CUDA;
   fd_handle *h = NULL;
   fdt_problem p;

@@ -301,7 +301,7 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     }
   }
 
-  fd_decode_args_init(&p->args);
+  fd_decode_args_init(&p->args, sizeof p->args);
   p->args.q = make_tensor(p->q, dt, 4, q_shape, q_strides);
   p->args.out = make_tensor(p->out, c->out_dtype, 4, q_shape, q_strides);
   p->args.k = make_tensor((char *)p->k + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);

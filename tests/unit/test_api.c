@@ -26,7 +26,7 @@ typedef struct fixture {
 static int setup(void **state) {
   fixture *f = calloc(1, sizeof *f);
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   options.num_threads = 2;
   if (fd_create(&f->handle, &options) != FD_SUCCESS) return -1;
@@ -108,7 +108,7 @@ static void test_create_destroy(void **state) {
   (void)state;
   fd_handle *h = (fd_handle *)0x1;
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   assert_int_equal(options.struct_size, sizeof options);
   options.backend = FD_BACKEND_CPU;
   assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
@@ -133,24 +133,24 @@ static void test_create_rejects_bad_options(void **state) {
   assert_non_null(strstr(last_message(), "handle"));
 
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.struct_size = 4;
   assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(last_message(), "struct_size"));
   assert_null(h);
 
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = (fd_backend)42;
   assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(last_message(), "backend"));
 
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   options.num_threads = -3;
   assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(last_message(), "num_threads"));
 
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CUDA;
   options.device = -1;
   assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
@@ -167,7 +167,7 @@ static void test_old_options_struct_is_accepted(void **state) {
   (void)state;
   /* A caller compiled when fd_options ended at `backend` still works. */
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   options.num_threads = -99; /* beyond the old struct: must be ignored */
   options.struct_size = offsetof(fd_options, backend) + sizeof options.backend;
@@ -176,10 +176,36 @@ static void test_old_options_struct_is_accepted(void **state) {
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
 }
 
+/* The init functions write exactly the caller's struct_size bytes: an older,
+ * smaller struct is never overrun, and bytes of a newer, larger one that this
+ * library does not know are zeroed (the default of every later field). */
+static void test_init_writes_only_struct_size(void **state) {
+  (void)state;
+  unsigned char buffer[sizeof(fd_decode_args) + 64];
+  const size_t old_size = offsetof(fd_options, backend) + sizeof(fd_backend);
+  memset(buffer, 0xab, sizeof buffer);
+  assert_int_equal(fd_options_init((fd_options *)buffer, old_size), sizeof(fd_options));
+  for (size_t i = old_size; i < sizeof buffer; ++i) assert_int_equal(buffer[i], 0xab);
+  assert_int_equal(((fd_options *)buffer)->struct_size, old_size);
+
+  memset(buffer, 0xab, sizeof buffer);
+  const size_t new_size = sizeof(fd_decode_args) + 32;
+  assert_int_equal(fd_decode_args_init((fd_decode_args *)buffer, new_size), sizeof(fd_decode_args));
+  for (size_t i = sizeof(fd_decode_args); i < new_size; ++i) assert_int_equal(buffer[i], 0);
+  for (size_t i = new_size; i < sizeof buffer; ++i) assert_int_equal(buffer[i], 0xab);
+  assert_int_equal(((fd_decode_args *)buffer)->struct_size, new_size);
+
+  /* NULL, or a size too small to hold struct_size, writes nothing. */
+  assert_int_equal(fd_options_init(NULL, 0), sizeof(fd_options));
+  memset(buffer, 0xab, sizeof buffer);
+  assert_int_equal(fd_decode_args_init((fd_decode_args *)buffer, 3), sizeof(fd_decode_args));
+  assert_int_equal(buffer[0], 0xab);
+}
+
 static void test_use_after_destroy(void **state) {
   fixture *f = *state;
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   fd_handle *h = NULL;
   assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
@@ -516,6 +542,7 @@ int main(void) {
       cmocka_unit_test(test_create_destroy),
       cmocka_unit_test(test_create_rejects_bad_options),
       cmocka_unit_test(test_old_options_struct_is_accepted),
+      cmocka_unit_test(test_init_writes_only_struct_size),
       cmocka_unit_test(test_error_message_truncation),
       cmocka_unit_test_setup_teardown(test_use_after_destroy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_handle, setup, teardown),

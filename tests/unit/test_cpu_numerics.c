@@ -20,7 +20,7 @@
 
 static fd_handle *make_cpu_handle(int threads) {
   fd_options options;
-  fd_options_init(&options);
+  fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   options.num_threads = threads;
   fd_handle *h = NULL;

@@ -268,18 +268,18 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
             sys::VERSION_MINOR
         )));
     }
-    // The init functions record the library's sizeof in struct_size; give
-    // them room for a larger, newer struct.
-    let mut scratch = [0u64; 512];
+    // The init functions return the library's sizeof; a null struct asks
+    // for nothing else.
     let sizes = unsafe {
-        (loaded.functions.fd_options_init)(scratch.as_mut_ptr() as *mut sys::fd_options);
-        let options = scratch[0] as usize;
-        (loaded.functions.fd_decode_args_init)(scratch.as_mut_ptr() as *mut sys::fd_decode_args);
         [
-            ("fd_options", options, std::mem::size_of::<sys::fd_options>()),
+            (
+                "fd_options",
+                (loaded.functions.fd_options_init)(std::ptr::null_mut(), 0),
+                std::mem::size_of::<sys::fd_options>(),
+            ),
             (
                 "fd_decode_args",
-                scratch[0] as usize,
+                (loaded.functions.fd_decode_args_init)(std::ptr::null_mut(), 0),
                 std::mem::size_of::<sys::fd_decode_args>(),
             ),
         ]

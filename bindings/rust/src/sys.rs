@@ -74,8 +74,8 @@ pub struct fd_options {
 }
 
 impl Default for fd_options {
-    /// What `fd_options_init` writes. Filled here rather than by calling it:
-    /// a newer library's init function would write its own, larger struct.
+    /// What `fd_options_init` writes: every default is zero but `struct_size`,
+    /// and the library reads only `struct_size` bytes and defaults the rest.
     fn default() -> Self {
         fd_options {
             struct_size: std::mem::size_of::<fd_options>(),
@@ -141,10 +141,10 @@ pub struct Functions {
     pub fd_status_string: unsafe extern "C" fn(fd_status) -> *const c_char,
     /// `size_t fd_last_error_message(char *, size_t)`
     pub fd_last_error_message: unsafe extern "C" fn(*mut c_char, usize) -> usize,
-    /// `void fd_options_init(fd_options *)`
-    pub fd_options_init: unsafe extern "C" fn(*mut fd_options),
-    /// `void fd_decode_args_init(fd_decode_args *)`
-    pub fd_decode_args_init: unsafe extern "C" fn(*mut fd_decode_args),
+    /// `size_t fd_options_init(fd_options *, size_t)`
+    pub fd_options_init: unsafe extern "C" fn(*mut fd_options, usize) -> usize,
+    /// `size_t fd_decode_args_init(fd_decode_args *, size_t)`
+    pub fd_decode_args_init: unsafe extern "C" fn(*mut fd_decode_args, usize) -> usize,
     /// `fd_status fd_create(fd_handle **, const fd_options *)`
     pub fd_create: unsafe extern "C" fn(*mut *mut fd_handle, *const fd_options) -> fd_status,
     /// `fd_status fd_destroy(fd_handle *)`

@@ -82,9 +82,9 @@ class FdDecodeArgs(ctypes.Structure):
 def new_options() -> FdOptions:
     """``fd_options`` with the defaults of ``fd_options_init()``.
 
-    Filled here rather than by ``fd_options_init()``: a newer library's init
-    function writes its own, possibly larger, struct; the library reads only
-    ``struct_size`` bytes of ours and defaults the rest.
+    Filled here rather than through ctypes: every default is zero but
+    ``struct_size``, and the library reads only ``struct_size`` bytes of ours
+    and defaults the rest.
     """
     return FdOptions(struct_size=ctypes.sizeof(FdOptions), backend=0, device=0, num_threads=0)
 
@@ -100,8 +100,8 @@ _PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
     ("fd_version_string", ctypes.c_char_p, []),
     ("fd_status_string", ctypes.c_char_p, [c_enum]),
     ("fd_last_error_message", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),
-    ("fd_options_init", None, [ctypes.c_void_p]),
-    ("fd_decode_args_init", None, [ctypes.c_void_p]),
+    ("fd_options_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+    ("fd_decode_args_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
     ("fd_create", c_enum, [ctypes.POINTER(_handle_p), ctypes.POINTER(FdOptions)]),
     ("fd_destroy", c_enum, [_handle_p]),
     ("fd_get_backend", c_enum, [_handle_p, ctypes.POINTER(c_enum)]),
@@ -237,14 +237,12 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
 
 
 def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
-    """Catches a header/binding mismatch: the init functions record the library's sizeof."""
+    """Catches a header/binding mismatch: the init functions return the library's sizeof."""
     for name, init, struct in (
         ("fd_options", lib.fd_options_init, FdOptions),
         ("fd_decode_args", lib.fd_decode_args_init, FdDecodeArgs),
     ):
-        scratch = ctypes.create_string_buffer(4096)  # room for any later, larger struct
-        init(scratch)
-        library_size = ctypes.c_size_t.from_buffer(scratch).value
+        library_size = int(init(None, 0))  # NULL: only the size is asked for
         ours = ctypes.sizeof(struct)
         same_minor = (number // 100) % 100 == ABI_MINOR
         if library_size < ours or (same_minor and library_size != ours):
