@@ -818,6 +818,9 @@ int main(void) {
   g_quick = quick != NULL && quick[0] != '\0' && strcmp(quick, "0") != 0;
   const char *seed = getenv("FD_GPU_TEST_SEED");
   if (seed != NULL && seed[0] != '\0') g_seed = strtoull(seed, NULL, 10);
+  /* A glob over test names (e.g. "tensor_core_case_*"): racecheck is too slow for the whole suite. */
+  const char *filter = getenv("FD_GPU_TEST_FILTER");
+  if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
 
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];

@@ -13,10 +13,14 @@
 #   cmake -S . -B build-h200 -G Ninja -DFLASHDECODE_CUDA_ARCHS=90a-real -DCMAKE_PREFIX_PATH=$PWD/.deps/usr
 #   cmake --build build-h200
 #
-# FD_GPU_CHECK_STEPS picks steps (default: "tests memcheck racecheck initcheck
-# synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in seconds
-# (racecheck over the tensor-core kernel did not finish the quick suite in 90 s
-# on the H200: give it FD_GPU_CHECK_TIMEOUT=600 on its own)
+# FD_GPU_CHECK_STEPS picks steps (default: "tests python memcheck racecheck
+# initcheck synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in
+# seconds. racecheck tracks every shared-memory access and takes about 11 s a
+# case on the tensor-core kernel, so it runs on the tests matching
+# FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case and
+# the first ten matrix cases, which mix both split kernels and the merge).
+# The python step runs the Python binding's pytest suite (its GPU tests use
+# PyTorch and CuPy tensors) against this build's library
 # (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
 # FD_GPU_CHECK_SDPA_ARGS adds arguments to compare_sdpa.py (e.g.
 # "--dtypes float16 --shapes 1,2,3"). The seed Triton kernel is timed when
@@ -31,7 +35,8 @@ build=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-$build/gpu-check}
 mkdir -p "$logs"
-steps=${FD_GPU_CHECK_STEPS:-tests memcheck racecheck initcheck synccheck demo sdpa}
+steps=${FD_GPU_CHECK_STEPS:-tests python memcheck racecheck initcheck synccheck demo sdpa}
+racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00?}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
 sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -67,9 +72,10 @@ note() { summary[${#summary[@]}-1]+="$1"; }
 sanitize() {
   local tool=$1
   shift
-  FD_GPU_TEST_QUICK=1 run_step "$tool" "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 "$@" \
+  local name=$tool${FD_GPU_TEST_FILTER:+-${FD_GPU_TEST_FILTER//[^a-z0-9_]/}}
+  FD_GPU_TEST_QUICK=1 run_step "$name" "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 "$@" \
     "$test_program"
-  note "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/$tool.log" | tr -s ' =' ' ' | tr '\n' ';' | cut -c1-110)"
+  note "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$logs/$name.log" | tr -s ' =' ' ' | tr '\n' ';' | cut -c1-110)"
 }
 
 # At most 8 files under $OUT come back from the device tool: the four
@@ -86,7 +92,16 @@ for step in $steps; do
       note "$(grep -E 'PASSED|FAILED|tests passed|Skipped' "$logs/tests.log" | tr -s ' ' | tr '\n' ';' | cut -c1-110)"
       ;;
     memcheck) sanitize memcheck ;;
-    racecheck) sanitize racecheck --racecheck-report all ;;
+    racecheck)
+      for filter in $racecheck_filters; do
+        FD_GPU_TEST_FILTER=$filter sanitize racecheck --racecheck-report all
+      done
+      ;;
+    python)
+      run_step python env FLASHDECODE_LIBRARY="$build/src/libflashdecode.so.0" PYTHONPATH="$root/bindings/python/src" \
+        PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -rs -p no:cacheprovider "$root/bindings/python/tests"
+      note "$(grep -E '[0-9]+ (passed|failed)' "$logs/python.log" | tail -1 | cut -c1-110)"
+      ;;
     initcheck) sanitize initcheck ;;
     synccheck) sanitize synccheck ;;
     demo)
@@ -115,10 +130,10 @@ if [ -f "$logs/sdpa.log" ]; then
   sed -n '/^ceilings:/p; /=== results/,$p' "$logs/sdpa.log"
   echo
 fi
-for tool in memcheck racecheck initcheck synccheck; do
-  if [ -f "$logs/$tool.log" ]; then
-    cat "$logs/$tool.log" >>"$logs/sanitizers.log"
-    rm -f "$logs/$tool.log"
+for log in "$logs"/memcheck*.log "$logs"/racecheck*.log "$logs"/initcheck*.log "$logs"/synccheck*.log; do
+  if [ -f "$log" ]; then
+    cat "$log" >>"$logs/sanitizers.log"
+    rm -f "$log"
   fi
 done
 echo "=== gpu-check summary ($build, logs in $logs)"
