@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import sys
+import time
 
 try:
     import torch
@@ -492,6 +493,7 @@ def main():
     print(f"flashdecode {fd.version}, torch {torch.__version__}, {props.name}, {props.multi_processor_count} SMs")
     print(f"ceilings: streaming read {ceiling * 1e-9:.0f} GB/s, device-to-device copy {copy * 1e-9:.0f} GB/s (read + written)")
     all_rows = []
+    started = time.monotonic()
     for dtype_name in dtypes:
         for shape in shapes:
             rows = run_shape(fd, handle, shape, getattr(torch, dtype_name), args.rotation_mib << 20, args.replays, seed)
@@ -499,6 +501,9 @@ def main():
                 if "gbps" in row:
                     row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
             all_rows.extend(rows)
+            # Progress as it goes: a run cut short by a time limit still shows its shapes.
+            times = ", ".join(f"{r['impl']} {r['us']:.1f}" if "us" in r else f"{r['impl']} n/a" for r in rows)
+            print(f"[{time.monotonic() - started:5.0f} s] {shape_label(shape)} {dtype_name}: {times} us", flush=True)
     fd.lib.fd_destroy(handle)
 
     if args.json:

@@ -125,6 +125,8 @@ class CudaBackend final : public Backend {
     check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
                "CUDA backend: reading the multiprocessor count");
     check_cuda(cuda::prepare_kernels(ctas_per_sm_, mma_ctas_per_sm_), "CUDA backend: preparing the kernels");
+    check_cuda(cuda::merge_supports_programmatic_launch(&programmatic_merge_),
+               "CUDA backend: checking for programmatic dependent launch");
   }
 
   fd_backend kind() const override { return FD_BACKEND_CUDA; }
@@ -257,7 +259,7 @@ class CudaBackend final : public Backend {
 
     DeviceGuard guard(device_);
     check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 ? &merge : nullptr, mma,
-                                   reinterpret_cast<cudaStream_t>(stream)),
+                                   programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
 
@@ -271,6 +273,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 1;
   int ctas_per_sm_[3][3] = {};      // [dtype][head-dim bucket]
   int mma_ctas_per_sm_[2][3] = {};  // [dtype - 1][head-dim bucket], f16 and bf16
+  bool programmatic_merge_ = false;  // compute capability 9.0+ with sm_90+ merge code: overlap the merge's launch
 };
 
 // The device count and compute capability, or why the device is unusable.

@@ -95,12 +95,24 @@ cudaError_t prepare(int &ctas_per_sm) {
 }
 
 template <class OutT>
-cudaError_t launch_merge(const MergeParams &p, cudaStream_t stream) {
+cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
+  MergeParams p = merge;
+  p.groups = merge_groups(p.num_splits, p.head_dim);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((p.rows + kMergeWarps - 1) / kMergeWarps));
-  config.blockDim = dim3(kMergeThreads);
+  config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
+  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
   config.dynamicSmemBytes = 0;
   config.stream = stream;
+  // Programmatic dependent launch: the merge's CTAs may be scheduled once
+  // every split CTA has started, and wait in grid_dependency_wait for the
+  // split grid to finish; this takes the launch gap off the critical path.
+  cudaLaunchAttribute attribute[1];
+  if (programmatic) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&config, merge_kernel<OutT>, p);
 }
 
@@ -160,13 +172,34 @@ cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]) {
   return cudaSuccess;
 }
 
+cudaError_t merge_supports_programmatic_launch(bool *supported) {
+  *supported = false;
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess || major < 9) return err;
+  // The image the device runs must have been compiled for sm_90 or later
+  // (an sm_80 PTX JIT-compiled here would not wait on the split grid).
+  const void *kernels[3] = {reinterpret_cast<const void *>(merge_kernel<float>),
+                            reinterpret_cast<const void *>(merge_kernel<__half>),
+                            reinterpret_cast<const void *>(merge_kernel<__nv_bfloat16>)};
+  for (const void *kernel : kernels) {
+    cudaFuncAttributes attributes;
+    err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) return err;
+    if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90) return cudaSuccess;
+  }
+  *supported = true;
+  return cudaSuccess;
+}
+
 cudaError_t probe_kernel_image() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
 }
 
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          bool mma, cudaStream_t stream) {
+                          bool mma, bool programmatic, cudaStream_t stream) {
   const int bucket = head_dim_bucket(split.head_dim);
   cudaError_t err =
       mma && dtype != FD_DTYPE_F32
@@ -175,9 +208,9 @@ cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams 
                               [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); });
   if (err != cudaSuccess || merge == nullptr) return err;
   switch (out_dtype) {
-    case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, stream);
-    case FD_DTYPE_BF16: return launch_merge<StorageOf<FD_DTYPE_BF16>::type>(*merge, stream);
-    default: return launch_merge<float>(*merge, stream);
+    case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, programmatic, stream);
+    case FD_DTYPE_BF16: return launch_merge<StorageOf<FD_DTYPE_BF16>::type>(*merge, programmatic, stream);
+    default: return launch_merge<float>(*merge, programmatic, stream);
   }
 }
 

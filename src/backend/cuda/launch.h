@@ -73,6 +73,7 @@ struct MergeParams {
   int32_t num_splits = 1;
   int32_t head_dim = 0;
   int32_t q_heads = 0;
+  int32_t groups = 1;  // set by launch_decode: split groups per row (merge_kernel.cuh)
   void *out = nullptr;
   int64_t out_batch_stride = 0, out_head_stride = 0;
   float *lse = nullptr;
@@ -111,11 +112,17 @@ int bucket_index(int head_dim_bucket);
 // Checks that this binary has code the current device can run.
 cudaError_t probe_kernel_image();
 
+// Whether the merge kernels loaded for the current device wait on their
+// grid dependency (griddepcontrol: compiled for sm_90 or later), so that they
+// may be launched with programmatic stream serialization.
+cudaError_t merge_supports_programmatic_launch(bool *supported);
+
 // Enqueues the split kernel (the tensor-core one when mma is set: dtype f16
-// or bf16 and kv_aligned) and, when merge is not null, the merge kernel.
-// Returns the first launch error.
+// or bf16 and kv_aligned) and, when merge is not null, the merge kernel; with
+// programmatic set (see merge_supports_programmatic_launch), the merge may
+// start while the split kernel finishes. Returns the first launch error.
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          bool mma, cudaStream_t stream);
+                          bool mma, bool programmatic, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fd

@@ -174,6 +174,27 @@ struct TileLoader {
         v_src += v_step;
       }
     } else {
+      // Every row's page number first, all loads in flight together, then the
+      // copies back to back: a copy must not wait on its own table load
+      // (the copies' memory clobber keeps the compiler from hoisting loads
+      // past them).
+      int32_t pages[Traits::kPasses];
+      int32_t slots[Traits::kPasses];
+#pragma unroll
+      for (int i = 0; i < Traits::kPasses; ++i) {
+        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+        const int32_t token = static_cast<int32_t>(first_token + i * Traits::kRowsPerPass);  // < INT32_MAX when valid
+        int32_t page_in_sequence, slot;
+        if (p.page_shift >= 0) {
+          page_in_sequence = token >> p.page_shift;
+          slot = token & (p.page_size - 1);
+        } else {
+          page_in_sequence = token / p.page_size;
+          slot = token - page_in_sequence * p.page_size;
+        }
+        slots[i] = slot;
+        pages[i] = valid ? __ldg(table_row + page_in_sequence * p.block_table_strides[1]) : 0;
+      }
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
         const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
@@ -181,18 +202,9 @@ struct TileLoader {
         const void *k_src = p.k;
         const void *v_src = p.v;
         if (valid) {
-          const int32_t token = static_cast<int32_t>(first_token + i * Traits::kRowsPerPass);  // < INT32_MAX
-          int32_t page_in_sequence, slot;
-          if (p.page_shift >= 0) {
-            page_in_sequence = token >> p.page_shift;
-            slot = token & (p.page_size - 1);
-          } else {
-            page_in_sequence = token / p.page_size;
-            slot = token - page_in_sequence * p.page_size;
-          }
-          const int64_t page = __ldg(table_row + page_in_sequence * p.block_table_strides[1]);
-          k_src = k_base + (page * p.k_strides[0] + slot * p.k_strides[1]) * 2;
-          v_src = v_base + (page * p.v_strides[0] + slot * p.v_strides[1]) * 2;
+          const int64_t page = pages[i];
+          k_src = k_base + (page * p.k_strides[0] + slots[i] * p.k_strides[1]) * 2;
+          v_src = v_base + (page * p.v_strides[0] + slots[i] * p.v_strides[1]) * 2;
         }
         cp_async_chunk(stage + offset, k_src, valid);
         cp_async_chunk(v_stage + offset, v_src, valid);
@@ -299,6 +311,9 @@ __global__ void __launch_bounds__(MmaTraits<kBucket>::kThreads, MmaTraits<kBucke
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
+  // The merge may be scheduled once every CTA of this grid has started; it
+  // still waits for this grid to finish before it reads a partial state.
+  grid_dependency_launch_dependents();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

@@ -101,6 +101,9 @@ template <class T, int kBucket>
 __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads) split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
+  // The merge may be scheduled once every CTA of this grid has started; it
+  // still waits for this grid to finish before it reads a partial state.
+  grid_dependency_launch_dependents();
 
   const int lane = threadIdx.x % Traits::kLanes;
   const int row = threadIdx.x / Traits::kLanes;

@@ -58,6 +58,24 @@ __device__ inline float merge_weight(float m_part, float m_max) {
   return m_part == negative_infinity() ? 0.0f : exp2f(m_part - m_max);
 }
 
+// Programmatic dependent launch (sm_90 and later; no-ops in code built for
+// older architectures, where the host never asks for it). A split kernel
+// lets the merge kernel that follows it start early; the merge waits here,
+// before its first read of the partial states, until the split grid has
+// finished and its writes are visible. Without the launch attribute both
+// return at once.
+__device__ __forceinline__ void grid_dependency_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Natural-log log-sum-exp of a merged state; -inf when it is empty.
 __device__ inline float natural_lse(float m, float l) {
   return m == negative_infinity() ? negative_infinity() : (m + log2f(l)) * kLn2;
