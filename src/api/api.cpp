@@ -16,6 +16,10 @@ struct fd_handle {
   void *workspace = nullptr;
   size_t workspace_bytes = 0;
   bool workspace_owned = true;  // false: the caller's memory, never freed here
+  // The last plan fd_decode made, reused while the shape stays the same.
+  bool has_last_plan = false;
+  fd::PlanKey last_plan_key;
+  fd::Plan last_plan;
 };
 
 namespace fd {
@@ -95,11 +99,43 @@ struct PlannedDecode {
   Plan plan;
 };
 
+Plan plan_for(const fd_handle &h, const Problem &problem) {
+  return make_plan(problem, h.backend->parallelism(problem));
+}
+
 PlannedDecode plan_decode(const fd_handle &h, const fd_decode_args *args) {
   PlannedDecode planned;
   planned.problem = validate_decode_args(args);
   h.backend->check_supported(planned.problem);
-  planned.plan = make_plan(planned.problem, h.backend->parallelism(planned.problem));
+  planned.plan = plan_for(h, planned.problem);
+  return planned;
+}
+
+// fd_decode's planning: as plan_decode, but reusing the handle's last plan
+// when the shape has not changed (the split search is not free, and a
+// decode loop repeats one shape). Only fd_decode may call this: it writes
+// the handle, which fd_workspace_size must not.
+// Allocating during stream capture is not allowed (and would invalidate the
+// capture): say how to reserve ahead instead.
+void refuse_growth_during_capture(const fd_handle &h, size_t bytes, fd_cuda_stream stream) {
+  if (bytes <= h.workspace_bytes || !h.workspace_owned || !h.backend->stream_is_capturing(stream)) return;
+  fail(FD_ERROR_WORKSPACE_TOO_SMALL,
+       "workspace: %zu bytes needed, %zu reserved, and the stream is being captured into a CUDA graph, where memory "
+       "cannot be allocated: call fd_reserve_workspace with fd_workspace_size's answer before capturing",
+       bytes, h.workspace_bytes);
+}
+
+PlannedDecode plan_decode_cached(fd_handle &h, const fd_decode_args *args) {
+  PlannedDecode planned;
+  planned.problem = validate_decode_args(args);
+  h.backend->check_supported(planned.problem);
+  const PlanKey key = plan_key(planned.problem);
+  if (!h.has_last_plan || !(key == h.last_plan_key)) {
+    h.last_plan = plan_for(h, planned.problem);
+    h.last_plan_key = key;
+    h.has_last_plan = true;
+  }
+  planned.plan = h.last_plan;
   return planned;
 }
 
@@ -230,9 +266,10 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
 FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream) {
   return fd::guarded([&] {
     fd_handle &h = fd::checked_handle(handle);
-    const fd::PlannedDecode planned = fd::plan_decode(h, args);
+    const fd::PlannedDecode planned = fd::plan_decode_cached(h, args);
     h.backend->check_contents(planned.problem);
     if (planned.problem.batch == 0) return;  // nothing to compute, nothing to write
+    fd::refuse_growth_during_capture(h, planned.plan.workspace_bytes, stream);
     fd::ensure_workspace(h, planned.plan.workspace_bytes);
     h.backend->decode(planned.problem, planned.plan, h.workspace, stream);
   });

@@ -25,7 +25,14 @@ class Backend {
   // where this backend can read them without synchronising.
   virtual void check_contents(const Problem &problem) const = 0;
 
+  // May depend only on the fields of PlanKey (core/plan.h): handles reuse
+  // plans across problems with equal keys.
   virtual ParallelismHint parallelism(const Problem &problem) const = 0;
+
+  // Whether work enqueued on `stream` now would be captured into a CUDA
+  // graph (or the stream cannot tell): then the workspace must not grow,
+  // since allocating during capture is not allowed.
+  virtual bool stream_is_capturing(fd_cuda_stream) const { return false; }
 
   // Workspace memory in this backend's address space (host or device).
   virtual void *allocate_workspace(size_t bytes) = 0;

@@ -49,6 +49,23 @@ int32_t automatic_splits(const Problem &p, const ParallelismHint &hint) {
 
 }  // namespace
 
+PlanKey plan_key(const Problem &p) {
+  PlanKey key;
+  key.dtype = p.dtype;
+  key.out_dtype = p.out_dtype;
+  key.batch = p.batch;
+  key.q_len = p.q_len;
+  key.q_heads = p.q_heads;
+  key.kv_heads = p.kv_heads;
+  key.head_dim = p.head_dim;
+  key.kv_capacity = p.kv_capacity;
+  key.page_size = p.page_size;
+  key.paged = p.paged;
+  key.has_seq_lens = p.has_seq_lens;
+  key.requested_splits = p.requested_splits;
+  return key;
+}
+
 Plan make_plan(const Problem &p, const ParallelismHint &hint) {
   Plan plan;
   const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);

@@ -45,4 +45,26 @@ constexpr size_t kWorkspaceAlignment = 256;
 
 Plan make_plan(const Problem &problem, const ParallelismHint &hint);
 
+// Everything a plan depends on (with the backend's ParallelismHint, which
+// may depend only on these fields too): problems with equal keys get equal
+// plans, so a handle reuses its last plan instead of searching again on
+// every decode of the same shape.
+struct PlanKey {
+  fd_dtype dtype = FD_DTYPE_F32;
+  fd_dtype out_dtype = FD_DTYPE_F32;
+  int64_t batch = 0, q_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, kv_capacity = 0, page_size = 0;
+  bool paged = false;
+  bool has_seq_lens = false;
+  int32_t requested_splits = 0;
+
+  bool operator==(const PlanKey &o) const {
+    return dtype == o.dtype && out_dtype == o.out_dtype && batch == o.batch && q_len == o.q_len &&
+           q_heads == o.q_heads && kv_heads == o.kv_heads && head_dim == o.head_dim && kv_capacity == o.kv_capacity &&
+           page_size == o.page_size && paged == o.paged && has_seq_lens == o.has_seq_lens &&
+           requested_splits == o.requested_splits;
+  }
+};
+
+PlanKey plan_key(const Problem &problem);
+
 }  // namespace fd

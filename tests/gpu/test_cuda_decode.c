@@ -294,6 +294,59 @@ static void test_deterministic(void **state) {
 /* Capture fd_decode in a graph (global capture mode: any allocation, copy or
  * synchronisation inside would break the capture), then replay it after
  * overwriting q, K, V, seq_lens and the block table in place. */
+/* Capturing before the workspace is reserved: fd_decode refuses to allocate
+ * during capture, with a message saying what to do, and leaves the capture
+ * intact; after fd_reserve_workspace the same capture works. */
+static void test_capture_without_reserve(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 2;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_len = 2000;
+  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  c.num_splits = 4;
+  c.seed = g_seed + 900;
+  fdt_problem p;
+  make_problem(&p, &c);
+  fdt_device_problem d;
+  upload(&p, &d);
+  fd_handle *h = make_handle(FD_BACKEND_CUDA);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fd_status refused = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph)); /* still a valid capture */
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  assert_int_equal(refused, FD_ERROR_WORKSPACE_TOO_SMALL);
+  if (strstr(last_message(), "fd_reserve_workspace") == NULL) fail_msg("unhelpful message: %s", last_message());
+  print_message("capture without reserve refused: %s\n", last_message());
+
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(h, &d.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fd_status captured = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (fdt_cuda_download(&d, &p) != 0) fail_msg("download failed");
+  char report[256];
+  if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("after reserving: %s", report);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  fdt_cuda_free(&d);
+  fdt_problem_free(&p);
+}
+
 static void test_graph_replay(void **state) {
   (void)state;
   fdt_case c = {0};
@@ -841,6 +894,7 @@ int main(void) {
   }
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_capture_without_reserve);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);

@@ -131,6 +131,36 @@ static void test_all_sequences_empty(void **state) {
   fdt_problem_free(&p);
 }
 
+/* One handle across changing shapes: the handle reuses its last plan while
+ * the shape is unchanged, so switching back and forth must replan each time
+ * (and grow the workspace as needed). */
+static void test_handle_reused_across_shapes(void **state) {
+  (void)state;
+  fd_handle *h = make_cpu_handle(2);
+  const int64_t kv_lens[] = {300, 5000, 300, 64, 5000};
+  const int32_t splits[] = {0, 0, 7, 7, 0};
+  for (int i = 0; i < 5; ++i) {
+    fdt_case c = {0};
+    c.batch = 2; /* only the KV length, split count or layout change between neighbours */
+    c.q_heads = 8;
+    c.kv_heads = i == 3 ? 8 : 2;
+    c.head_dim = 64;
+    c.kv_len = kv_lens[i];
+    c.dtype = c.out_dtype = FD_DTYPE_F32;
+    c.ragged = i == 4;
+    c.with_lse = 1;
+    c.num_splits = splits[i];
+    c.seed = 300 + (uint64_t)i;
+    fdt_problem p;
+    assert_int_equal(fdt_problem_make(&p, &c), 0);
+    assert_int_equal(fd_decode(h, &p.args, NULL), FD_SUCCESS);
+    char report[256];
+    if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("shape %d: %s", i, report);
+    fdt_problem_free(&p);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
 /* ---- the matrix ---------------------------------------------------------------- */
 enum { kCases = 120 };
 
@@ -167,13 +197,14 @@ int main(void) {
   static fdt_case cases[kCases];
   static char names[kCases][64];
   make_matrix(cases);
-  struct CMUnitTest tests[kCases + 3];
+  struct CMUnitTest tests[kCases + 4];
   tests[0] = (struct CMUnitTest)cmocka_unit_test(test_seed_check);
   tests[1] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[2] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
+  tests[3] = (struct CMUnitTest)cmocka_unit_test(test_handle_reused_across_shapes);
   for (int i = 0; i < kCases; ++i) {
     snprintf(names[i], sizeof names[i], "matrix_case_%03d", i);
-    tests[i + 3] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
+    tests[i + 4] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
   }
-  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + 3, NULL, NULL);
+  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + 4, NULL, NULL);
 }

@@ -160,6 +160,15 @@ class CudaBackend final : public Backend {
     return hint;
   }
 
+  bool stream_is_capturing(fd_cuda_stream stream) const override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+      cudaGetLastError();
+      return true;  // e.g. the legacy stream while another stream captures globally: do not allocate either
+    }
+    return status != cudaStreamCaptureStatusNone;
+  }
+
   void *allocate_workspace(size_t bytes) override {
     DeviceGuard guard(device_);
     void *memory = nullptr;
