@@ -353,7 +353,11 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  *
  * CUDA backend: asynchronous on @p stream; does not allocate, copy to or from
  * the host, or synchronise once the workspace is large enough (see
- * fd_reserve_workspace()), so it may be captured in a CUDA graph.
+ * fd_reserve_workspace()), so it may be captured in a CUDA graph. Called
+ * during capture with too small a library-owned workspace, it returns
+ * #FD_ERROR_WORKSPACE_TOO_SMALL rather than allocate, and the capture stays
+ * valid. The handle keeps the plan of its last call and reuses it while the
+ * shapes stay the same.
  * CPU backend: synchronous, on the handle's worker threads; @p stream is
  * ignored.
  *
