@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Side-by-side timing of several builds of flashdecode (and forced split
+counts) on the same inputs, in one process, rounds in alternating order.
+
+    python3 tests/bench/ab_variants.py --lib dev=build-dev/src/libflashdecode.so.0 \
+        --lib var1=build-var1/src/libflashdecode.so.0 [--shapes 1,3,5] [--dtypes float16] \
+        [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
+
+Every library is loaded from its own path (its CUDA runtime is static and
+hidden, so the copies do not clash). For each shape of compare_sdpa.py the
+inputs are built once, every variant's output is checked against the float64
+reference, then each round times every variant under CUDA graph replay (KV sets
+rotated, median of the replays), the order reversed on odd rounds. --splits
+adds variants of the first library with num_splits forced for a shape
+("shape:n,n;shape:n"). Prints one line per shape: each variant's per-round
+medians in microseconds.
+"""
+import argparse
+import ctypes
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_sdpa as cs  # noqa: E402
+import torch  # noqa: E402
+
+
+def build_inputs(shape, dtype, min_rotation_bytes):
+    sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
+    elem = torch.finfo(dtype).bits // 8
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1000 + sid)
+    kv_set_bytes = 2 * batch * kv_heads * kv_len * head_dim * elem
+    sets = max(2, math.ceil(min_rotation_bytes / kv_set_bytes))
+
+    def randn(*size):
+        return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
+
+    data = {"qs": [randn(batch, q_heads, 1, head_dim) for _ in range(sets)], "lens": None, "table": None}
+    if kind == "paged":
+        pages = batch * kv_len // cs.PAGE_SIZE
+        data["ks"] = [randn(pages, cs.PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
+        data["vs"] = [randn(pages, cs.PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
+        perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+        table = perm.reshape(batch, kv_len // cs.PAGE_SIZE).contiguous()
+        data["table"] = table
+
+        def dense(pool):
+            return pool[table.long()].reshape(batch, kv_len, kv_heads, head_dim).permute(0, 2, 1, 3).contiguous()
+
+        k0, v0 = dense(data["ks"][0]), dense(data["vs"][0])
+    else:
+        data["ks"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        data["vs"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        if kind == "ragged":
+            data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+        k0, v0 = data["ks"][0], data["vs"][0]
+    data["ref"] = cs.reference(data["qs"][0], k0, v0, data["lens"])
+    data["outs"] = [torch.empty_like(q) for q in data["qs"]]
+    data["sets"] = sets
+    return data
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
+    parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
+    parser.add_argument("--dtypes", default="float16")
+    parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--replays", type=int, default=60)
+    parser.add_argument("--rotation-mib", type=int, default=1024)
+    args = parser.parse_args()
+
+    libs = []
+    for spec in args.lib:
+        name, path = spec.split("=", 1)
+        fd = cs.FlashDecode(os.path.abspath(path))
+        libs.append((name, fd, fd.create_cuda_handle(0)))
+    addresses = {ctypes.cast(fd.lib.fd_decode, ctypes.c_void_p).value for _, fd, _ in libs}
+    if len(addresses) != len(libs):
+        sys.exit("libraries share code: give each variant its own path")
+    forced = {}
+    for part in filter(None, args.splits.split(";")):
+        sid, counts = part.split(":")
+        forced[int(sid)] = [int(c) for c in counts.split(",")]
+
+    shapes = [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"{'shape':<30} {'dtype':<8} " + "variant: per-round medians (us)")
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        bound = cs.BOUNDS[dtype_name]
+        for shape in shapes:
+            data = build_inputs(shape, dtype, args.rotation_mib << 20)
+            variants = [(name, fd, handle, 0) for name, fd, handle in libs]
+            base_name, base_fd, base_handle = libs[0]
+            variants += [(f"{base_name}/s{n}", base_fd, base_handle, n) for n in forced.get(shape[0], [])]
+            calls = []
+            for name, fd, handle, splits in variants:
+                fd_args = []
+                for i in range(data["sets"]):
+                    if data["table"] is not None:
+                        a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                                           block_table=data["table"])
+                    else:
+                        a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                                           seq_lens=data["lens"])
+                    a.num_splits = splits
+                    fd_args.append(a)
+
+                # Reserved before any capture: a handle shared by forced-split
+                # variants keeps the largest workspace any of them needs.
+                workspace = ctypes.c_size_t()
+                fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
+                         "fd_workspace_size")
+                fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
+
+                def run(fd=fd, handle=handle, fd_args=fd_args):
+                    stream = torch.cuda.current_stream().cuda_stream
+                    for a in fd_args:
+                        fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
+                    return len(fd_args)
+
+                for out in data["outs"]:
+                    out.fill_(float("nan"))
+                run()
+                torch.cuda.synchronize()
+                rel, _ = cs.rel_error(data["outs"][0], data["ref"])
+                ok = rel <= bound and not math.isnan(rel)
+                calls.append((name, run, rel, ok))
+            times = {name: [] for name, _, _, _ in calls}
+            for r in range(args.rounds):
+                order = calls if r % 2 == 0 else calls[::-1]
+                for name, run, _, ok in order:
+                    if ok:
+                        times[name].append(cs.time_graph(run, args.replays)[0] * 1e6)
+            cells = []
+            for name, _, rel, ok in calls:
+                if not ok:
+                    cells.append(f"{name}: CHECK FAILED ({rel:.1e})")
+                else:
+                    t = times[name]
+                    cells.append(f"{name}: " + "/".join(f"{x:.1f}" for x in t) + f" (med {statistics.median(t):.1f})")
+            print(f"{cs.shape_label(shape):<30} {dtype_name:<8} " + " | ".join(cells), flush=True)
+            del data, calls
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
