@@ -24,20 +24,33 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Splits shorter than this cost more in partial-state traffic and pipeline
-// start-up than they win in parallelism.
+// start-up than they win in parallelism. The CUDA-core kernel's CTA is
+// smaller (up to 4 per SM) and its tiles 32-64 tokens, so it can use shorter
+// splits: on the H200, 1x32/32x2048x128 fp16 ran 15.3 us at 16 splits against
+// 16.1 us at the 8 that 256 tokens allow.
 constexpr int64_t kMinSplitTokens = 256;
+constexpr int64_t kMinSplitTokensCudaCore = 128;
 // The planner's wave model (core/plan.cpp): a CTA's fixed cost (pipeline
 // fill, epilogue) and the merge launch, in tokens a CTA streams meanwhile.
 constexpr int64_t kSplitOverheadTokens = 64;
 constexpr int64_t kMergeOverheadTokens = 128;
 
+// Which split kernel a problem is planned for; the one place that decides.
 // The tensor-core kernel takes 16-bit inputs with a 16-bit output: P is
 // rounded to 16 bits before P V, which a float output's 1e-5 bound would not
-// absorb, so float outputs stay on the CUDA-core kernel. Decided from dtypes
-// alone, so the plan (and the workspace size) does not depend on pointers;
-// K/V rows that are not 16-byte aligned run the CUDA-core kernel on the same
-// plan.
-bool mma_eligible(const Problem &p) { return p.dtype != FD_DTYPE_F32 && p.out_dtype == p.dtype; }
+// absorb, so float outputs stay on the CUDA-core kernel. MHA (one query head
+// per KV head) with head_dim 65-128 runs the CUDA-core kernel too: the
+// tensor-core CTA would fill 1 of its 16 head slots, and the CUDA-core CTA
+// (48 KiB, 128 threads, up to 4 per SM) has the smaller fixed cost — on the
+// H200, fp16 256x32/32x512x128 540 -> 494 us and 1x32/32x2048x128 18.6 ->
+// 16.3 us; for head_dim 64 it is slower (4x16/16x65536x64 256 -> 303 us).
+// Decided from dtypes and shapes (PlanKey fields) alone, so the plan and the
+// workspace size do not depend on pointers; K/V rows that are not 16-byte
+// aligned run the CUDA-core kernel on the same plan.
+bool mma_eligible(const Problem &p) {
+  const bool mha_bucket_128 = p.group_size == 1 && p.head_dim > 64 && p.head_dim <= 128;
+  return p.dtype != FD_DTYPE_F32 && p.out_dtype == p.dtype && !mha_bucket_128;
+}
 
 [[noreturn]] void fail_cuda(const char *what, cudaError_t err) {
   cudaGetLastError();  // the error is reported here; do not leave it pending
@@ -153,7 +166,7 @@ class CudaBackend final : public Backend {
     // A unit of the planner is one (sequence, KV head); each takes
     // heads.chunks CTAs per split.
     hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
-    hint.min_split_tokens = kMinSplitTokens;
+    hint.min_split_tokens = mma ? kMinSplitTokens : kMinSplitTokensCudaCore;
     hint.split_granularity = shape.tile_tokens;
     hint.split_overhead_tokens = kSplitOverheadTokens;
     hint.merge_overhead_tokens = kMergeOverheadTokens;

@@ -201,16 +201,8 @@ cudaError_t probe_kernel_image() {
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
                           bool mma, bool programmatic, cudaStream_t stream) {
   const int bucket = head_dim_bucket(split.head_dim);
-  // MHA (one query head per KV head) in the 128 bucket runs the CUDA-core
-  // kernel, on the plan made for the tensor-core one (as unaligned caches do):
-  // the tensor-core CTA fills 1 of its 16 head slots, and the CUDA-core CTA
-  // (48 KiB, 128 threads, up to 4 a multiprocessor) has the smaller fixed
-  // cost. Measured on the H200, fp16: 256x32/32x512x128 540 -> 494 us,
-  // 1x32/32x2048x128 18.6 -> 16.3 us. Not for the 64 bucket, where it is
-  // slower (4x16/16x65536x64: 256 -> 303 us).
-  const bool mha_128 = split.group_size == 1 && bucket == 128;
   cudaError_t err =
-      mma && dtype != FD_DTYPE_F32 && !mha_128
+      mma && dtype != FD_DTYPE_F32
           ? with_mma_kernel(dtype, bucket, [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); })
           : with_split_kernel(dtype, bucket,
                               [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); });

@@ -117,10 +117,9 @@ cudaError_t probe_kernel_image();
 // may be launched with programmatic stream serialization.
 cudaError_t merge_supports_programmatic_launch(bool *supported);
 
-// Enqueues the split kernel (the tensor-core one when mma is set: dtype f16
-// or bf16 and kv_aligned, except MHA with head_dim 65-128, which runs the
-// CUDA-core kernel on the same plan: see dispatch.cu) and, when merge is not
-// null, the merge kernel; with programmatic set (see
+// Enqueues the split kernel (the tensor-core one when mma is set: the caller
+// decides, see mma_eligible in cuda_backend.cu; f16 or bf16 and kv_aligned)
+// and, when merge is not null, the merge kernel; with programmatic set (see
 // merge_supports_programmatic_launch), the merge may start while the split
 // kernel finishes. Returns the first launch error.
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
