@@ -398,7 +398,8 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  * @brief Makes sure the handle owns at least @p bytes of workspace.
  *
  * Allocates (on the handle's device for CUDA) if the library-owned workspace
- * is smaller; never shrinks it. Has no effect on a caller-provided workspace
+ * is smaller, and then (CUDA) zeroes the state kept at its start and waits
+ * for that; never shrinks it. Has no effect on a caller-provided workspace
  * other than checking its size.
  *
  * @param handle A live handle.
@@ -415,7 +416,11 @@ FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
  * The memory must be host memory for the CPU backend and device memory of
  * the handle's device for the CUDA backend, aligned to 256 bytes, and stay
  * valid until it is replaced or the handle destroyed. A library-owned
- * workspace is freed.
+ * workspace is freed. The CUDA backend keeps state between calls at the
+ * start of its workspace (counters of the merge fused into the split
+ * kernel, 64 KiB): this call zeroes that part and waits until it is done, so
+ * the memory must not be in use by other work, and the caller must not
+ * write to it while it belongs to the handle.
  *
  * @param handle A live handle.
  * @param workspace The memory, or NULL to return to library-owned workspace.

@@ -155,6 +155,12 @@ void ensure_workspace(fd_handle &h, size_t bytes) {
          h.workspace_bytes);
   }
   void *grown = h.backend->allocate_workspace(bytes);
+  try {
+    h.backend->prepare_workspace(grown, bytes);
+  } catch (...) {
+    h.backend->free_workspace(grown);
+    throw;
+  }
   release_owned_workspace(h);
   h.workspace = grown;
   h.workspace_bytes = bytes;
@@ -254,6 +260,7 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
       fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %p is not aligned to %zu bytes", workspace,
                fd::kWorkspaceAlignment);
     }
+    if (workspace != nullptr) h.backend->prepare_workspace(workspace, bytes);
     fd::release_owned_workspace(h);
     if (workspace != nullptr) {
       h.workspace = workspace;

@@ -38,6 +38,13 @@ class Backend {
   virtual void *allocate_workspace(size_t bytes) = 0;
   virtual void free_workspace(void *workspace) noexcept = 0;
 
+  // Called when memory becomes a handle's workspace (allocated here or handed
+  // over by the caller), before any decode uses it: sets up the header that
+  // ParallelismHint::workspace_header_bytes reserves (the CUDA backend zeroes
+  // its merge counters and waits for that). `bytes` may be smaller than the
+  // header; decodes then fail for a too-small workspace before using it.
+  virtual void prepare_workspace(void * /*workspace*/, size_t /*bytes*/) {}
+
   // Runs (or enqueues) one validated, planned decode. `workspace` holds at
   // least plan.workspace_bytes. Must not allocate.
   virtual void decode(const Problem &problem, const Plan &plan, void *workspace, fd_cuda_stream stream) = 0;

@@ -86,11 +86,10 @@ Plan make_plan(const Problem &p, const ParallelismHint &hint) {
     fail(FD_ERROR_INVALID_SHAPE, "q: batch %lld x q_heads %lld x %d splits needs a workspace beyond the address space",
          static_cast<long long>(p.batch), static_cast<long long>(p.q_heads), static_cast<int>(plan.num_splits));
   }
-  plan.m_offset = 0;
+  plan.m_offset = align_up(hint.workspace_header_bytes);
   plan.l_offset = align_up(plan.m_offset + states * sizeof(float));
   plan.acc_offset = align_up(plan.l_offset + states * sizeof(float));
-  plan.extra_offset = align_up(plan.acc_offset + acc_bytes);
-  plan.workspace_bytes = align_up(plan.extra_offset + hint.extra_workspace_bytes);
+  plan.workspace_bytes = align_up(plan.acc_offset + acc_bytes);
   return plan;
 }
 

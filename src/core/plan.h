@@ -16,7 +16,10 @@ struct ParallelismHint {
   int64_t workers = 1;            // work units that run at once (CPU threads; CUDA SMs x blocks per SM)
   int64_t min_split_tokens = 1;   // automatic splits are at least this long (a partial has a fixed cost)
   int64_t split_granularity = 1;  // split lengths are multiples of this (a kernel's KV tile)
-  size_t extra_workspace_bytes = 0;  // backend scratch (counters, schedules) after the partials
+  // Backend state at the start of every workspace, kept between calls (the
+  // CUDA backend's merge counters): the same for every problem of a backend,
+  // so that the partials of one problem never overwrite it for the next.
+  size_t workspace_header_bytes = 0;
   // Non-zero: pick automatic splits with a wave model (workers units run at
   // once, each costing its split length plus this many tokens; a merge pass
   // costs merge_overhead_tokens). Zero: about two units per worker.
@@ -24,7 +27,8 @@ struct ParallelismHint {
   int64_t merge_overhead_tokens = 0;
 };
 
-// The workspace holds, for every query row r = (b * q_len + t) * q_heads + h
+// The workspace starts with the backend's header (ParallelismHint), then
+// holds, for every query row r = (b * q_len + t) * q_heads + h
 // and split s, the online-softmax state of that split in base 2:
 //   m[r * num_splits + s]                 running max of log2-scaled scores (-inf: empty split)
 //   l[r * num_splits + s]                 sum of exp2(score - m)
@@ -37,7 +41,6 @@ struct Plan {
   size_t m_offset = 0;
   size_t l_offset = 0;
   size_t acc_offset = 0;
-  size_t extra_offset = 0;
   size_t workspace_bytes = 0;
 };
 

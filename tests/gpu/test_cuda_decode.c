@@ -5,7 +5,8 @@
  * (0, 1, 63, 64, 65, full) and split counts (automatic, 1 .. 1024). Fresh
  * random data per case; outputs poisoned with NaN; NaN in every cache slot a
  * sequence does not own. Then: determinism, CUDA graph capture and replay
- * with new data and lengths, two handles on two streams in two threads,
+ * with new data and lengths, both merge paths on a caller-provided
+ * workspace, two handles on two streams in two threads,
  * element offsets past 2^31, unaligned caches, length clamping, a batch past
  * the grid's y limit, rejected input leaving the output untouched.
  *
@@ -70,10 +71,6 @@ static void make_problem(fdt_problem *p, const fdt_case *c) {
   if (fdt_problem_make(p, c) != 0) fail_msg("out of host memory generating a problem");
 }
 
-static void upload(const fdt_problem *p, fdt_device_problem *d) {
-  if (fdt_cuda_upload(p, d) != 0) fail_msg("copying the problem to the device failed");
-}
-
 /* Decodes on the CUDA handle and copies the outputs back into p. The tests
  * fill device memory with cudaMemcpy/cudaMemset on the legacy stream, which
  * a non-blocking stream does not wait for: wait here first. */
@@ -84,6 +81,44 @@ static void decode_cuda(fd_handle *h, fdt_problem *p, fdt_device_problem *d, cud
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaGetLastError());
   if (fdt_cuda_download(d, p) != 0) fail_msg("copying the outputs back failed");
+}
+
+/* ---- one case: generate, upload, decode, check ------------------------------ */
+/* A generated problem, its device copy and the verdict on a decode of it.
+ * Tests go open_case, then (after altering d where they test something
+ * particular) check_case, close_case, and only then fail_msg: failing
+ * longjmps, and device buffers left behind (GiBs in the large-offset test)
+ * would starve the tests after it. */
+typedef struct gpu_case {
+  fdt_problem p;         /* host storage and the float64 reference */
+  fdt_device_problem d;  /* device copy; tests may repoint d.args or overwrite d's buffers */
+  char report[256];      /* fdt_check's summary; close_case keeps it for the failure message */
+  double out_error, lse_error;
+} gpu_case;
+
+/* Generates c's problem (outputs poisoned, NaN in unowned cache slots) and
+ * copies it to the device with the same layout. */
+static void open_case(gpu_case *t, const fdt_case *c) {
+  memset(t, 0, sizeof *t);
+  make_problem(&t->p, c);
+  if (fdt_cuda_upload(&t->p, &t->d) != 0) {
+    fdt_problem_free(&t->p);
+    fail_msg("copying the problem to the device failed");
+  }
+}
+
+/* Decodes t->d.args on the shared CUDA handle and stream, copies the outputs
+ * back and checks them against the float64 reference (every element written,
+ * empty sequences zero with LSE -inf, error within the dtype's bound).
+ * Returns nonzero on a mismatch; t->report says what was measured. */
+static int check_case(gpu_case *t) {
+  decode_cuda(g_cuda, &t->p, &t->d, g_stream);
+  return fdt_check(&t->p, t->report, sizeof t->report, &t->out_error, &t->lse_error);
+}
+
+static void close_case(gpu_case *t) {
+  fdt_cuda_free(&t->d);
+  fdt_problem_free(&t->p);
 }
 
 /* ||a - b|| / ||b|| over the logical outputs, and the largest |lse_a - lse_b|
@@ -124,36 +159,32 @@ static void note_worst(const fdt_case *c, double ref_out, double ref_lse, double
 /* One matrix case: CUDA vs the float64 reference, then vs the CPU backend. */
 static void run_case(void **state) {
   const fdt_case *c = *state;
-  char description[256], report[256];
+  char description[256];
   fdt_case_describe(c, description, sizeof description);
-  fdt_problem p;
-  make_problem(&p, c);
-  fdt_device_problem d;
-  upload(&p, &d);
-  decode_cuda(g_cuda, &p, &d, g_stream);
-  double ref_out = 0.0, ref_lse = 0.0;
-  const int bad = fdt_check(&p, report, sizeof report, &ref_out, &ref_lse);
+  gpu_case t;
+  open_case(&t, c);
+  const int bad = check_case(&t);
 
-  unsigned char *cuda_out = malloc(p.out_bytes);
-  float *cuda_lse = p.lse ? malloc(p.lse_bytes) : NULL;
-  memcpy(cuda_out, p.out, p.out_bytes);
-  if (p.lse) memcpy(cuda_lse, p.lse, p.lse_bytes);
-  fdt_poison_outputs(&p);
-  const fd_status s = fd_decode(g_cpu, &p.args, NULL);
+  /* The CPU backend decodes the same host problem; keep the CUDA outputs aside. */
+  unsigned char *cuda_out = malloc(t.p.out_bytes);
+  float *cuda_lse = t.p.lse ? malloc(t.p.lse_bytes) : NULL;
+  memcpy(cuda_out, t.p.out, t.p.out_bytes);
+  if (t.p.lse) memcpy(cuda_lse, t.p.lse, t.p.lse_bytes);
+  fdt_poison_outputs(&t.p);
+  const fd_status s = fd_decode(g_cpu, &t.p.args, NULL);
   if (s != FD_SUCCESS) fail_msg("%s: CPU fd_decode failed: %s", description, last_message());
   double cpu_out = 0.0, cpu_lse = 0.0;
-  compare_outputs(&p, cuda_out, cuda_lse, p.out, (const float *)p.lse, &cpu_out, &cpu_lse);
+  compare_outputs(&t.p, cuda_out, cuda_lse, t.p.out, (const float *)t.p.lse, &cpu_out, &cpu_lse);
   const double bound = fdt_error_bound(c->out_dtype);
   const int cpu_bad = !(cpu_out <= bound) || !(cpu_lse <= 1e-4);
 
-  print_message("%s | vs f64: %s | vs cpu: rel_err=%.3g lse_err=%.3g%s\n", description, report, cpu_out, cpu_lse,
+  print_message("%s | vs f64: %s | vs cpu: rel_err=%.3g lse_err=%.3g%s\n", description, t.report, cpu_out, cpu_lse,
                 cpu_bad ? " FAIL" : "");
-  note_worst(c, ref_out, ref_lse, cpu_out, cpu_lse);
+  note_worst(c, t.out_error, t.lse_error, cpu_out, cpu_lse);
   free(cuda_out);
   free(cuda_lse);
-  fdt_cuda_free(&d);
-  fdt_problem_free(&p);
-  if (bad) fail_msg("%s: against the reference: %s", description, report);
+  close_case(&t);
+  if (bad) fail_msg("%s: against the reference: %s", description, t.report);
   if (cpu_bad) fail_msg("%s: against the CPU backend: rel_err=%.3g lse_err=%.3g", description, cpu_out, cpu_lse);
 }
 
@@ -265,29 +296,26 @@ static void test_deterministic(void **state) {
     c.with_lse = 1;
     c.num_splits = split_choices[k];
     c.seed = g_seed + 99;
-    fdt_problem p;
-    make_problem(&p, &c);
-    fdt_device_problem d;
-    upload(&p, &d);
-    unsigned char *first = malloc(p.out_bytes), *first_lse = malloc(p.lse_bytes);
+    gpu_case t;
+    open_case(&t, &c);
+    unsigned char *first = malloc(t.p.out_bytes), *first_lse = malloc(t.p.lse_bytes);
     for (int run = 0; run < 3; ++run) {
-      if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
-      decode_cuda(g_cuda, &p, &d, g_stream);
+      if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
+      decode_cuda(g_cuda, &t.p, &t.d, g_stream);
       if (run == 0) {
-        memcpy(first, p.out, p.out_bytes);
-        memcpy(first_lse, p.lse, p.lse_bytes);
+        memcpy(first, t.p.out, t.p.out_bytes);
+        memcpy(first_lse, t.p.lse, t.p.lse_bytes);
       } else {
-        assert_memory_equal(p.out, first, p.out_bytes);
-        assert_memory_equal(p.lse, first_lse, p.lse_bytes);
+        assert_memory_equal(t.p.out, first, t.p.out_bytes);
+        assert_memory_equal(t.p.lse, first_lse, t.p.lse_bytes);
       }
     }
-    char report[256];
-    if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("%s", report);
-    print_message("deterministic (splits %d): 3 runs bitwise equal; %s\n", (int)c.num_splits, report);
+    /* The runs are equal, so checking the last one checks them all. */
+    if (fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL)) fail_msg("%s", t.report);
+    print_message("deterministic (splits %d): 3 runs bitwise equal; %s\n", (int)c.num_splits, t.report);
     free(first);
     free(first_lse);
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
+    close_case(&t);
   }
 }
 
@@ -308,16 +336,14 @@ static void test_capture_without_reserve(void **state) {
   c.dtype = c.out_dtype = FD_DTYPE_F16;
   c.num_splits = 4;
   c.seed = g_seed + 900;
-  fdt_problem p;
-  make_problem(&p, &c);
-  fdt_device_problem d;
-  upload(&p, &d);
+  gpu_case t;
+  open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fd_status refused = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  const fd_status refused = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph)); /* still a valid capture */
   CUDA_CHECK(cudaGraphDestroy(graph));
   assert_int_equal(refused, FD_ERROR_WORKSPACE_TOO_SMALL);
@@ -325,26 +351,24 @@ static void test_capture_without_reserve(void **state) {
   print_message("capture without reserve refused: %s\n", last_message());
 
   size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(h, &d.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
   assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fd_status captured = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  const fd_status captured = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
   cudaGraphExec_t exec;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
+  if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
   CUDA_CHECK(cudaGraphLaunch(exec, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (fdt_cuda_download(&d, &p) != 0) fail_msg("download failed");
-  char report[256];
-  if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("after reserving: %s", report);
+  if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+  if (fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL)) fail_msg("after reserving: %s", t.report);
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
-  fdt_cuda_free(&d);
-  fdt_problem_free(&p);
+  close_case(&t);
 }
 
 static void test_graph_replay(void **state) {
@@ -361,20 +385,18 @@ static void test_graph_replay(void **state) {
   c.ragged = 1;
   c.with_lse = 1;
   c.seed = g_seed + 500;
-  fdt_problem p;
-  make_problem(&p, &c);
-  fdt_device_problem d;
-  upload(&p, &d);
+  gpu_case t;
+  open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(h, &d.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
   assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   cudaGraph_t graph;
   CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fd_status captured = fd_decode(h, &d.args, (fd_cuda_stream)stream);
+  const fd_status captured = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
   CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
   cudaGraphExec_t exec;
@@ -385,27 +407,89 @@ static void test_graph_replay(void **state) {
     if (round > 0) { /* new data, new lengths, a new page shuffle; same shapes */
       c.seed = g_seed + 500 + (uint64_t)round * 7919;
       make_problem(&fresh, &c);
-      assert_int_equal(fresh.kv_bytes, p.kv_bytes);
-      if (fdt_cuda_refresh_inputs(&fresh, &d) != 0) fail_msg("refreshing the inputs failed");
-      fdt_problem_free(&p);
-      p = fresh;
+      assert_int_equal(fresh.kv_bytes, t.p.kv_bytes);
+      if (fdt_cuda_refresh_inputs(&fresh, &t.d) != 0) fail_msg("refreshing the inputs failed");
+      fdt_problem_free(&t.p);
+      t.p = fresh;
     }
-    if (fdt_cuda_poison_outputs(&p, &d) != 0) fail_msg("poisoning failed");
+    if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (fdt_cuda_download(&d, &p) != 0) fail_msg("download failed");
-    char report[256];
-    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
-    print_message("graph replay %d (lens[6..8] %lld %lld %lld): %s\n", round, (long long)p.lens[6],
-                  (long long)p.lens[7], (long long)p.lens[8], report);
-    if (bad) fail_msg("graph replay %d: %s", round, report);
+    if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+    const int bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
+    print_message("graph replay %d (lens[6..8] %lld %lld %lld): %s\n", round, (long long)t.p.lens[6],
+                  (long long)t.p.lens[7], (long long)t.p.lens[8], t.report);
+    if (bad) fail_msg("graph replay %d: %s", round, t.report);
   }
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
-  fdt_cuda_free(&d);
-  fdt_problem_free(&p);
+  close_case(&t);
+}
+
+/* ---- the two merge paths and the workspace's counters ------------------------ */
+/* With several splits, the last CTA of each (sequence, KV head, chunk) merges
+ * the splits itself when their partials fit its shared memory, counting
+ * finished CTAs in counters at the start of the workspace that every launch
+ * leaves at zero; larger merges run the merge kernel. Here, on a
+ * caller-provided workspace filled with garbage before fd_set_workspace
+ * (which must clear the counters): fused merges on both split kernels, a
+ * merge-kernel case, and the first case again after the others wrote their
+ * partials, each against the reference. */
+static void test_merge_paths_on_caller_workspace(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype, out_dtype;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len;
+    int32_t splits;
+  } spec[] = {
+      {"fused, tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128, 3000, 8},
+      {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64},
+      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16},
+      {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16},
+      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8},
+  };
+  enum { kCases = sizeof spec / sizeof spec[0] };
+  fd_handle *h = make_handle(FD_BACKEND_CUDA);
+  gpu_case cases[kCases];
+  size_t bytes = 0;
+  for (int i = 0; i < kCases; ++i) {
+    fdt_case c = {0};
+    c.dtype = spec[i].dtype;
+    c.out_dtype = spec[i].out_dtype;
+    c.batch = spec[i].batch;
+    c.q_heads = spec[i].q_heads;
+    c.kv_heads = spec[i].kv_heads;
+    c.head_dim = spec[i].head_dim;
+    c.kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
+    c.layout = FDT_BHND;
+    c.ragged = i == kCases - 1;
+    c.with_lse = 1;
+    c.num_splits = spec[i].splits;
+    c.seed = g_seed + 700 + (uint64_t)i;
+    open_case(&cases[i], &c);
+    size_t needed = 0;
+    assert_int_equal(fd_workspace_size(h, &cases[i].d.args, &needed), FD_SUCCESS);
+    if (needed > bytes) bytes = needed;
+  }
+  void *workspace = NULL;
+  CUDA_CHECK(cudaMalloc(&workspace, bytes));
+  CUDA_CHECK(cudaMemset(workspace, 0xff, bytes));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  assert_int_equal(fd_set_workspace(h, workspace, bytes), FD_SUCCESS);
+  int failed = -1;
+  for (int i = 0; i < kCases; ++i) {
+    decode_cuda(h, &cases[i].p, &cases[i].d, g_stream);
+    const int bad = fdt_check(&cases[i].p, cases[i].report, sizeof cases[i].report, NULL, NULL);
+    print_message("merge path: %s: %s\n", spec[i].what, cases[i].report);
+    if (bad && failed < 0) failed = i;
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  CUDA_CHECK(cudaFree(workspace));
+  for (int i = 0; i < kCases; ++i) close_case(&cases[i]);
+  if (failed >= 0) fail_msg("merge path %s: %s", spec[failed].what, cases[failed].report);
 }
 
 /* ---- two handles, two streams, two threads ---------------------------------- */
@@ -496,20 +580,18 @@ static void run_large_offset(int paged) {
   c.with_lse = 1;
   c.num_splits = 0;
   c.seed = g_seed + 77 + (uint64_t)paged;
-  fdt_problem p;
-  make_problem(&p, &c);
-  fdt_device_problem d;
-  upload(&p, &d);
+  gpu_case t;
+  open_case(&t, &c);
   const int64_t two31 = (int64_t)1 << 31;
   const size_t es = 2;
   int64_t block_elems, blocks, stride;
   if (paged) { /* pages shifted up by first_page so page * page_stride > 2^31 */
-    stride = p.args.k.strides[0];
+    stride = t.p.args.k.strides[0];
     block_elems = stride;
-    blocks = p.args.k.shape[0];
+    blocks = t.p.args.k.shape[0];
   } else { /* a batch stride just past 2^31 (a multiple of 8: rows stay 16-byte aligned) */
     stride = two31 + 1024;
-    block_elems = p.args.k.strides[0];
+    block_elems = t.p.args.k.strides[0];
     blocks = c.batch;
   }
   const int64_t first_block = paged ? two31 / stride + 1 : 0;
@@ -518,47 +600,42 @@ static void run_large_offset(int paged) {
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (free_bytes < 2 * total + ((size_t)1 << 30)) {
     print_message("large offsets (%s): skipped, %zu bytes free\n", paged ? "paged" : "dense", free_bytes);
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
+    close_case(&t);
     skip();
   }
   void *big[2] = {NULL, NULL};
-  const void *host[2] = {p.k, p.v};
-  for (int t = 0; t < 2; ++t) {
-    CUDA_CHECK(cudaMalloc(&big[t], total));
-    CUDA_CHECK(cudaMemset(big[t], 0xff, total)); /* NaN everywhere no token lives */
+  const void *host[2] = {t.p.k, t.p.v};
+  for (int kv = 0; kv < 2; ++kv) {
+    CUDA_CHECK(cudaMalloc(&big[kv], total));
+    CUDA_CHECK(cudaMemset(big[kv], 0xff, total)); /* NaN everywhere no token lives */
     for (int64_t i = 0; i < blocks; ++i) {
-      CUDA_CHECK(cudaMemcpy((char *)big[t] + (size_t)((first_block + i) * stride) * es,
-                            (const char *)host[t] + (size_t)(i * block_elems) * es, (size_t)block_elems * es,
+      CUDA_CHECK(cudaMemcpy((char *)big[kv] + (size_t)((first_block + i) * stride) * es,
+                            (const char *)host[kv] + (size_t)(i * block_elems) * es, (size_t)block_elems * es,
                             cudaMemcpyHostToDevice));
     }
   }
-  fd_decode_args args = d.args;
+  fd_decode_args args = t.d.args;
   args.k.data = big[0];
   args.v.data = big[1];
   if (paged) {
     const int64_t entries = args.block_table.shape[0] * args.block_table.shape[1];
     int32_t *table = malloc((size_t)entries * sizeof *table);
-    for (int64_t i = 0; i < entries; ++i) table[i] = (int32_t)(p.block_table[i] + first_block);
-    CUDA_CHECK(cudaMemcpy(d.block_table, table, (size_t)entries * sizeof *table, cudaMemcpyHostToDevice));
+    for (int64_t i = 0; i < entries; ++i) table[i] = (int32_t)(t.p.block_table[i] + first_block);
+    CUDA_CHECK(cudaMemcpy(t.d.block_table, table, (size_t)entries * sizeof *table, cudaMemcpyHostToDevice));
     free(table);
     args.k.shape[0] = args.v.shape[0] = first_block + blocks;
   } else {
     args.k.strides[0] = args.v.strides[0] = stride;
   }
-  fdt_device_problem big_problem = d;
-  big_problem.args = args;
-  decode_cuda(g_cuda, &p, &big_problem, g_stream);
-  char report[256];
-  const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+  t.d.args = args; /* t.d still owns (and close_case frees) the small K/V copies */
+  const int bad = check_case(&t);
   print_message("large offsets (%s, last row at element %lld, %.1f GiB per cache): %s\n",
                 paged ? "paged" : "dense", (long long)((first_block + blocks - 1) * stride),
-                (double)total / (1 << 30), report);
+                (double)total / (1 << 30), t.report);
   CUDA_CHECK(cudaFree(big[0]));
   CUDA_CHECK(cudaFree(big[1]));
-  fdt_cuda_free(&d);
-  fdt_problem_free(&p);
-  if (bad) fail_msg("%s", report);
+  close_case(&t);
+  if (bad) fail_msg("%s", t.report);
 }
 
 static void test_large_offsets_dense(void **state) {
@@ -591,29 +668,24 @@ static void test_unaligned_cache(void **state) {
     c.with_lse = 1;
     c.num_splits = k == 0 ? 0 : 3;
     c.seed = g_seed + 300 + (uint64_t)k;
-    fdt_problem p;
-    make_problem(&p, &c);
-    fdt_device_problem d;
-    upload(&p, &d);
+    gpu_case t;
+    open_case(&t, &c);
     const size_t es = fdt_dtype_size(c.dtype);
     void *shifted[2];
-    const void *host[2] = {p.k, p.v};
-    fd_tensor *tensors[2] = {&d.args.k, &d.args.v};
-    for (int t = 0; t < 2; ++t) {
-      const size_t shift = es * (size_t)(1 + 2 * t); /* one and three elements */
-      CUDA_CHECK(cudaMalloc(&shifted[t], p.kv_bytes + 16));
-      CUDA_CHECK(cudaMemcpy((char *)shifted[t] + shift, host[t], p.kv_bytes, cudaMemcpyHostToDevice));
-      tensors[t]->data = (char *)shifted[t] + shift + ((const char *)p.args.k.data - (const char *)p.k);
+    const void *host[2] = {t.p.k, t.p.v};
+    fd_tensor *tensors[2] = {&t.d.args.k, &t.d.args.v};
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t shift = es * (size_t)(1 + 2 * kv); /* one and three elements */
+      CUDA_CHECK(cudaMalloc(&shifted[kv], t.p.kv_bytes + 16));
+      CUDA_CHECK(cudaMemcpy((char *)shifted[kv] + shift, host[kv], t.p.kv_bytes, cudaMemcpyHostToDevice));
+      tensors[kv]->data = (char *)shifted[kv] + shift + ((const char *)t.p.args.k.data - (const char *)t.p.k);
     }
-    decode_cuda(g_cuda, &p, &d, g_stream);
-    char report[256];
-    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
-    print_message("unaligned %s cache: %s\n", fdt_dtype_name(c.dtype), report);
+    const int bad = check_case(&t);
+    print_message("unaligned %s cache: %s\n", fdt_dtype_name(c.dtype), t.report);
     CUDA_CHECK(cudaFree(shifted[0]));
     CUDA_CHECK(cudaFree(shifted[1]));
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
-    if (bad) fail_msg("%s", report);
+    close_case(&t);
+    if (bad) fail_msg("%s", t.report);
   }
 }
 
@@ -631,43 +703,33 @@ static void test_lengths_clamped(void **state) {
   c.with_lse = 1;
   c.num_splits = 2;
   c.seed = g_seed + 400;
-  fdt_problem p; /* not ragged: the reference uses every token */
-  make_problem(&p, &c);
-  fdt_device_problem d;
-  upload(&p, &d);
+  gpu_case t; /* not ragged: the reference uses every token */
+  open_case(&t, &c);
   const int32_t lens[3] = {(int32_t)c.kv_len + 1000, INT32_MAX, (int32_t)c.kv_len};
   int32_t *device_lens = NULL;
   CUDA_CHECK(cudaMalloc((void **)&device_lens, sizeof lens));
   CUDA_CHECK(cudaMemcpy(device_lens, lens, sizeof lens, cudaMemcpyHostToDevice));
   const int64_t shape[1] = {3}, strides[1] = {1};
-  d.args.seq_lens.data = device_lens;
-  d.args.seq_lens.dtype = FD_DTYPE_I32;
-  d.args.seq_lens.ndim = 1;
-  d.args.seq_lens.shape[0] = shape[0];
-  d.args.seq_lens.strides[0] = strides[0];
-  decode_cuda(g_cuda, &p, &d, g_stream);
-  char report[256];
-  int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
-  print_message("lengths past the capacity clamped: %s\n", report);
-  if (bad) fail_msg("%s", report);
+  t.d.args.seq_lens.data = device_lens;
+  t.d.args.seq_lens.dtype = FD_DTYPE_I32;
+  t.d.args.seq_lens.ndim = 1;
+  t.d.args.seq_lens.shape[0] = shape[0];
+  t.d.args.seq_lens.strides[0] = strides[0];
+  int bad = check_case(&t);
+  print_message("lengths past the capacity clamped: %s\n", t.report);
+  CUDA_CHECK(cudaFree(device_lens));
+  close_case(&t);
+  if (bad) fail_msg("%s", t.report);
 
   /* A negative length reads as 0: zeros and LSE -inf, like the reference's empty sequence. */
-  fdt_problem q;
   c.ragged = 1; /* sequence 0 is empty */
-  make_problem(&q, &c);
-  fdt_device_problem e;
-  upload(&q, &e);
+  open_case(&t, &c);
   const int32_t negative = -7;
-  CUDA_CHECK(cudaMemcpy(e.seq_lens, &negative, sizeof negative, cudaMemcpyHostToDevice));
-  decode_cuda(g_cuda, &q, &e, g_stream);
-  bad = fdt_check(&q, report, sizeof report, NULL, NULL);
-  print_message("negative length clamped to 0: %s\n", report);
-  CUDA_CHECK(cudaFree(device_lens));
-  fdt_cuda_free(&d);
-  fdt_cuda_free(&e);
-  fdt_problem_free(&p);
-  fdt_problem_free(&q);
-  if (bad) fail_msg("%s", report);
+  CUDA_CHECK(cudaMemcpy(t.d.seq_lens, &negative, sizeof negative, cudaMemcpyHostToDevice));
+  bad = check_case(&t);
+  print_message("negative length clamped to 0: %s\n", t.report);
+  close_case(&t);
+  if (bad) fail_msg("%s", t.report);
 }
 
 /* Every sequence empty: zeros and LSE -inf, never NaN, with one split or many. */
@@ -684,17 +746,12 @@ static void test_all_sequences_empty(void **state) {
     c.dtype = c.out_dtype = FD_DTYPE_F32;
     c.with_lse = 1;
     c.num_splits = split_choices[k];
-    fdt_problem p;
-    make_problem(&p, &c);
-    fdt_device_problem d;
-    upload(&p, &d);
-    decode_cuda(g_cuda, &p, &d, g_stream);
-    char report[256];
-    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
-    print_message("all sequences empty, splits %d: %s\n", (int)c.num_splits, report);
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
-    if (bad) fail_msg("%s", report);
+    gpu_case t;
+    open_case(&t, &c);
+    const int bad = check_case(&t);
+    print_message("all sequences empty, splits %d: %s\n", (int)c.num_splits, t.report);
+    close_case(&t);
+    if (bad) fail_msg("%s", t.report);
   }
 }
 
@@ -714,17 +771,12 @@ static void test_batch_beyond_grid_limit(void **state) {
     c.with_lse = 1;
     c.num_splits = split_choices[k];
     c.seed = g_seed + 600 + (uint64_t)k;
-    fdt_problem p;
-    make_problem(&p, &c);
-    fdt_device_problem d;
-    upload(&p, &d);
-    decode_cuda(g_cuda, &p, &d, g_stream);
-    char report[256];
-    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
-    print_message("batch 70000, splits %d: %s\n", (int)c.num_splits, report);
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
-    if (bad) fail_msg("%s", report);
+    gpu_case t;
+    open_case(&t, &c);
+    const int bad = check_case(&t);
+    print_message("batch 70000, splits %d: %s\n", (int)c.num_splits, t.report);
+    close_case(&t);
+    if (bad) fail_msg("%s", t.report);
   }
 }
 
@@ -760,40 +812,37 @@ static void test_bad_input_rejected(void **state) {
   c.ragged = 1;
   c.with_lse = 1;
   c.seed = g_seed + 7;
-  fdt_problem p;
-  make_problem(&p, &c);
-  fdt_device_problem d;
-  upload(&p, &d);
+  gpu_case t;
+  open_case(&t, &c);
   fd_decode_args a;
 
-  a = d.args;
+  a = t.d.args;
   a.k.strides[3] = 2;
-  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_STRIDE, "k: stride of head_dim");
-  a = d.args;
+  expect_rejected(g_cuda, &t.p, &t.d, &a, FD_ERROR_INVALID_STRIDE, "k: stride of head_dim");
+  a = t.d.args;
   a.v.dtype = FD_DTYPE_BF16;
-  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_DTYPE, "v: dtype");
-  a = d.args;
+  expect_rejected(g_cuda, &t.p, &t.d, &a, FD_ERROR_INVALID_DTYPE, "v: dtype");
+  a = t.d.args;
   a.num_splits = FD_MAX_SPLITS + 1;
-  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_SPLITS, "num_splits");
-  a = d.args;
+  expect_rejected(g_cuda, &t.p, &t.d, &a, FD_ERROR_INVALID_SPLITS, "num_splits");
+  a = t.d.args;
   a.out.shape[2] += 1;
-  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_INVALID_SHAPE, "out: q_heads");
-  a = d.args;
+  expect_rejected(g_cuda, &t.p, &t.d, &a, FD_ERROR_INVALID_SHAPE, "out: q_heads");
+  a = t.d.args;
   a.q.data = NULL;
-  expect_rejected(g_cuda, &p, &d, &a, FD_ERROR_NULL_POINTER, "q: data is NULL");
+  expect_rejected(g_cuda, &t.p, &t.d, &a, FD_ERROR_NULL_POINTER, "q: data is NULL");
 
   /* A caller-provided device workspace that is too small. */
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   void *small = NULL;
   CUDA_CHECK(cudaMalloc(&small, 256));
   assert_int_equal(fd_set_workspace(h, small, 256), FD_SUCCESS);
-  a = d.args;
+  a = t.d.args;
   a.num_splits = 8;
-  expect_rejected(h, &p, &d, &a, FD_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  expect_rejected(h, &t.p, &t.d, &a, FD_ERROR_WORKSPACE_TOO_SMALL, "workspace");
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   CUDA_CHECK(cudaFree(small));
-  fdt_cuda_free(&d);
-  fdt_problem_free(&p);
+  close_case(&t);
 }
 
 /* head_dim the CUDA kernels do not take: INVALID_HEAD_DIM naming head_dim. */
@@ -808,15 +857,12 @@ static void test_unsupported_head_dim(void **state) {
     c.head_dim = dims[k];
     c.kv_len = 10;
     c.dtype = c.out_dtype = FD_DTYPE_F16;
-    fdt_problem p;
-    make_problem(&p, &c);
-    fdt_device_problem d;
-    upload(&p, &d);
-    expect_rejected(g_cuda, &p, &d, &d.args, FD_ERROR_INVALID_HEAD_DIM, "head_dim");
+    gpu_case t;
+    open_case(&t, &c);
+    expect_rejected(g_cuda, &t.p, &t.d, &t.d.args, FD_ERROR_INVALID_HEAD_DIM, "head_dim");
     size_t bytes = 0;
-    assert_int_equal(fd_workspace_size(g_cuda, &d.args, &bytes), FD_ERROR_INVALID_HEAD_DIM);
-    fdt_cuda_free(&d);
-    fdt_problem_free(&p);
+    assert_int_equal(fd_workspace_size(g_cuda, &t.d.args, &bytes), FD_ERROR_INVALID_HEAD_DIM);
+    close_case(&t);
   }
 }
 
@@ -895,6 +941,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_capture_without_reserve);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_paths_on_caller_workspace);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);

@@ -2,10 +2,10 @@
 // parallelism, and turning a validated Problem into kernel parameters. No
 // templates here; the kernels are chosen in dispatch.cu.
 //
-// fd_decode on this backend enqueues one or two kernels on the caller's
-// stream and nothing else: no allocation (the api layer reserved the
-// workspace), no copy, no synchronisation, so it can be captured in a CUDA
-// graph. The CUDA runtime is linked statically and hidden, so its "last
+// fd_decode on this backend enqueues one kernel (two when the merge is not
+// fused into the split kernel) on the caller's stream and nothing else: no
+// allocation (the api layer reserved the workspace), no copy, no
+// synchronisation, so it can be captured in a CUDA graph. The CUDA runtime is linked statically and hidden, so its "last
 // error" state is this library's own: reading it cannot eat a caller's error.
 #include <cuda_runtime_api.h>
 
@@ -34,6 +34,20 @@ constexpr int64_t kMinSplitTokensCudaCore = 128;
 // fill, epilogue) and the merge launch, in tokens a CTA streams meanwhile.
 constexpr int64_t kSplitOverheadTokens = 64;
 constexpr int64_t kMergeOverheadTokens = 128;
+
+// The merge is fused into the split kernel (the last CTA of a unit merges
+// it) when a unit's partials fit in the split kernel's shared memory and are
+// at most this many bytes: a single CTA reads them all, at the end of the
+// grid. On the H200 (fp16, same process, against the merge kernel):
+// 4x8/4x16384x256 (2 rows x 16 splits x 1 KiB = 32 KiB a unit) 82.0 -> 79.0
+// us, 1x32/32x2048x128 (8 KiB) 15.5 -> 15.2, but 1x32/8x32768x128 (4 rows x
+// 32 splits x 512 B = 64 KiB) 41.7 -> 42.6: larger units go to the merge
+// kernel, which spreads each row over its own CTA. Overridable at build
+// time for A/B measurements (0: never fused).
+#ifndef FD_FUSED_MERGE_MAX_BYTES
+#define FD_FUSED_MERGE_MAX_BYTES (32 * 1024)
+#endif
+constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 
 // Which split kernel a problem is planned for; the one place that decides.
 // The tensor-core kernel takes 16-bit inputs with a 16-bit output: P is
@@ -122,6 +136,21 @@ bool rows_aligned(const StridedView &view, size_t element_bytes) {
 
 size_t element_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 ? 4 : 2; }
 
+// Whether the tensor-core kernel's paged loader (32-bit page and slot byte
+// offsets, widened once; mma_kernel.cuh) can address this pool and table:
+// a page's byte stride, the bytes of a page's slots and the block table's
+// column offsets all below 2^31. Always true for pools laid out as
+// [page, slot, head, dim] or [page, head, slot, dim] with pages under 2 GiB.
+bool paged_fits_32bit(const Problem &p) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  const int64_t bytes = static_cast<int64_t>(element_size(p.dtype));
+  const StridedView *caches[2] = {&p.k, &p.v};
+  for (const StridedView *cache : caches) {
+    if (cache->strides[0] * bytes >= kLimit || p.page_size * cache->strides[1] * bytes >= kLimit) return false;
+  }
+  return p.block_table.shape[1] * p.block_table.strides[1] < kLimit;
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -170,6 +199,7 @@ class CudaBackend final : public Backend {
     hint.split_granularity = shape.tile_tokens;
     hint.split_overhead_tokens = kSplitOverheadTokens;
     hint.merge_overhead_tokens = kMergeOverheadTokens;
+    hint.workspace_header_bytes = cuda::kMergeCounterBytes;
     return hint;
   }
 
@@ -203,9 +233,17 @@ class CudaBackend final : public Backend {
     cudaGetLastError();  // nothing to report from a destructor path
   }
 
+  // The merge counters must start at zero; every launch leaves them so.
+  // Waits for the memset: the decode that follows may run on any stream.
+  void prepare_workspace(void *workspace, size_t bytes) override {
+    DeviceGuard guard(device_);
+    check_cuda(cudaMemset(workspace, 0, std::min(bytes, cuda::kMergeCounterBytes)), "workspace: clearing the counters");
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "workspace: clearing the counters");
+  }
+
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
     const bool aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
-    const bool mma = mma_eligible(p) && aligned;
+    const bool mma = mma_eligible(p) && aligned && (!p.paged || paged_fits_32bit(p));
     const cuda::SplitKernelShape shape =
         mma ? cuda::mma_kernel_shape(p.head_dim) : cuda::split_kernel_shape(p.dtype, p.head_dim);
     const HeadTiling heads = tile_heads(p.group_size, shape.rows);
@@ -254,6 +292,13 @@ class CudaBackend final : public Backend {
     s.l = reinterpret_cast<float *>(base + plan.l_offset);
     s.acc = reinterpret_cast<float *>(base + plan.acc_offset);
     s.write_output = plan.num_splits == 1;
+    // One unit per (sequence, KV head, chunk); see kFusedMergeMaxBytes.
+    const int64_t units = p.batch * p.kv_heads * heads.chunks;
+    const int64_t unit_states = static_cast<int64_t>(heads.heads_per_chunk) * plan.num_splits;
+    const bool fused_merge = plan.num_splits > 1 && units <= cuda::kMergeCounterSlots &&
+                             unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
+                             cuda::fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
+    if (fused_merge) s.merge_counters = reinterpret_cast<unsigned *>(base);
     s.out = p.out.data;
     s.out_batch_stride = p.out.strides[0];
     s.out_head_stride = p.out.strides[2];
@@ -280,7 +325,7 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 ? &merge : nullptr, mma,
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 && !fused_merge ? &merge : nullptr, mma,
                                    programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }

@@ -53,6 +53,13 @@ struct SplitParams {
   float *l = nullptr;
   float *acc = nullptr;
 
+  // Not null: the merge is fused into this kernel (merge_kernel.cuh,
+  // merge_unit_in_cta): one counter per (sequence, KV head, chunk), zero
+  // before the launch and zero again after it; the last CTA of a unit to
+  // finish merges the unit's query rows. Null with num_splits > 1: the merge
+  // kernel follows.
+  unsigned *merge_counters = nullptr;
+
   // Final results (num_splits == 1): out [batch, q_heads, head_dim] in the
   // storage type of q, or float when out_f32; lse optional.
   bool write_output = false;
@@ -96,6 +103,28 @@ constexpr int kMaxMergeSplits = FD_MAX_SPLITS;
 
 // Query-head slots of one CTA of the tensor-core split kernel (mma_kernel.cuh).
 constexpr int kMmaHeads = 16;
+
+// The fused merge's counters, at the start of every CUDA workspace (the
+// header of core/plan.h): problems with more (sequence, KV head, chunk)
+// units than this use the merge kernel.
+constexpr int kMergeCounterSlots = 16384;
+constexpr size_t kMergeCounterBytes = kMergeCounterSlots * sizeof(unsigned);
+
+// Shared memory of the fused merge of `states` (rows x splits) partial
+// states: acc [states][head_dim], m and l [states], then one
+// FusedMergePartial (32 bytes) per thread, 16-byte aligned.
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline int64_t fused_merge_partials_offset(int64_t states, int64_t head_dim) {
+  return (states * (head_dim + 2) * 4 + 15) / 16 * 16;
+}
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+inline int64_t fused_merge_smem_bytes(int64_t states, int64_t head_dim, int threads) {
+  return fused_merge_partials_offset(states, head_dim) + threads * 32;
+}
 
 // head_dim must be supported (see kMinHeadDim..kMaxHeadDim).
 SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim);

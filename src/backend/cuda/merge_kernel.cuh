@@ -14,6 +14,7 @@
 
 #include "backend/cuda/element.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/load.cuh"
 #include "backend/cuda/state.cuh"
 
 namespace fd {
@@ -43,6 +44,118 @@ __device__ __forceinline__ void add_weighted(float4 &sum, float w, const float4 
   sum.y = fmaf(w, a.y, sum.y);
   sum.z = fmaf(w, a.z, sum.z);
   sum.w = fmaf(w, a.w, sum.w);
+}
+
+// ---------------------------------------------------------------------------
+// The fused merge: the split kernel's last CTA of a unit (one sequence, KV
+// head and chunk of its GQA group: the query rows that CTA writes) merges
+// the unit's splits itself, so no second grid waits for the whole split grid
+// to drain. A unit's partials are one contiguous block of the workspace
+// (rows are consecutive query heads); the CTA copies all of it into its
+// shared memory at once with cp.async (one L2 round trip, no registers held)
+// and merges from there. Used when the block fits (fused_merge_smem_bytes).
+
+// One thread's share of a row during the fused merge: 4 columns.
+struct FusedMergePartial {
+  float4 acc;
+  float l;
+};
+
+// Whether this CTA is the last of its unit to finish: every thread's partial
+// writes are made visible device-wide, then one thread counts the CTA in.
+// The last one resets the counter for the next launch (no other CTA of this
+// launch touches it again) and reads the partials through L2 (cp.async.cg,
+// ld.global.cg). All threads of the CTA must call this.
+__device__ inline bool last_of_unit(unsigned *counter, int num_splits) {
+  __threadfence();
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(num_splits);
+    if (last) atomicExch(counter, 0u);
+  }
+  last = __syncthreads_or(last) != 0;  // thread 0's answer, to every thread (no shared variable)
+  if (last) __threadfence();
+  return last;
+}
+
+// Merges the splits of query heads [first_q_head, first_q_head + rows) of
+// sequence b into out and lse with the CTA's kThreads threads, using `smem`
+// (fused_merge_smem_bytes of it). Each thread takes one (row, float4 column)
+// and one of `groups` split groups: group g sums splits g, g + groups, ...
+// in increasing order, then group 0 adds the groups' sums in group order.
+// groups depends only on rows, head_dim and num_splits: the result does not
+// depend on timing.
+template <class OutT, int kThreads>
+__device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_head, int rows, unsigned char *smem) {
+  const int splits = p.num_splits;
+  const int states = rows * splits;
+  const int vectors = p.head_dim / 4;
+  const int64_t first_state = (b * p.q_heads + first_q_head) * splits;
+  float4 *acc = reinterpret_cast<float4 *>(smem);  // [rows][splits][vectors]
+  float *m = reinterpret_cast<float *>(acc + states * vectors);
+  float *l = m + states;
+  FusedMergePartial *partials = reinterpret_cast<FusedMergePartial *>(smem + fused_merge_partials_offset(states, p.head_dim));
+
+  const float4 *acc_src = reinterpret_cast<const float4 *>(p.acc + first_state * p.head_dim);
+  for (int i = threadIdx.x; i < states * vectors; i += kThreads) cp_async_chunk(acc + i, acc_src + i, true);
+  cp_async_commit();
+  for (int i = threadIdx.x; i < states; i += kThreads) {
+    m[i] = __ldcg(p.m + first_state + i);
+    l[i] = __ldcg(p.l + first_state + i);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int items = rows * vectors;
+  const int groups = max(1, min(kThreads / items, min(splits, kMergeMaxGroups)));
+  const int per_pass = kThreads / groups;  // items merged at once (all of them when groups > 1)
+  const int group = threadIdx.x / per_pass;
+  for (int first = 0; first < items; first += per_pass) {
+    const int item = first + threadIdx.x % per_pass;
+    const bool active = group < groups && item < items;
+    const int row = item / vectors;
+    const int column = item % vectors;
+    float m_max = negative_infinity();
+    float l_sum = 0.0f;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (active) {
+      const float *row_m = m + row * splits;
+      for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, row_m[s]);
+      for (int s = group; s < splits; s += groups) {
+        const float w = merge_weight(row_m[s], m_max);  // 0 for an empty split (and when all are)
+        l_sum = fmaf(w, l[row * splits + s], l_sum);
+        add_weighted(sum, w, acc[(row * splits + s) * vectors + column]);
+      }
+    }
+    if (groups > 1) {
+      if (active) partials[threadIdx.x] = FusedMergePartial{sum, l_sum};
+      __syncthreads();
+      if (active && group == 0) {
+        for (int g = 1; g < groups; ++g) {
+          const FusedMergePartial other = partials[g * per_pass + threadIdx.x];
+          l_sum += other.l;
+          sum.x += other.acc.x;
+          sum.y += other.acc.y;
+          sum.z += other.acc.z;
+          sum.w += other.acc.w;
+        }
+      }
+    }
+    if (active && group == 0) {
+      const int q_head = first_q_head + row;
+      const float inv_l = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // all splits empty: zeros
+      OutT *out = static_cast<OutT *>(p.out) + b * p.out_batch_stride + q_head * p.out_head_stride + column * 4;
+      out[0] = Element<OutT>::from_float(sum.x * inv_l);
+      out[1] = Element<OutT>::from_float(sum.y * inv_l);
+      out[2] = Element<OutT>::from_float(sum.z * inv_l);
+      out[3] = Element<OutT>::from_float(sum.w * inv_l);
+      if (p.lse != nullptr && column == 0) {
+        p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(m_max, l_sum);
+      }
+    }
+    __syncthreads();  // partials are reused by the next pass
+  }
 }
 
 template <class OutT>

@@ -17,7 +17,8 @@
 // registers and doubles the warps that hide latency. At the end the token
 // groups' states are merged in group order in shared memory (deterministic),
 // and the result goes to out/lse (one split) or to the workspace as a partial
-// state, exactly as split_kernel does.
+// state, exactly as split_kernel does; with a fused merge, the last CTA of a
+// (sequence, KV head, chunk) merges its splits (merge_kernel.cuh).
 //
 // K/V tiles move with 16-byte cp.async (.cg: past L1) into a kStages-deep
 // pipeline. (An L2 evict-first policy on these copies built, with nvcc 13.0,
@@ -31,6 +32,7 @@
 #include "backend/cuda/element.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/load.cuh"
+#include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/state.cuh"
 
 namespace fd {
@@ -125,8 +127,12 @@ struct Mma<__nv_bfloat16> {
 // Issues the copies of one tile (tokens [tile_begin, tile_begin + kTileTokens)
 // of one sequence and KV head) into a swizzled stage: K rows, then V rows.
 // Each thread keeps one 16-byte chunk column and takes every kRowsPerPass-th
-// row. A dense cache advances a pointer by a fixed stride; a paged one looks
-// each row's page up (a shift when the page size is a power of two).
+// row. A dense cache advances a pointer by a fixed stride. A paged one
+// finds its first row's page and slot once per tile (a shift when the page
+// size is a power of two, else one division) and steps both from pass to
+// pass without dividing; byte offsets within the pool are 32-bit products
+// widened once (the host routes caches whose page or slot strides do not fit
+// in 31 bits to the CUDA-core kernel: paged_fits_32bit in cuda_backend.cu).
 template <class Traits>
 struct TileLoader {
   const SplitParams &p;
@@ -136,6 +142,10 @@ struct TileLoader {
   int first_row;
   int column;
   bool column_valid;
+  // Paged: byte strides of a page and a slot, the block table's column
+  // stride, and a pass's step (kRowsPerPass tokens) in whole pages and slots.
+  int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
+  int32_t pass_pages, pass_slots;
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
@@ -149,6 +159,13 @@ struct TileLoader {
       v_offset += b * p.v_strides[0];
     } else {
       table_row = p.block_table + b * p.block_table_strides[0];
+      k_page_bytes = static_cast<int32_t>(p.k_strides[0] * 2);
+      v_page_bytes = static_cast<int32_t>(p.v_strides[0] * 2);
+      k_slot_bytes = static_cast<int32_t>(p.k_strides[1] * 2);
+      v_slot_bytes = static_cast<int32_t>(p.v_strides[1] * 2);
+      table_stride = static_cast<int32_t>(p.block_table_strides[1]);
+      pass_pages = Traits::kRowsPerPass / p.page_size;
+      pass_slots = Traits::kRowsPerPass - pass_pages * p.page_size;
     }
     k_base = static_cast<const unsigned char *>(p.k) + k_offset * 2 + column * kChunkBytes;
     v_base = static_cast<const unsigned char *>(p.v) + v_offset * 2 + column * kChunkBytes;
@@ -177,23 +194,29 @@ struct TileLoader {
       // Every row's page number first, all loads in flight together, then the
       // copies back to back: a copy must not wait on its own table load
       // (the copies' memory clobber keeps the compiler from hoisting loads
-      // past them).
+      // past them). Tokens are below INT32_MAX (validation).
+      const int32_t token = static_cast<int32_t>(first_token);
+      int32_t page, slot;
+      if (p.page_shift >= 0) {
+        page = token >> p.page_shift;
+        slot = token & (p.page_size - 1);
+      } else {
+        page = token / p.page_size;
+        slot = token - page * p.page_size;
+      }
       int32_t pages[Traits::kPasses];
       int32_t slots[Traits::kPasses];
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
         const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int32_t token = static_cast<int32_t>(first_token + i * Traits::kRowsPerPass);  // < INT32_MAX when valid
-        int32_t page_in_sequence, slot;
-        if (p.page_shift >= 0) {
-          page_in_sequence = token >> p.page_shift;
-          slot = token & (p.page_size - 1);
-        } else {
-          page_in_sequence = token / p.page_size;
-          slot = token - page_in_sequence * p.page_size;
-        }
         slots[i] = slot;
-        pages[i] = valid ? __ldg(table_row + page_in_sequence * p.block_table_strides[1]) : 0;
+        pages[i] = valid ? __ldg(table_row + page * table_stride) : 0;
+        page += pass_pages;
+        slot += pass_slots;
+        if (slot >= p.page_size) {
+          slot -= p.page_size;
+          ++page;
+        }
       }
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
@@ -202,9 +225,8 @@ struct TileLoader {
         const void *k_src = p.k;
         const void *v_src = p.v;
         if (valid) {
-          const int64_t page = pages[i];
-          k_src = k_base + (page * p.k_strides[0] + slots[i] * p.k_strides[1]) * 2;
-          v_src = v_base + (page * p.v_strides[0] + slots[i] * p.v_strides[1]) * 2;
+          k_src = k_base + static_cast<int64_t>(pages[i]) * k_page_bytes + slots[i] * k_slot_bytes;
+          v_src = v_base + static_cast<int64_t>(pages[i]) * v_page_bytes + slots[i] * v_slot_bytes;
         }
         cp_async_chunk(stage + offset, k_src, valid);
         cp_async_chunk(v_stage + offset, v_src, valid);
@@ -459,6 +481,12 @@ __global__ void __launch_bounds__(MmaTraits<kBucket>::kThreads, MmaTraits<kBucke
           p.m[index] = m_max;
           p.l[index] = l_sum;
         }
+      }
+    }
+    if (!p.write_output && p.merge_counters != nullptr) {
+      const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
+      if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
+        merge_unit_in_cta<T, Traits::kThreads>(p, b, kv_head * p.group_size + first_head, heads_here, smem);
       }
     }
     __syncthreads();  // shared memory is reused by the next sequence

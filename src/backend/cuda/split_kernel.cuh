@@ -13,7 +13,8 @@
 // warp shuffles, one rescale of the running state per step, then the value
 // accumulation. At the end the token groups of a head are merged in a fixed
 // order (deterministic), and the result goes either straight to out/lse
-// (one split) or to the workspace as a partial state for merge_kernel.
+// (one split) or to the workspace as a partial state for the merge (fused:
+// the last CTA of a unit merges it; see merge_kernel.cuh).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "backend/cuda/element.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/load.cuh"
+#include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/state.cuh"
 
 namespace fd {
@@ -43,6 +45,10 @@ struct SplitTraits {
   // the merge of token groups.
   static constexpr int kCombineBytes = (2 * kRows + kRows * kBucket) * static_cast<int>(sizeof(float));
   static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+  // CTAs a multiprocessor holds (by shared memory on the H200: 4 x 48 KiB at
+  // 128 threads): stated so that ptxas budgets registers for that many and
+  // no more (without it, it chose 72 registers and spilled).
+  static constexpr int kMinBlocks = kThreads == 256 ? 2 : 4;
   // 96 KiB at most: fits one CTA on every targeted GPU (99 KiB on sm_86/89/120).
   static_assert(kSmemBytes <= 96 * 1024, "split kernel shared memory budget");
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row lies within one warp");
@@ -98,7 +104,7 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
 }
 
 template <class T, int kBucket>
-__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads) split_kernel(const SplitParams p) {
+__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits<T, kBucket>::kMinBlocks) split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
   // The merge may be scheduled once every CTA of this grid has started; it
@@ -218,6 +224,19 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads) split_kerne
         float4 *acc = reinterpret_cast<float4 *>(p.acc + index * p.head_dim + lane * kVector);
         acc[0] = make_float4(state.acc[0], state.acc[1], state.acc[2], state.acc[3]);
         acc[1] = make_float4(state.acc[4], state.acc[5], state.acc[6], state.acc[7]);
+      }
+    }
+    if (!p.write_output && p.merge_counters != nullptr) {
+      const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
+      if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
+        const int first_head = chunk * p.heads_per_chunk;
+        const int rows = min(p.heads_per_chunk, p.group_size - first_head);
+        const int first_q_head = kv_head * p.group_size + first_head;
+        if (p.out_f32) {
+          merge_unit_in_cta<float, Traits::kThreads>(p, b, first_q_head, rows, smem);
+        } else {
+          merge_unit_in_cta<T, Traits::kThreads>(p, b, first_q_head, rows, smem);
+        }
       }
     }
     __syncthreads();  // shared memory is reused by the next sequence
