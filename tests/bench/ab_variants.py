@@ -39,18 +39,11 @@ def build_inputs(shape, dtype, min_rotation_bytes):
         return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
 
     data = {"qs": [randn(batch, q_heads, 1, head_dim) for _ in range(sets)], "lens": None, "table": None}
-    if kind == "paged":
-        pages = batch * kv_len // cs.PAGE_SIZE
-        data["ks"] = [randn(pages, cs.PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
-        data["vs"] = [randn(pages, cs.PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
-        perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
-        table = perm.reshape(batch, kv_len // cs.PAGE_SIZE).contiguous()
-        data["table"] = table
-
-        def dense(pool):
-            return pool[table.long()].reshape(batch, kv_len, kv_heads, head_dim).permute(0, 2, 1, 3).contiguous()
-
-        k0, v0 = dense(data["ks"][0]), dense(data["vs"][0])
+    if kind.startswith("paged"):
+        data["ks"], data["vs"], data["table"], dense_k, dense_v = cs.make_paged(
+            randn, gen, batch, kv_heads, kv_len, head_dim, sets, kind == "paged-hnd")
+        k0, v0 = dense_k[0], dense_v[0]
+        del dense_k, dense_v
     else:
         data["ks"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
         data["vs"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
@@ -104,7 +97,7 @@ def main():
                 for i in range(data["sets"]):
                     if data["table"] is not None:
                         a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                                           block_table=data["table"])
+                                           block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
                     else:
                         a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
                                            seq_lens=data["lens"])

@@ -14,7 +14,8 @@ same useful bytes counted). Shape 9 is ragged: flashdecode gets the real
 lengths, the anchors the dense max-length cache, and bandwidth counts the real
 tokens only. Shape 10 is shape 2 through a paged cache (token-major pages
 [page, slot, kv_head, dim] of 16 tokens, shuffled block table) for
-flashdecode; the anchors run the dense cache.
+flashdecode; shape 11 the same with head-major pages [page, kv_head, slot,
+dim]; the anchors run the dense cache.
 
 Every output is checked against a float64 reference before timing (relative
 L2 error; bound 2e-3 for fp16, 1e-2 for bf16). Method
@@ -130,10 +131,32 @@ def fd_tensor(t, order):
     return desc
 
 
-def decode_args(fd, q, k, v, out, seq_lens=None, block_table=None):
+def make_paged(randn, gen, batch, kv_heads, kv_len, head_dim, sets, head_major):
+    """Page pools of PAGE_SIZE tokens for `sets` KV sets, one shuffled block
+    table, and the dense [B, Hkv, N, D] caches they hold (for the anchors and
+    the reference). Pools are token-major [pages, PAGE_SIZE, Hkv, D] (NHD,
+    vLLM's layout) or head-major [pages, Hkv, PAGE_SIZE, D] (HND)."""
+    pages = batch * kv_len // PAGE_SIZE
+    size = (pages, kv_heads, PAGE_SIZE, head_dim) if head_major else (pages, PAGE_SIZE, kv_heads, head_dim)
+    pools_k = [randn(*size) for _ in range(sets)]
+    pools_v = [randn(*size) for _ in range(sets)]
+    perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+    table = perm.reshape(batch, kv_len // PAGE_SIZE).contiguous()
+
+    def dense(pool):  # [B, Hkv, N, D] gathered through the block table
+        paged = pool[table.long()]  # [B, pages of a sequence, ...]
+        if head_major:
+            return paged.permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, kv_len, head_dim).contiguous()
+        return paged.reshape(batch, kv_len, kv_heads, head_dim).permute(0, 2, 1, 3).contiguous()
+
+    return pools_k, pools_v, table, [dense(p) for p in pools_k], [dense(p) for p in pools_v]
+
+
+def decode_args(fd, q, k, v, out, seq_lens=None, block_table=None, head_major_pages=False):
     """q/out [B, Hq, 1, D] and dense k/v [B, Hkv, N, D] (SDPA's layout) as the
     API's [B, 1, Hq, D] and [B, N, Hkv, D]: the same memory, other strides.
-    With block_table, k/v are page pools [pages, page_size, Hkv, D]."""
+    With block_table, k/v are page pools [pages, page_size, Hkv, D], or
+    [pages, Hkv, page_size, D] with head_major_pages (HND)."""
     args = FdDecodeArgs()
     fd.lib.fd_decode_args_init(ctypes.byref(args), ctypes.sizeof(args))
     args.q = fd_tensor(q, (0, 2, 1, 3))
@@ -142,8 +165,9 @@ def decode_args(fd, q, k, v, out, seq_lens=None, block_table=None):
         args.k = fd_tensor(k, (0, 2, 1, 3))
         args.v = fd_tensor(v, (0, 2, 1, 3))
     else:
-        args.k = fd_tensor(k, (0, 1, 2, 3))
-        args.v = fd_tensor(v, (0, 1, 2, 3))
+        order = (0, 2, 1, 3) if head_major_pages else (0, 1, 2, 3)
+        args.k = fd_tensor(k, order)
+        args.v = fd_tensor(v, order)
         args.block_table = fd_tensor(block_table, (0, 1))
     if seq_lens is not None:
         args.seq_lens = fd_tensor(seq_lens, (0,))
@@ -215,6 +239,7 @@ SHAPES = [
     (8, 4, 8, 4, 16384, 256, "dense"),
     (9, 16, 32, 8, 16384, 128, "ragged"),
     (10, 32, 32, 8, 2048, 128, "paged"),
+    (11, 32, 32, 8, 2048, 128, "paged-hnd"),
 ]
 PAGE_SIZE = 16
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
@@ -222,7 +247,7 @@ BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
-    extra = {"ragged": " ragged", "paged": " paged16"}.get(kind, "")
+    extra = {"ragged": " ragged", "paged": " paged16", "paged-hnd": " paged16 HND"}.get(kind, "")
     return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
 
 
@@ -272,19 +297,9 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
     qs = [randn(batch, q_heads, 1, head_dim) for _ in range(sets)]
     lens = None
     tables = None
-    if kind == "paged":
-        pages = batch * kv_len // PAGE_SIZE
-        pools_k = [randn(pages, PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
-        pools_v = [randn(pages, PAGE_SIZE, kv_heads, head_dim) for _ in range(sets)]
-        perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
-        table = perm.reshape(batch, kv_len // PAGE_SIZE).contiguous()
-        tables = table
-
-        def dense(pool):  # [B, Hkv, N, D] gathered through the block table
-            return pool[table.long()].reshape(batch, kv_len, kv_heads, head_dim).permute(0, 2, 1, 3).contiguous()
-
-        ks = [dense(p) for p in pools_k]
-        vs = [dense(p) for p in pools_v]
+    if kind.startswith("paged"):
+        pools_k, pools_v, tables, ks, vs = make_paged(randn, gen, batch, kv_heads, kv_len, head_dim, sets,
+                                                      kind == "paged-hnd")
     else:
         ks = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
         vs = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
@@ -297,8 +312,9 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
     ref_dense = reference(qs[0], ks[0], vs[0])
     ref_fd = reference(qs[0], ks[0], vs[0], lens) if lens is not None else ref_dense
 
-    if kind == "paged":
-        fd_args = [decode_args(fd, qs[i], pools_k[i], pools_v[i], outs[i], block_table=tables) for i in range(sets)]
+    if kind.startswith("paged"):
+        fd_args = [decode_args(fd, qs[i], pools_k[i], pools_v[i], outs[i], block_table=tables,
+                               head_major_pages=kind == "paged-hnd") for i in range(sets)]
     else:
         fd_args = [decode_args(fd, qs[i], ks[i], vs[i], outs[i], seq_lens=lens) for i in range(sets)]
     workspace = ctypes.c_size_t()
@@ -460,7 +476,7 @@ def main():
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
-    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated shape ids (1..10)")
+    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids (1..11)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
     default_seed = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "..", ".seed")
