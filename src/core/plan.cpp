@@ -10,44 +10,46 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
 
+}  // namespace
+
 // Enough splits that every worker has about two units of work, but none
 // shorter than min_split_tokens: a GQA group of one sequence is one unit
 // before splitting.
-int32_t automatic_splits(const Problem &p, const ParallelismHint &hint) {
+SplitEstimate estimate_splits(const Problem &p, const ParallelismHint &hint) {
   const int64_t units = std::max<int64_t>(1, p.batch * p.kv_heads);
   const int64_t most_useful = std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, hint.min_split_tokens)));
   const int64_t workers = std::max<int64_t>(1, hint.workers);
+  SplitEstimate estimate;
   if (hint.split_overhead_tokens <= 0) {
     const int64_t wanted = ceil_div(2 * workers, units);
-    return static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
+    estimate.splits = static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
+    return estimate;
   }
   const int64_t limit = std::min<int64_t>(most_useful, FD_MAX_SPLITS);
   if (p.has_seq_lens) {
     // Lengths are unknown here: about four waves of splits, so that the
     // hardware scheduler can balance long sequences against short ones.
-    return static_cast<int32_t>(std::clamp<int64_t>(ceil_div(4 * workers, units), 1, limit));
+    estimate.splits = static_cast<int32_t>(std::clamp<int64_t>(ceil_div(4 * workers, units), 1, limit));
+    return estimate;
   }
   // Every split has the same length: minimise waves x (split length + fixed
-  // cost), plus the merge pass when there is more than one split.
+  // cost) x the time a worker takes per token, plus the merge pass when there
+  // is more than one split.
   const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
   const int64_t capacity = std::max<int64_t>(1, p.kv_capacity);
-  int64_t best = 1;
-  double best_cost = 0.0;
   for (int64_t s = 1; s <= limit; ++s) {
     const int64_t split_tokens = ceil_div(ceil_div(capacity, s), granularity) * granularity;
     const int64_t splits = ceil_div(capacity, split_tokens);
     const double waves = static_cast<double>(ceil_div(units * splits, workers));
-    const double cost = waves * static_cast<double>(split_tokens + hint.split_overhead_tokens) +
+    const double cost = waves * static_cast<double>(split_tokens + hint.split_overhead_tokens) * hint.time_per_token +
                         (splits > 1 ? static_cast<double>(hint.merge_overhead_tokens) : 0.0);
-    if (s == 1 || cost < best_cost) {
-      best = splits;
-      best_cost = cost;
+    if (s == 1 || cost < estimate.cost) {
+      estimate.splits = static_cast<int32_t>(splits);
+      estimate.cost = cost;
     }
   }
-  return static_cast<int32_t>(best);
+  return estimate;
 }
-
-}  // namespace
 
 PlanKey plan_key(const Problem &p) {
   PlanKey key;
@@ -69,7 +71,7 @@ PlanKey plan_key(const Problem &p) {
 Plan make_plan(const Problem &p, const ParallelismHint &hint) {
   Plan plan;
   const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
-  const int32_t splits = p.requested_splits > 0 ? p.requested_splits : automatic_splits(p, hint);
+  const int32_t splits = p.requested_splits > 0 ? p.requested_splits : estimate_splits(p, hint).splits;
   plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
   // A manual count is kept exactly (trailing splits may be empty); an
   // automatic one drops splits that rounding left empty.
@@ -78,6 +80,7 @@ Plan make_plan(const Problem &p, const ParallelismHint &hint) {
                         : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
 
   plan.rows = p.batch * p.q_len * p.q_heads;
+  plan.kernel = hint.kernel;
   size_t states = 0;
   size_t acc_bytes = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) ||

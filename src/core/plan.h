@@ -25,7 +25,25 @@ struct ParallelismHint {
   // costs merge_overhead_tokens). Zero: about two units per worker.
   int64_t split_overhead_tokens = 0;
   int64_t merge_overhead_tokens = 0;
+  // Relative time one worker takes per token, in the units of the overhead
+  // fields (a CUDA CTA with twice the loads in flight streams about twice as
+  // fast): makes the wave model's costs comparable between kernels of one
+  // backend.
+  double time_per_token = 1.0;
+  // The backend's tag for the kernel this hint describes; copied into the
+  // plan, so that decode runs the kernel the plan was made for without
+  // deciding again.
+  int32_t kernel = 0;
 };
+
+// The automatic split count and, with the wave model, its estimated cost
+// (time units of the hint; 0 without the wave model or with per-sequence
+// lengths). A backend may compare the estimates of several kernels.
+struct SplitEstimate {
+  int32_t splits = 1;
+  double cost = 0.0;
+};
+SplitEstimate estimate_splits(const Problem &problem, const ParallelismHint &hint);
 
 // The workspace starts with the backend's header (ParallelismHint), then
 // holds, for every query row r = (b * q_len + t) * q_heads + h
@@ -38,6 +56,7 @@ struct Plan {
   int32_t num_splits = 1;
   int64_t split_tokens = 0;  // split s covers tokens [s * split_tokens, (s + 1) * split_tokens)
   int64_t rows = 0;          // batch * q_len * q_heads
+  int32_t kernel = 0;        // ParallelismHint::kernel
   size_t m_offset = 0;
   size_t l_offset = 0;
   size_t acc_offset = 0;

@@ -238,8 +238,14 @@ static int make_matrix(fdt_case *cases, int quick) {
 /* The matrix sends every 16-bit case with a 16-bit output and aligned rows
  * through the tensor-core kernel (about half of it). These add longer caches
  * than its budget allows: many pipeline tiles and splits per sequence, every
- * head-dim bucket, a page size that is not a power of two, a group of 5. */
-enum { kTensorCoreCases = 5 };
+ * head-dim bucket, a page size that is not a power of two, a group of 5.
+ * Cases 5-8 are dense, of one length, with automatic splits and head_dim
+ * above 64: on a GPU with 200+ KiB of shared memory per block (H100, H200,
+ * B200) the planner gives them the wide tiles (192 KiB, 128 or 64 tokens a
+ * stage), with a fused merge (5: 4 rows x 16 splits) or the merge kernel
+ * (6-8: larger units), a head_dim that is not a bucket (8: 96) and a length
+ * that is not a multiple of the tile. */
+enum { kTensorCoreCases = 9 };
 
 static int make_tensor_core_cases(fdt_case *cases, int quick) {
   static const struct {
@@ -255,6 +261,10 @@ static int make_tensor_core_cases(fdt_case *cases, int quick) {
       {FD_DTYPE_F16, 3, 16, 16, 64, 3000, 500, 7, FDT_PAGED_HND, 1, 3, 0.0},
       {FD_DTYPE_BF16, 4, 64, 8, 128, 2000, 300, 0, FDT_BNHD, 0, 1, 0.0},
       {FD_DTYPE_F16, 2, 40, 8, 72, 2500, 400, 0, FDT_BNHD_PADDED, 1, 0, 0.3},
+      {FD_DTYPE_F16, 1, 32, 8, 128, 8192, 1200, 0, FDT_BHND, 0, 0, 0.0},
+      {FD_DTYPE_BF16, 2, 8, 1, 128, 16384, 2000, 0, FDT_BHND, 0, 0, 0.0},
+      {FD_DTYPE_F16, 1, 8, 4, 256, 8192, 1500, 0, FDT_BNHD, 0, 0, 0.0},
+      {FD_DTYPE_BF16, 1, 16, 2, 96, 6000, 1000, 0, FDT_BHND, 0, 0, 0.0},
   };
   for (int i = 0; i < kTensorCoreCases; ++i) {
     fdt_case *c = &cases[i];

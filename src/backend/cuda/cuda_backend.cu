@@ -49,10 +49,10 @@ constexpr int64_t kMergeOverheadTokens = 128;
 #endif
 constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 
-// Which split kernel a problem is planned for; the one place that decides.
-// The tensor-core kernel takes 16-bit inputs with a 16-bit output: P is
-// rounded to 16 bits before P V, which a float output's 1e-5 bound would not
-// absorb, so float outputs stay on the CUDA-core kernel. MHA (one query head
+// Whether the tensor-core kernel suits a problem (choose_split_kernel, in
+// the backend below, decides with it). It takes 16-bit inputs with a 16-bit
+// output: P is rounded to 16 bits before P V, which a float output's 1e-5
+// bound would not absorb, so float outputs stay on the CUDA-core kernel. MHA (one query head
 // per KV head) with head_dim 65-128 runs the CUDA-core kernel too: the
 // tensor-core CTA would fill 1 of its 16 head slots, and the CUDA-core CTA
 // (48 KiB, 128 threads, up to 4 per SM) has the smaller fixed cost — on the
@@ -166,7 +166,7 @@ class CudaBackend final : public Backend {
     }
     check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
                "CUDA backend: reading the multiprocessor count");
-    check_cuda(cuda::prepare_kernels(ctas_per_sm_, mma_ctas_per_sm_), "CUDA backend: preparing the kernels");
+    check_cuda(cuda::prepare_kernels(&occupancy_), "CUDA backend: preparing the kernels");
     check_cuda(cuda::merge_supports_programmatic_launch(&programmatic_merge_),
                "CUDA backend: checking for programmatic dependent launch");
   }
@@ -185,23 +185,9 @@ class CudaBackend final : public Backend {
   // synchronise. The kernel clamps lengths instead (see flashdecode.h).
   void check_contents(const Problem &) const override {}
 
-  ParallelismHint parallelism(const Problem &p) const override {
-    const bool mma = mma_eligible(p);
-    const cuda::SplitKernelShape shape = kernel_shape(p);
-    const HeadTiling heads = tile_heads(p.group_size, shape.rows);
-    const int bucket = cuda::bucket_index(shape.head_dim_bucket);
-    const int resident = std::max(1, mma ? mma_ctas_per_sm_[p.dtype - 1][bucket] : ctas_per_sm_[p.dtype][bucket]);
-    ParallelismHint hint;
-    // A unit of the planner is one (sequence, KV head); each takes
-    // heads.chunks CTAs per split.
-    hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
-    hint.min_split_tokens = mma ? kMinSplitTokens : kMinSplitTokensCudaCore;
-    hint.split_granularity = shape.tile_tokens;
-    hint.split_overhead_tokens = kSplitOverheadTokens;
-    hint.merge_overhead_tokens = kMergeOverheadTokens;
-    hint.workspace_header_bytes = cuda::kMergeCounterBytes;
-    return hint;
-  }
+  // The plan is made for the kernel choose_split_kernel picks; its tag
+  // travels in the plan (Plan::kernel) to decode.
+  ParallelismHint parallelism(const Problem &p) const override { return hint_for(p, choose_split_kernel(p)); }
 
   bool stream_is_capturing(fd_cuda_stream stream) const override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -242,10 +228,13 @@ class CudaBackend final : public Backend {
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
+    // The plan's kernel, unless these K/V rows are not 16-byte aligned or a
+    // paged pool's strides are too large for the tensor-core loader: then
+    // the CUDA-core kernel runs the same plan (it takes any split length).
+    cuda::SplitKernelChoice kernel = from_tag(plan.kernel);
     const bool aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
-    const bool mma = mma_eligible(p) && aligned && (!p.paged || paged_fits_32bit(p));
-    const cuda::SplitKernelShape shape =
-        mma ? cuda::mma_kernel_shape(p.head_dim) : cuda::split_kernel_shape(p.dtype, p.head_dim);
+    if (!aligned || (p.paged && !paged_fits_32bit(p))) kernel = cuda::SplitKernelChoice{};
+    const cuda::SplitKernelShape shape = kernel_shape(p, kernel);
     const HeadTiling heads = tile_heads(p.group_size, shape.rows);
     auto *base = static_cast<char *>(workspace);
 
@@ -325,21 +314,73 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 && !fused_merge ? &merge : nullptr, mma,
-                                   programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 && !fused_merge ? &merge : nullptr,
+                                   kernel, programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
 
  private:
-  // The kernel the plan is made for (see mma_eligible).
-  static cuda::SplitKernelShape kernel_shape(const Problem &p) {
-    return mma_eligible(p) ? cuda::mma_kernel_shape(p.head_dim) : cuda::split_kernel_shape(p.dtype, p.head_dim);
+  static cuda::SplitKernelShape kernel_shape(const Problem &p, cuda::SplitKernelChoice kernel) {
+    return kernel.mma ? cuda::mma_kernel_shape(p.head_dim, kernel.wide) : cuda::split_kernel_shape(p.dtype, p.head_dim);
+  }
+
+  static int32_t to_tag(cuda::SplitKernelChoice kernel) { return (kernel.mma ? 1 : 0) | (kernel.wide ? 2 : 0); }
+  static cuda::SplitKernelChoice from_tag(int32_t tag) {
+    cuda::SplitKernelChoice kernel;
+    kernel.mma = (tag & 1) != 0;
+    kernel.wide = (tag & 2) != 0;
+    return kernel;
+  }
+
+  int resident_ctas(const Problem &p, cuda::SplitKernelChoice kernel) const {
+    const int bucket = cuda::bucket_index(kernel_shape(p, kernel).head_dim_bucket);
+    const int ctas = !kernel.mma  ? occupancy_.cuda_core[p.dtype][bucket]
+                     : kernel.wide ? occupancy_.wide[p.dtype - 1][bucket]
+                                   : occupancy_.mma[p.dtype - 1][bucket];
+    return std::max(1, ctas);
+  }
+
+  // What the planner needs to know about running p on `kernel`.
+  ParallelismHint hint_for(const Problem &p, cuda::SplitKernelChoice kernel) const {
+    const cuda::SplitKernelShape shape = kernel_shape(p, kernel);
+    const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+    const int resident = resident_ctas(p, kernel);
+    ParallelismHint hint;
+    // A unit of the planner is one (sequence, KV head); each takes
+    // heads.chunks CTAs per split.
+    hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
+    hint.min_split_tokens = kernel.mma ? kMinSplitTokens : kMinSplitTokensCudaCore;
+    hint.split_granularity = shape.tile_tokens;
+    hint.split_overhead_tokens = kSplitOverheadTokens;
+    hint.merge_overhead_tokens = kMergeOverheadTokens;
+    // A wide CTA holds twice the loads in flight of a standard one (192 KiB
+    // of stages against 96) and streams a split about twice as fast.
+    hint.time_per_token = kernel.mma && kernel.wide ? 0.5 : 1.0;
+    hint.workspace_header_bytes = cuda::kMergeCounterBytes;
+    hint.kernel = to_tag(kernel);
+    return hint;
+  }
+
+  // The one place that decides which split kernel a problem is planned for
+  // (see mma_eligible), from PlanKey fields alone. Wide tensor-core tiles
+  // when the device has them and the wave model expects them to finish
+  // sooner: dense caches of one length, automatic splits, head_dim above 64
+  // (measured slower on paged and ragged caches, and where the grid cannot be
+  // sized to the multiprocessors; mma_kernel.cuh).
+  cuda::SplitKernelChoice choose_split_kernel(const Problem &p) const {
+    cuda::SplitKernelChoice kernel;
+    kernel.mma = mma_eligible(p);
+    if (!kernel.mma || p.paged || p.has_seq_lens || p.requested_splits > 0 || p.head_dim <= 64) return kernel;
+    cuda::SplitKernelChoice wide = kernel;
+    wide.wide = true;
+    if (occupancy_.wide[p.dtype - 1][cuda::bucket_index(kernel_shape(p, wide).head_dim_bucket)] == 0) return kernel;
+    if (estimate_splits(p, hint_for(p, wide)).cost < estimate_splits(p, hint_for(p, kernel)).cost) return wide;
+    return kernel;
   }
 
   int device_;
   int sm_count_ = 1;
-  int ctas_per_sm_[3][3] = {};      // [dtype][head-dim bucket]
-  int mma_ctas_per_sm_[2][3] = {};  // [dtype - 1][head-dim bucket], f16 and bf16
+  cuda::KernelOccupancy occupancy_;
   bool programmatic_merge_ = false;  // compute capability 9.0+ with sm_90+ merge code: overlap the merge's launch
 };
 

@@ -1,8 +1,9 @@
 // The one place where runtime choices become template parameters: the
-// storage dtype and the head-dim bucket pick the split kernel, the output
-// dtype picks the merge kernel. Every kernel instantiation of the library is
-// here: 3 dtypes x 3 buckets CUDA-core split kernels, 2 dtypes x 3 buckets
-// tensor-core split kernels and 3 merge kernels.
+// storage dtype, the head-dim bucket and the tile shape pick the split
+// kernel, the output dtype picks the merge kernel. Every kernel
+// instantiation of the library is here: 3 dtypes x 3 buckets CUDA-core split
+// kernels, 2 dtypes x (3 standard + 2 wide) tensor-core split kernels and 3
+// merge kernels.
 #include "backend/cuda/launch.h"
 #include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/mma_kernel.cuh"
@@ -20,10 +21,10 @@ struct SplitKernel {
 };
 
 // A tensor-core split kernel as a value.
-template <class T, int kBucket>
+template <class T, int kBucket, bool kWide>
 struct MmaKernel {
-  using Traits = MmaTraits<kBucket>;
-  static constexpr auto function = mma_split_kernel<T, kBucket>;
+  using Traits = MmaTraits<kBucket, kWide>;
+  static constexpr auto function = mma_split_kernel<T, kBucket, kWide>;
 };
 
 int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
@@ -48,19 +49,20 @@ auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
 }
 
 template <class T, class Body>
-auto with_mma_bucket(int bucket, Body &&body) {
+auto with_mma_bucket(int bucket, bool wide, Body &&body) {
   switch (bucket) {
-    case 64: return body(MmaKernel<T, 64>{});
-    case 128: return body(MmaKernel<T, 128>{});
-    default: return body(MmaKernel<T, 256>{});
+    case 64: return body(MmaKernel<T, 64, false>{});
+    case 128: return wide ? body(MmaKernel<T, 128, true>{}) : body(MmaKernel<T, 128, false>{});
+    default: return wide ? body(MmaKernel<T, 256, true>{}) : body(MmaKernel<T, 256, false>{});
   }
 }
 
-// Calls body(MmaKernel<T, bucket>{}) for the storage type of dtype (f16 or bf16).
+// Calls body(MmaKernel<T, bucket, wide>{}) for the storage type of dtype (f16
+// or bf16); head_dim bucket 64 has standard tiles only.
 template <class Body>
-auto with_mma_kernel(fd_dtype dtype, int bucket, Body &&body) {
-  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, body);
-  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, body);
+auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, Body &&body) {
+  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, wide, body);
+  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, wide, body);
 }
 
 template <class Kernel>
@@ -136,8 +138,8 @@ SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
   });
 }
 
-SplitKernelShape mma_kernel_shape(int64_t head_dim) {
-  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), [](auto kernel) {
+SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide) {
+  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide, [](auto kernel) {
     using Traits = typename decltype(kernel)::Traits;
     SplitKernelShape shape;
     shape.head_dim_bucket = Traits::kBucket;
@@ -149,7 +151,7 @@ SplitKernelShape mma_kernel_shape(int64_t head_dim) {
   });
 }
 
-cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]) {
+cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   // Touching every kernel here also loads it now: with lazy loading, a first
   // load inside fd_decode could synchronise the context or land in a graph
   // capture.
@@ -158,13 +160,25 @@ cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]) {
   if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__half>);
   if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>);
   if (merge_err != cudaSuccess) return merge_err;
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  *occupancy = KernelOccupancy{};
   for (int d = 0; d < 3; ++d) {
     for (int b = 0; b < 3; ++b) {
-      cudaError_t err = with_split_kernel(
-          kDtypes[d], kBuckets[b], [&](auto kernel) { return prepare<decltype(kernel)>(ctas_per_sm[d][b]); });
+      err = with_split_kernel(kDtypes[d], kBuckets[b],
+                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->cuda_core[d][b]); });
       if (err == cudaSuccess && d > 0) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b],
-                              [&](auto kernel) { return prepare<decltype(kernel)>(mma_ctas_per_sm[d - 1][b]); });
+        err = with_mma_kernel(kDtypes[d], kBuckets[b], false,
+                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->mma[d - 1][b]); });
+      }
+      // Wide tiles where the device gives a block enough shared memory
+      // (sm_90 and sm_100: 227 KiB; sm_80 164, sm_86/89/120 99 KiB); 0 = none.
+      if (err == cudaSuccess && d > 0 && kBuckets[b] != 64 &&
+          mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
+        err = with_mma_kernel(kDtypes[d], kBuckets[b], true,
+                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->wide[d - 1][b]); });
       }
       if (err != cudaSuccess) return err;
     }
@@ -199,13 +213,14 @@ cudaError_t probe_kernel_image() {
 }
 
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          bool mma, bool programmatic, cudaStream_t stream) {
+                          SplitKernelChoice kernel, bool programmatic, cudaStream_t stream) {
   const int bucket = head_dim_bucket(split.head_dim);
   cudaError_t err =
-      mma && dtype != FD_DTYPE_F32
-          ? with_mma_kernel(dtype, bucket, [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); })
+      kernel.mma && dtype != FD_DTYPE_F32
+          ? with_mma_kernel(dtype, bucket, kernel.wide,
+                            [&](auto chosen) { return launch_split<decltype(chosen)>(split, stream); })
           : with_split_kernel(dtype, bucket,
-                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, stream); });
+                              [&](auto chosen) { return launch_split<decltype(chosen)>(split, stream); });
   if (err != cudaSuccess || merge == nullptr) return err;
   switch (out_dtype) {
     case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, programmatic, stream);

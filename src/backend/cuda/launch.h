@@ -128,14 +128,29 @@ inline int64_t fused_merge_smem_bytes(int64_t states, int64_t head_dim, int thre
 
 // head_dim must be supported (see kMinHeadDim..kMaxHeadDim).
 SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim);
-// The same for the tensor-core split kernel (16-bit K/V; rows is kMmaHeads).
-SplitKernelShape mma_kernel_shape(int64_t head_dim);
+// The same for the tensor-core split kernel (16-bit K/V; rows is kMmaHeads)
+// with standard or wide tiles (mma_kernel.cuh; head_dim bucket 64 has
+// standard tiles only).
+SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide);
+
+// Which split kernel runs a problem (cuda_backend.cu decides).
+struct SplitKernelChoice {
+  bool mma = false;   // tensor cores (f16/bf16 K/V, 16-byte aligned rows); else CUDA cores
+  bool wide = false;  // tensor cores with wide tiles
+};
+
+// CTAs of each split kernel one multiprocessor holds on the current device:
+// CUDA-core [dtype][bucket index 0..2], tensor-core [dtype - 1 (f16, bf16)]
+// [bucket index], and wide tensor-core tiles likewise (0: not available).
+struct KernelOccupancy {
+  int cuda_core[3][3] = {};
+  int mma[2][3] = {};
+  int wide[2][3] = {};
+};
 
 // On the current device: loads every kernel, raises the shared-memory limit
-// of every split kernel and reports how many CTAs of the split kernel for (dtype, head_dim)
-// fit on one multiprocessor, indexed [dtype][bucket index 0..2], and of the
-// tensor-core kernel, indexed [dtype - 1 (f16, bf16)][bucket index].
-cudaError_t prepare_kernels(int ctas_per_sm[3][3], int mma_ctas_per_sm[2][3]);
+// of every split kernel and reports their occupancy.
+cudaError_t prepare_kernels(KernelOccupancy *occupancy);
 int bucket_index(int head_dim_bucket);
 
 // Checks that this binary has code the current device can run.
@@ -146,13 +161,13 @@ cudaError_t probe_kernel_image();
 // may be launched with programmatic stream serialization.
 cudaError_t merge_supports_programmatic_launch(bool *supported);
 
-// Enqueues the split kernel (the tensor-core one when mma is set: the caller
-// decides, see mma_eligible in cuda_backend.cu; f16 or bf16 and kv_aligned)
-// and, when merge is not null, the merge kernel; with programmatic set (see
+// Enqueues the split kernel `kernel` (the caller decides, see
+// choose_split_kernel in cuda_backend.cu) and, when merge is not null, the
+// merge kernel; with programmatic set (see
 // merge_supports_programmatic_launch), the merge may start while the split
 // kernel finishes. Returns the first launch error.
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          bool mma, bool programmatic, cudaStream_t stream);
+                          SplitKernelChoice kernel, bool programmatic, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fd

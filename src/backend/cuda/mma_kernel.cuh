@@ -38,19 +38,31 @@
 namespace fd {
 namespace cuda {
 
-template <int Bucket>
+// Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages,
+// 96 KiB, two CTAs per multiprocessor; runs everywhere. Wide (head_dim
+// buckets 128 and 256, on GPUs with 200+ KiB of shared memory per block):
+// 8 warps, 64 KiB stages (128 tokens for head_dim 128, 64 for 256), 192
+// KiB, one CTA per multiprocessor. On the H200 the wide tiles stream a long
+// split faster (fp16: 1x32/8x32768x128 42.3 -> 41.2 us, 8x64/8x16384x128
+// 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1) but lose where the grid
+// cannot be sized to the multiprocessors (32x32/8x2048x128, one split per
+// sequence: 70.5 -> 75.2) and on paged or ragged caches; the CUDA backend
+// picks them with the split planner's wave model (cuda_backend.cu).
+template <int Bucket, bool Wide = false>
 struct MmaTraits {
   static constexpr int kBucket = Bucket;
-  static constexpr int kHeads = kMmaHeads;                    // head slots: the MMA's M
-  static constexpr int kTokenGroups = Bucket == 256 ? 2 : 4;  // warps along a tile's tokens
-  static constexpr int kDSplits = 2;                          // warps along head_dim for P V (S is computed by each)
+  static constexpr bool kWide = Wide;
+  static constexpr int kHeads = kMmaHeads;  // head slots: the MMA's M
+  static constexpr int kTokenGroups = Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
+  static constexpr int kDSplits = 2;  // warps along head_dim for P V (S is computed by each)
   static constexpr int kWarps = kTokenGroups * kDSplits;
-  static constexpr int kThreads = 32 * kWarps;                // 256, 256, 128
-  static constexpr int kWarpTokens = Bucket == 64 ? 32 : 16;  // tokens per warp per tile
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32
+  static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
+  // Tokens per warp per tile.
+  static constexpr int kWarpTokens = Bucket == 64 || (Wide && Bucket == 128) ? 32 : 16;
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 128, 64)
   static constexpr int kRowBytes = Bucket * 2;
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32
-  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
   static constexpr int kStages = 3;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kCombineBytes = kTokenGroups * kHeads * (2 + Bucket) * 4;
@@ -62,9 +74,10 @@ struct MmaTraits {
   static constexpr int kPSteps = kWarpTokens / 16;   // k-steps of P V
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
-  // Two CTAs per SM: 128 registers a thread at 256 threads.
-  static constexpr int kMinBlocks = 2;
-  static_assert(kSmemBytes <= 96 * 1024, "mma kernel shared memory budget");
+  // Standard: two CTAs per SM, 128 registers a thread at 256 threads.
+  static constexpr int kMinBlocks = Wide ? 1 : 2;
+  static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
+  static_assert(!Wide || Bucket != 64, "no wide tiles for head_dim 64");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
@@ -328,10 +341,10 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   }
 }
 
-template <class T, int kBucket>
-__global__ void __launch_bounds__(MmaTraits<kBucket>::kThreads, MmaTraits<kBucket>::kMinBlocks)
+template <class T, int kBucket, bool kWide>
+__global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits<kBucket, kWide>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<kBucket>;
+  using Traits = MmaTraits<kBucket, kWide>;
   extern __shared__ __align__(16) unsigned char smem[];
   // The merge may be scheduled once every CTA of this grid has started; it
   // still waits for this grid to finish before it reads a partial state.
