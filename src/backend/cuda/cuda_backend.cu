@@ -364,13 +364,13 @@ class CudaBackend final : public Backend {
   // The one place that decides which split kernel a problem is planned for
   // (see mma_eligible), from PlanKey fields alone. Wide tensor-core tiles
   // when the device has them and the wave model expects them to finish
-  // sooner: dense caches of one length, automatic splits, head_dim above 64
-  // (measured slower on paged and ragged caches, and where the grid cannot be
-  // sized to the multiprocessors; mma_kernel.cuh).
+  // sooner: dense caches of one length, automatic splits (measured slower on
+  // paged and ragged caches, and where the grid cannot be sized to the
+  // multiprocessors; mma_kernel.cuh).
   cuda::SplitKernelChoice choose_split_kernel(const Problem &p) const {
     cuda::SplitKernelChoice kernel;
     kernel.mma = mma_eligible(p);
-    if (!kernel.mma || p.paged || p.has_seq_lens || p.requested_splits > 0 || p.head_dim <= 64) return kernel;
+    if (!kernel.mma || p.paged || p.has_seq_lens || p.requested_splits > 0) return kernel;
     cuda::SplitKernelChoice wide = kernel;
     wide.wide = true;
     if (occupancy_.wide[p.dtype - 1][cuda::bucket_index(kernel_shape(p, wide).head_dim_bucket)] == 0) return kernel;

@@ -2,8 +2,8 @@
 // storage dtype, the head-dim bucket and the tile shape pick the split
 // kernel, the output dtype picks the merge kernel. Every kernel
 // instantiation of the library is here: 3 dtypes x 3 buckets CUDA-core split
-// kernels, 2 dtypes x (3 standard + 2 wide) tensor-core split kernels and 3
-// merge kernels.
+// kernels, 2 dtypes x 3 buckets x 2 tile shapes tensor-core split kernels and
+// 3 merge kernels.
 #include "backend/cuda/launch.h"
 #include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/mma_kernel.cuh"
@@ -51,14 +51,14 @@ auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
 template <class T, class Body>
 auto with_mma_bucket(int bucket, bool wide, Body &&body) {
   switch (bucket) {
-    case 64: return body(MmaKernel<T, 64, false>{});
+    case 64: return wide ? body(MmaKernel<T, 64, true>{}) : body(MmaKernel<T, 64, false>{});
     case 128: return wide ? body(MmaKernel<T, 128, true>{}) : body(MmaKernel<T, 128, false>{});
     default: return wide ? body(MmaKernel<T, 256, true>{}) : body(MmaKernel<T, 256, false>{});
   }
 }
 
 // Calls body(MmaKernel<T, bucket, wide>{}) for the storage type of dtype (f16
-// or bf16); head_dim bucket 64 has standard tiles only.
+// or bf16).
 template <class Body>
 auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, Body &&body) {
   if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, wide, body);
@@ -175,8 +175,7 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
       }
       // Wide tiles where the device gives a block enough shared memory
       // (sm_90 and sm_100: 227 KiB; sm_80 164, sm_86/89/120 99 KiB); 0 = none.
-      if (err == cudaSuccess && d > 0 && kBuckets[b] != 64 &&
-          mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
+      if (err == cudaSuccess && d > 0 && mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
         err = with_mma_kernel(kDtypes[d], kBuckets[b], true,
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->wide[d - 1][b]); });
       }

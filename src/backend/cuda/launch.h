@@ -129,8 +129,7 @@ inline int64_t fused_merge_smem_bytes(int64_t states, int64_t head_dim, int thre
 // head_dim must be supported (see kMinHeadDim..kMaxHeadDim).
 SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim);
 // The same for the tensor-core split kernel (16-bit K/V; rows is kMmaHeads)
-// with standard or wide tiles (mma_kernel.cuh; head_dim bucket 64 has
-// standard tiles only).
+// with standard or wide tiles (mma_kernel.cuh).
 SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide);
 
 // Which split kernel runs a problem (cuda_backend.cu decides).

@@ -39,10 +39,10 @@ namespace fd {
 namespace cuda {
 
 // Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages,
-// 96 KiB, two CTAs per multiprocessor; runs everywhere. Wide (head_dim
-// buckets 128 and 256, on GPUs with 200+ KiB of shared memory per block):
-// 8 warps, 64 KiB stages (128 tokens for head_dim 128, 64 for 256), 192
-// KiB, one CTA per multiprocessor. On the H200 the wide tiles stream a long
+// 96 KiB, two CTAs per multiprocessor; runs everywhere. Wide (on GPUs with
+// 200+ KiB of shared memory per block): 8 warps, 64 KiB stages (256, 128 or
+// 64 tokens for head_dim buckets 64, 128, 256), 192 KiB, one CTA per
+// multiprocessor. On the H200 the wide tiles stream a long
 // split faster (fp16: 1x32/8x32768x128 42.3 -> 41.2 us, 8x64/8x16384x128
 // 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1) but lose where the grid
 // cannot be sized to the multiprocessors (32x32/8x2048x128, one split per
@@ -58,8 +58,8 @@ struct MmaTraits {
   static constexpr int kWarps = kTokenGroups * kDSplits;
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
   // Tokens per warp per tile.
-  static constexpr int kWarpTokens = Bucket == 64 || (Wide && Bucket == 128) ? 32 : 16;
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 128, 64)
+  static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64)
   static constexpr int kRowBytes = Bucket * 2;
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32
   static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
@@ -77,7 +77,6 @@ struct MmaTraits {
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads.
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
-  static_assert(!Wide || Bucket != 64, "no wide tiles for head_dim 64");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
