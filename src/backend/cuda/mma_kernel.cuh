@@ -253,7 +253,7 @@ template <class T, class Traits>
 __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int row0, int d_part, int64_t warp_begin,
                                                 int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
-                                                float q_scale, int head_dim) {
+                                                float q_scale) {
   const unsigned char *k_tile = stage;
   const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowBytes;
   const int lane = threadIdx.x % 32;
@@ -261,20 +261,40 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   const int r8 = lane & 7;
   const int quad_lane = lane & 3;
 
-  float s[Traits::kSTiles][4];
+  // S = Q K^T over every k-step of the bucket, without a branch on head_dim:
+  // chunks past it are zeros in shared memory and in q, and straight-line
+  // code lets the compiler overlap the ldmatrix loads with the MMAs. With 8
+  // or more k-steps each n-tile has two accumulators (even and odd k-steps),
+  // two chains of dependent MMAs instead of one (a branch per k-step and one
+  // chain had the tensor-core kernel issue-bound: see docs/performance.md).
+  constexpr int kChains = Traits::kDSteps >= 8 ? 2 : 1;
+  float s_chain[kChains][Traits::kSTiles][4];
 #pragma unroll
-  for (int n = 0; n < Traits::kSTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int c = 0; c < kChains; ++c) {
+#pragma unroll
+    for (int n = 0; n < Traits::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_chain[c][n][e] = 0.0f;
+    }
+  }
 #pragma unroll
   for (int kk = 0; kk < Traits::kDSteps; ++kk) {
-    if (kk * 16 < head_dim) {  // warp-uniform: chunks past head_dim are zeros
 #pragma unroll
-      for (int j = 0; j < Traits::kSTiles / 2; ++j) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8,
-                                                             kk * 2 + (matrix & 1)));
-        Mma<T>::run(s[2 * j], qf[kk], kb[0], kb[1]);
-        Mma<T>::run(s[2 * j + 1], qf[kk], kb[2], kb[3]);
-      }
+    for (int j = 0; j < Traits::kSTiles / 2; ++j) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8,
+                                                           kk * 2 + (matrix & 1)));
+      Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
+      Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
+    }
+  }
+  float (&s)[Traits::kSTiles][4] = s_chain[0];
+#pragma unroll
+  for (int c = 1; c < kChains; ++c) {
+#pragma unroll
+    for (int n = 0; n < Traits::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] += s_chain[c][n][e];
     }
   }
 
@@ -327,15 +347,13 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
                            Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                            Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
 #pragma unroll
-    for (int c = 0; c < Traits::kOTiles / 2; ++c) {
-      if (d_part * Traits::kDWidth + c * 16 < head_dim) {  // warp-uniform
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
-                                                                   d_part * (Traits::kDWidth / 8) + c * 2 +
-                                                                       (matrix >> 1)));
-        Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
-        Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
-      }
+    for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
+                                                                 d_part * (Traits::kDWidth / 8) + c * 2 +
+                                                                     (matrix >> 1)));
+      Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
+      Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
     }
   }
 }
@@ -424,7 +442,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
       if (warp_begin < end) {  // warp-uniform
         attend_tile_mma<T, Traits>(smem + read_stage * Traits::kStageBytes, token_group * Traits::kWarpTokens,
-                                   d_part, warp_begin, end, qf, o, m, l, p.q_scale, p.head_dim);
+                                   d_part, warp_begin, end, qf, o, m, l, p.q_scale);
       }
       read_stage = read_stage + 1 == Traits::kStages ? 0 : read_stage + 1;
       write_stage = write_stage + 1 == Traits::kStages ? 0 : write_stage + 1;
