@@ -30,6 +30,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -41,67 +42,24 @@ try:
 except ImportError:  # --from-json (tables and plot of an earlier run) needs no torch
     torch = None
 
-# ---- ctypes mirror of include/flashdecode.h (ABI major 0) ---------------------
+# The C ABI as the Python binding declares it (one mirror of the header for
+# the whole project); this script loads a given build itself, so that
+# ab_variants.py can hold several builds in one process.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python", "src"))
+from flashdecode._library import FdDecodeArgs, FdOptions, FdTensor, declare  # noqa: E402
+
 FD_SUCCESS = 0
 FD_BACKEND_CUDA = 2
 FD_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 
 
-class FdTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.c_int64 * 4),
-        ("strides", ctypes.c_int64 * 4),
-    ]
-
-
-class FdOptions(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("backend", ctypes.c_int),
-        ("device", ctypes.c_int32),
-        ("num_threads", ctypes.c_int32),
-    ]
-
-
-class FdDecodeArgs(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("q", FdTensor),
-        ("k", FdTensor),
-        ("v", FdTensor),
-        ("out", FdTensor),
-        ("lse", FdTensor),
-        ("seq_lens", FdTensor),
-        ("block_table", FdTensor),
-        ("softmax_scale", ctypes.c_double),
-        ("num_splits", ctypes.c_int32),
-    ]
-
-
 class FlashDecode:
-    """The few entry points this script needs, with argtypes and restypes."""
+    """One build of libflashdecode, loaded from `path` with the binding's declarations."""
 
     def __init__(self, path):
-        lib = ctypes.CDLL(path)
-        lib.fd_version_string.restype = ctypes.c_char_p
-        lib.fd_options_init.argtypes = [ctypes.POINTER(FdOptions), ctypes.c_size_t]
-        lib.fd_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(FdOptions)]
-        lib.fd_destroy.argtypes = [ctypes.c_void_p]
-        lib.fd_decode_args_init.argtypes = [ctypes.POINTER(FdDecodeArgs), ctypes.c_size_t]
-        lib.fd_decode.argtypes = [ctypes.c_void_p, ctypes.POINTER(FdDecodeArgs), ctypes.c_void_p]
-        lib.fd_workspace_size.argtypes = [ctypes.c_void_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(ctypes.c_size_t)]
-        lib.fd_reserve_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.fd_last_error_message.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.fd_last_error_message.restype = ctypes.c_size_t
-        lib.fd_options_init.restype = ctypes.c_size_t
-        lib.fd_decode_args_init.restype = ctypes.c_size_t
-        for name in ("fd_create", "fd_destroy", "fd_decode", "fd_workspace_size", "fd_reserve_workspace"):
-            getattr(lib, name).restype = ctypes.c_int
-        self.lib = lib
-        self.version = lib.fd_version_string().decode()
+        self.lib = ctypes.CDLL(path)
+        declare(self.lib, path)
+        self.version = self.lib.fd_version_string().decode()
 
     def check(self, status, what):
         if status != FD_SUCCESS:
@@ -479,7 +437,7 @@ def main():
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids (1..11)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
-    default_seed = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "..", ".seed")
+    default_seed = os.path.join(os.path.dirname(__file__), "..", "..", ".seed")
     parser.add_argument("--seed-dir", default=default_seed, help="folder of flash_decode_splitk.py ('' to skip)")
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()

@@ -218,13 +218,7 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
         lib = ctypes.CDLL(name)
     except OSError as error:
         raise LibraryError(f"{where}: {error}") from None
-    for function, restype, argtypes in _PROTOTYPES:
-        try:
-            declared = getattr(lib, function)
-        except AttributeError:
-            raise LibraryError(f"{where}: does not export {function}; not a flashdecode library?") from None
-        declared.restype = restype
-        declared.argtypes = argtypes
+    declare(lib, where)
     path = _loaded_file(lib) or name
     number = int(lib.fd_version_number())
     version = lib.fd_version_string().decode()
@@ -234,6 +228,24 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
         )
     _check_struct_sizes(lib, path, number)
     return lib, LibraryInfo(path=path, source=source, version=version, version_number=number)
+
+
+def declare(lib: ctypes.CDLL, where: str) -> None:
+    """Sets the argument and result types of every exported function on ``lib``.
+
+    For tools that load several builds of the library side by side (the
+    benchmarks in ``tests/bench``), which :func:`load_library` does not.
+
+    Raises:
+        LibraryError: a function is missing (``where`` names the library).
+    """
+    for function, restype, argtypes in _PROTOTYPES:
+        try:
+            declared = getattr(lib, function)
+        except AttributeError:
+            raise LibraryError(f"{where}: does not export {function}; not a flashdecode library?") from None
+        declared.restype = restype
+        declared.argtypes = argtypes
 
 
 def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
