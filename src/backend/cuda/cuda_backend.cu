@@ -5,8 +5,9 @@
 // fd_decode on this backend enqueues one kernel (two when the merge is not
 // fused into the split kernel) on the caller's stream and nothing else: no
 // allocation (the api layer reserved the workspace), no copy, no
-// synchronisation, so it can be captured in a CUDA graph. The CUDA runtime is linked statically and hidden, so its "last
-// error" state is this library's own: reading it cannot eat a caller's error.
+// synchronisation, so it can be captured in a CUDA graph. The CUDA runtime
+// is linked statically and hidden, so its "last error" state is this
+// library's own: reading it cannot eat a caller's error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -52,12 +53,15 @@ constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 // Whether the tensor-core kernel suits a problem (choose_split_kernel, in
 // the backend below, decides with it). It takes 16-bit inputs with a 16-bit
 // output: P is rounded to 16 bits before P V, which a float output's 1e-5
-// bound would not absorb, so float outputs stay on the CUDA-core kernel. MHA (one query head
-// per KV head) with head_dim 65-128 runs the CUDA-core kernel too: the
-// tensor-core CTA would fill 1 of its 16 head slots, and the CUDA-core CTA
-// (48 KiB, 128 threads, up to 4 per SM) has the smaller fixed cost — on the
-// H200, fp16 256x32/32x512x128 540 -> 494 us and 1x32/32x2048x128 18.6 ->
-// 16.3 us; for head_dim 64 it is slower (4x16/16x65536x64 256 -> 303 us).
+// bound would not absorb, so float outputs stay on the CUDA-core kernel.
+// MHA (one query head per KV head) with head_dim 65-128 runs the CUDA-core
+// kernel too: the tensor-core CTA would fill 1 of its 16 head slots, and the
+// CUDA-core CTA (48 KiB, 128 threads, up to 4 per SM) has the smaller fixed
+// cost — on the H200, fp16 256x32/32x512x128 540 -> 494 us and
+// 1x32/32x2048x128 18.6 -> 16.3 us; for head_dim 64 it is slower
+// (4x16/16x65536x64 256 -> 303 us). Measured again after the tensor-core
+// kernel lost its inner-loop branches: 478 -> 497 and 14.9 -> 14.6 us on
+// tensor cores, so it stays.
 // Decided from dtypes and shapes (PlanKey fields) alone, so the plan and the
 // workspace size do not depend on pointers; K/V rows that are not 16-byte
 // aligned run the CUDA-core kernel on the same plan.

@@ -95,7 +95,7 @@ __device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_h
   float4 *acc = reinterpret_cast<float4 *>(smem);  // [rows][splits][vectors]
   float *m = reinterpret_cast<float *>(acc + states * vectors);
   float *l = m + states;
-  FusedMergePartial *partials = reinterpret_cast<FusedMergePartial *>(smem + fused_merge_partials_offset(states, p.head_dim));
+  auto *partials = reinterpret_cast<FusedMergePartial *>(smem + fused_merge_partials_offset(states, p.head_dim));
 
   const float4 *acc_src = reinterpret_cast<const float4 *>(p.acc + first_state * p.head_dim);
   for (int i = threadIdx.x; i < states * vectors; i += kThreads) cp_async_chunk(acc + i, acc_src + i, true);

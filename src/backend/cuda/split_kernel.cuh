@@ -104,7 +104,8 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
 }
 
 template <class T, int kBucket>
-__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits<T, kBucket>::kMinBlocks) split_kernel(const SplitParams p) {
+__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits<T, kBucket>::kMinBlocks)
+    split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
   // The merge may be scheduled once every CTA of this grid has started; it
