@@ -65,8 +65,18 @@ auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, Body &&body) {
   return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, wide, body);
 }
 
+// Programmatic stream serialization (sm_90+, see launch_decode): the kernel
+// may be scheduled while the previous kernel on the stream finishes, and
+// waits in griddepcontrol.wait before its first memory access.
+void allow_programmatic_launch(cudaLaunchConfig_t &config, cudaLaunchAttribute &attribute) {
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+}
+
 template <class Kernel>
-cudaError_t launch_split(const SplitParams &split, cudaStream_t stream) {
+cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream_t stream) {
   using Traits = typename Kernel::Traits;
   cudaLaunchConfig_t config = {};
   const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
@@ -75,6 +85,8 @@ cudaError_t launch_split(const SplitParams &split, cudaStream_t stream) {
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
   return cudaLaunchKernelEx(&config, Kernel::function, split);
 }
 
@@ -108,13 +120,8 @@ cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream
   // Programmatic dependent launch: the merge's CTAs may be scheduled once
   // every split CTA has started, and wait in grid_dependency_wait for the
   // split grid to finish; this takes the launch gap off the critical path.
-  cudaLaunchAttribute attribute[1];
-  if (programmatic) {
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
   return cudaLaunchKernelEx(&config, merge_kernel<OutT>, p);
 }
 
@@ -217,9 +224,9 @@ cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams 
   cudaError_t err =
       kernel.mma && dtype != FD_DTYPE_F32
           ? with_mma_kernel(dtype, bucket, kernel.wide,
-                            [&](auto chosen) { return launch_split<decltype(chosen)>(split, stream); })
+                            [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); })
           : with_split_kernel(dtype, bucket,
-                              [&](auto chosen) { return launch_split<decltype(chosen)>(split, stream); });
+                              [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); });
   if (err != cudaSuccess || merge == nullptr) return err;
   switch (out_dtype) {
     case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, programmatic, stream);

@@ -163,8 +163,9 @@ cudaError_t merge_supports_programmatic_launch(bool *supported);
 // Enqueues the split kernel `kernel` (the caller decides, see
 // choose_split_kernel in cuda_backend.cu) and, when merge is not null, the
 // merge kernel; with programmatic set (see
-// merge_supports_programmatic_launch), the merge may start while the split
-// kernel finishes. Returns the first launch error.
+// merge_supports_programmatic_launch), each may be scheduled while the
+// kernel before it on the stream finishes (it waits for it before touching
+// memory). Returns the first launch error.
 cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
                           SplitKernelChoice kernel, bool programmatic, cudaStream_t stream);
 

@@ -108,8 +108,12 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
-  // The merge may be scheduled once every CTA of this grid has started; it
-  // still waits for this grid to finish before it reads a partial state.
+  // Launched programmatically after the previous kernel on the stream (sm_90+):
+  // wait for it to finish, and its writes to be visible, before touching any
+  // memory (q may be its output; its merge may still read this workspace).
+  grid_dependency_wait();
+  // The merge, or the next decode's split kernel, may be scheduled once every
+  // CTA of this grid has got here; they wait in turn for this grid to finish.
   grid_dependency_launch_dependents();
 
   const int lane = threadIdx.x % Traits::kLanes;

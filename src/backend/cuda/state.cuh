@@ -59,10 +59,11 @@ __device__ inline float merge_weight(float m_part, float m_max) {
 }
 
 // Programmatic dependent launch (sm_90 and later; no-ops in code built for
-// older architectures, where the host never asks for it). A split kernel
-// lets the merge kernel that follows it start early; the merge waits here,
-// before its first read of the partial states, until the split grid has
-// finished and its writes are visible. Without the launch attribute both
+// older architectures, where the host never asks for it). Every kernel of
+// this library is launched so that it may be scheduled while the previous
+// kernel on the stream finishes, and waits here, before its first memory
+// access, until that grid has finished and its writes are visible; each
+// then lets the next kernel be scheduled. Without the launch attribute both
 // return at once.
 __device__ __forceinline__ void grid_dependency_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
