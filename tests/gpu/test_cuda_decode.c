@@ -444,9 +444,10 @@ static void test_graph_replay(void **state) {
  * finished CTAs in counters at the start of the workspace that every launch
  * leaves at zero; larger merges run the merge kernel. Here, on a
  * caller-provided workspace filled with garbage before fd_set_workspace
- * (which must clear the counters): fused merges on both split kernels, a
- * merge-kernel case, and the first case again after the others wrote their
- * partials, each against the reference. */
+ * (which must clear the counters): fused merges on both split kernels (odd
+ * row and split counts, more splits than a warp has lanes, empty trailing
+ * splits), a merge-kernel case, and the first case again after the others
+ * wrote their partials, each against the reference. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
   static const struct {
@@ -459,6 +460,8 @@ static void test_merge_paths_on_caller_workspace(void **state) {
       {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64},
       {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16},
       {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16},
+      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13},
+      {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48},
       {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8},
   };
   enum { kCases = sizeof spec / sizeof spec[0] };

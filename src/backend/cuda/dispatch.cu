@@ -125,6 +125,18 @@ cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream
   return cudaLaunchKernelEx(&config, merge_kernel<OutT>, p);
 }
 
+// What the host needs to know about a split kernel, from its traits.
+template <class Traits>
+SplitKernelShape shape_of() {
+  SplitKernelShape shape;
+  shape.head_dim_bucket = Traits::kBucket;
+  shape.threads = Traits::kThreads;
+  shape.rows = Traits::kRows;
+  shape.tile_tokens = Traits::kTileTokens;
+  shape.smem_bytes = Traits::kSmemBytes;
+  return shape;
+}
+
 constexpr fd_dtype kDtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
 constexpr int kBuckets[3] = {64, 128, 256};
 
@@ -133,29 +145,13 @@ constexpr int kBuckets[3] = {64, 128, 256};
 int bucket_index(int head_dim_bucket) { return head_dim_bucket == 64 ? 0 : head_dim_bucket == 128 ? 1 : 2; }
 
 SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
-  return with_split_kernel(dtype, head_dim_bucket(head_dim), [](auto kernel) {
-    using Traits = typename decltype(kernel)::Traits;
-    SplitKernelShape shape;
-    shape.head_dim_bucket = Traits::kBucket;
-    shape.threads = Traits::kThreads;
-    shape.rows = Traits::kRows;
-    shape.tile_tokens = Traits::kTileTokens;
-    shape.smem_bytes = Traits::kSmemBytes;
-    return shape;
-  });
+  return with_split_kernel(dtype, head_dim_bucket(head_dim),
+                           [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
 SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide) {
-  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide, [](auto kernel) {
-    using Traits = typename decltype(kernel)::Traits;
-    SplitKernelShape shape;
-    shape.head_dim_bucket = Traits::kBucket;
-    shape.threads = Traits::kThreads;
-    shape.rows = Traits::kHeads;
-    shape.tile_tokens = Traits::kTileTokens;
-    shape.smem_bytes = Traits::kSmemBytes;
-    return shape;
-  });
+  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide,
+                         [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
 cudaError_t prepare_kernels(KernelOccupancy *occupancy) {

@@ -53,6 +53,7 @@ struct MmaTraits {
   static constexpr int kBucket = Bucket;
   static constexpr bool kWide = Wide;
   static constexpr int kHeads = kMmaHeads;  // head slots: the MMA's M
+  static constexpr int kRows = kHeads;      // head slots of a CTA (SplitKernelShape::rows)
   static constexpr int kTokenGroups = Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
   static constexpr int kDSplits = 2;  // warps along head_dim for P V (S is computed by each)
   static constexpr int kWarps = kTokenGroups * kDSplits;
@@ -65,7 +66,7 @@ struct MmaTraits {
   static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
   static constexpr int kStages = 3;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
-  static constexpr int kCombineBytes = kTokenGroups * kHeads * (2 + Bucket) * 4;
+  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
   static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
   static constexpr int kSTiles = kWarpTokens / 8;    // n-tiles of S per warp
   static constexpr int kDSteps = Bucket / 16;        // k-steps of S
@@ -74,7 +75,9 @@ struct MmaTraits {
   static constexpr int kPSteps = kWarpTokens / 16;   // k-steps of P V
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
-  // Standard: two CTAs per SM, 128 registers a thread at 256 threads.
+  // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
+  // 128 bucket is at that limit: ptxas spills 4 bytes, outside the main
+  // loop in the H200 SASS; small edits to the epilogue move that number).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
@@ -363,13 +366,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<kBucket, kWide>;
   extern __shared__ __align__(16) unsigned char smem[];
-  // Launched programmatically after the previous kernel on the stream (sm_90+):
-  // wait for it to finish, and its writes to be visible, before touching any
-  // memory (q may be its output; its merge may still read this workspace).
-  grid_dependency_wait();
-  // The merge, or the next decode's split kernel, may be scheduled once every
-  // CTA of this grid has got here; they wait in turn for this grid to finish.
-  grid_dependency_launch_dependents();
+  split_kernel_prologue();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -461,10 +458,15 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     // Per token group: m and l (the d_part warps of a group hold the same
-    // ones), and the accumulator, each d_part warp its columns.
-    float *part_m = reinterpret_cast<float *>(smem);
+    // ones), and the accumulator, each d_part warp its columns; only the
+    // chunk's real heads (the other slots hold zero queries).
+    float *part_m = reinterpret_cast<float *>(smem);  // then each group's weight
     float *part_l = part_m + Traits::kTokenGroups * Traits::kHeads;
-    float *part_o = part_l + Traits::kTokenGroups * Traits::kHeads;
+    float *row_l = part_l + Traits::kTokenGroups * Traits::kHeads;
+    float *row_max = row_l + Traits::kHeads;
+    float *part_o = row_max + Traits::kHeads;
+    static_assert((2 * Traits::kTokenGroups + 2) * Traits::kHeads * 4 % 8 == 0, "part_o holds float2 stores");
+    const bool row_real[2] = {group_row < heads_here, group_row + 8 < heads_here};
     if (quad_lane == 0 && d_part == 0) {
       part_m[token_group * Traits::kHeads + group_row] = m[0];
       part_m[token_group * Traits::kHeads + group_row + 8] = m[1];
@@ -474,28 +476,49 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
 #pragma unroll
     for (int t = 0; t < Traits::kOTiles; ++t) {
       const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
-      *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
-          make_float2(o[t][0], o[t][1]);
-      *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
-          make_float2(o[t][2], o[t][3]);
+      if (row_real[0]) {
+        *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
+            make_float2(o[t][0], o[t][1]);
+      }
+      if (row_real[1]) {
+        *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
+            make_float2(o[t][2], o[t][3]);
+      }
     }
     __syncthreads();
 
-    // Merge the token groups' states in group order, one (head slot, element) per thread.
-    for (int i = threadIdx.x; i < Traits::kHeads * kBucket; i += Traits::kThreads) {
-      const int row = i / kBucket;
-      const int d = i % kBucket;
-      if (row >= heads_here || d >= p.head_dim) continue;
+    // The token groups' weights exp2(m_group - m_max) and the merged l, once
+    // per head slot, in group order.
+    if (threadIdx.x < Traits::kHeads) {
+      const int row = threadIdx.x;
       float m_max = negative_infinity();
 #pragma unroll
       for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = fmaxf(m_max, part_m[g * Traits::kHeads + row]);
-      float l_sum = 0.0f, acc = 0.0f;
+      float l_sum = 0.0f;
 #pragma unroll
       for (int g = 0; g < Traits::kTokenGroups; ++g) {
         const float weight = merge_weight(part_m[g * Traits::kHeads + row], m_max);
         l_sum = fmaf(weight, part_l[g * Traits::kHeads + row], l_sum);
-        acc = fmaf(weight, part_o[(g * Traits::kHeads + row) * kBucket + d], acc);
+        part_m[g * Traits::kHeads + row] = weight;
       }
+      row_max[row] = m_max;
+      row_l[row] = l_sum;
+    }
+    __syncthreads();
+
+    // Merge the token groups' accumulators in group order, one (real head,
+    // element) per thread.
+    for (int i = threadIdx.x; i < heads_here * kBucket; i += Traits::kThreads) {
+      const int row = i / kBucket;
+      const int d = i % kBucket;
+      if (d >= p.head_dim) continue;
+      float acc = 0.0f;
+#pragma unroll
+      for (int g = 0; g < Traits::kTokenGroups; ++g) {
+        acc = fmaf(part_m[g * Traits::kHeads + row], part_o[(g * Traits::kHeads + row) * kBucket + d], acc);
+      }
+      const float m_max = row_max[row];
+      const float l_sum = row_l[row];
       const int q_head = kv_head * p.group_size + first_head + row;
       if (p.write_output) {
         const float inv_l = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // empty: acc is 0, so out is 0

@@ -108,13 +108,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
-  // Launched programmatically after the previous kernel on the stream (sm_90+):
-  // wait for it to finish, and its writes to be visible, before touching any
-  // memory (q may be its output; its merge may still read this workspace).
-  grid_dependency_wait();
-  // The merge, or the next decode's split kernel, may be scheduled once every
-  // CTA of this grid has got here; they wait in turn for this grid to finish.
-  grid_dependency_launch_dependents();
+  split_kernel_prologue();
 
   const int lane = threadIdx.x % Traits::kLanes;
   const int row = threadIdx.x / Traits::kLanes;

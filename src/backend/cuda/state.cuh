@@ -77,6 +77,17 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// The first statement of both split kernels. Launched programmatically
+// after the previous kernel on the stream (sm_90+), a split kernel waits for
+// it to finish, and its writes to be visible, before touching any memory (q
+// may be its output; its merge may still read this workspace). Then the
+// merge, or the next decode's split kernel, may be scheduled once every CTA
+// of this grid has got here; they wait in turn for this grid to finish.
+__device__ __forceinline__ void split_kernel_prologue() {
+  grid_dependency_wait();
+  grid_dependency_launch_dependents();
+}
+
 // Natural-log log-sum-exp of a merged state; -inf when it is empty.
 __device__ inline float natural_lse(float m, float l) {
   return m == negative_infinity() ? negative_infinity() : (m + log2f(l)) * kLn2;
