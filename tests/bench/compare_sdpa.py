@@ -22,7 +22,10 @@ L2 error; bound 2e-3 for fp16, 1e-2 for bf16). Method
 (../shared/device/README.md): every implementation runs under CUDA graph
 replay (one graph calls it once per KV set), KV sets rotated so their total is
 well above the 60 MiB L2, CUDA events, the median over many replays divided by
-the calls per replay. Effective bandwidth counts the K and V bytes that must be
+the calls per replay, in --rounds rounds of every implementation, the order
+reversed on odd rounds (the median of the rounds is reported: without them,
+whichever ran first after the previous shape could be slowed, e.g. shape 8
+by 10% after shape 7's seed kernel). Effective bandwidth counts the K and V bytes that must be
 read once plus q and out; the percentages are of the streaming-read rate
 measured in the same run.
 """
@@ -240,7 +243,7 @@ def load_seed(path):
     return flash_decode_splitk
 
 
-def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
+def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, seed):
     sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
     group = q_heads // kv_heads
     elem = torch.finfo(dtype).bits // 8
@@ -316,8 +319,14 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
 
         implementations.append(("seed", seed_calls, lambda holder=holder: holder["out"], ref_dense))
 
+    # Every output is checked first; then `rounds` rounds time every
+    # implementation that passed, the order reversed on odd rounds, so that
+    # no implementation always runs first after the inputs (or the previous
+    # shape's slowest kernel) were made. A row's time is the median of its
+    # round medians.
     results = []
     bound = BOUNDS[str(dtype).replace("torch.", "")]
+    timed = []
     for name, calls, first_out, ref in implementations:
         row = {"impl": name, "shape_id": sid, "shape": [batch, q_heads, kv_heads, kv_len, head_dim], "kind": kind,
                "label": shape_label(shape), "dtype": str(dtype).replace("torch.", ""), "kv_sets": sets,
@@ -329,12 +338,20 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, seed):
             torch.cuda.synchronize()
             rel, max_abs = rel_error(first_out(), ref)
             row.update(rel_err=rel, max_abs_err=max_abs, ok=bool(rel <= bound))
-            median, fastest, slowest = time_graph(calls, replays)
-            torch.cuda.synchronize()
-            row.update(us=median * 1e6, us_min=fastest * 1e6, us_max=slowest * 1e6, gbps=moved / median * 1e-9)
+            timed.append((row, calls))
         except Exception as error:  # an SDPA backend may refuse a shape
             row["error"] = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
         results.append(row)
+    for r in range(rounds):
+        for row, calls in (timed if r % 2 == 0 else timed[::-1]):
+            median, fastest, slowest = time_graph(calls, replays)
+            torch.cuda.synchronize()
+            row.setdefault("us_rounds", []).append(median * 1e6)
+            row["us_min"] = min(row.get("us_min", math.inf), fastest * 1e6)
+            row["us_max"] = max(row.get("us_max", 0.0), slowest * 1e6)
+    for row, _ in timed:
+        row["us"] = statistics.median(row["us_rounds"])
+        row["gbps"] = moved / row["us"] * 1e-3
     del qs, ks, vs, outs, seed_kv, fd_args
     torch.cuda.empty_cache()
     return results
@@ -436,6 +453,7 @@ def main():
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids (1..11)")
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
     default_seed = os.path.join(os.path.dirname(__file__), "..", "..", ".seed")
     parser.add_argument("--seed-dir", default=default_seed, help="folder of flash_decode_splitk.py ('' to skip)")
@@ -470,7 +488,8 @@ def main():
     started = time.monotonic()
     for dtype_name in dtypes:
         for shape in shapes:
-            rows = run_shape(fd, handle, shape, getattr(torch, dtype_name), args.rotation_mib << 20, args.replays, seed)
+            rows = run_shape(fd, handle, shape, getattr(torch, dtype_name), args.rotation_mib << 20, args.replays,
+                             args.rounds, seed)
             for row in rows:
                 if "gbps" in row:
                     row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
