@@ -16,6 +16,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/load.cuh"
 #include "backend/cuda/state.cuh"
+#include "backend/cuda/timeline.cuh"
 
 namespace fd {
 namespace cuda {
@@ -166,7 +167,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
   __shared__ float warp_max[kMergeMaxThreads / 32];
   __shared__ float row_l;
 
+  FD_TIMELINE_BEGIN(timeline);
   grid_dependency_wait();  // the split kernel's partial states are complete and visible
+  FD_TIMELINE_MARK(timeline, 1);
 
   const int splits = p.num_splits;
   const int vectors = p.head_dim / 4;
@@ -273,6 +276,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
     }
     __syncthreads();  // shared memory is reused by the next row
   }
+  FD_TIMELINE_END(timeline, "merge", p.out);
 }
 
 }  // namespace cuda

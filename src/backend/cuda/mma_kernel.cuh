@@ -34,6 +34,7 @@
 #include "backend/cuda/load.cuh"
 #include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/state.cuh"
+#include "backend/cuda/timeline.cuh"
 
 namespace fd {
 namespace cuda {
@@ -366,7 +367,9 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<kBucket, kWide>;
   extern __shared__ __align__(16) unsigned char smem[];
+  FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
+  FD_TIMELINE_MARK(timeline, 1);
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -435,6 +438,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     for (int64_t tile = 0; tile < tiles; ++tile) {
       cp_async_wait<Traits::kStages - 2>();  // this thread's copies of `tile` have landed
       __syncthreads();  // everyone's have; everyone is done with tile - 1 (and with the query stage)
+      FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       if (tile + Traits::kStages - 1 < tiles) {
         loader.load(smem + write_stage * Traits::kStageBytes, begin + (tile + Traits::kStages - 1) * Traits::kTileTokens,
                     end);
@@ -450,6 +454,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     }
     cp_async_wait<0>();
     __syncthreads();  // the pipeline memory is free for the combine below
+    FD_TIMELINE_MARK(timeline, 3);
 
     // Each thread holds partial sums of l over its columns: add the quad's.
 #pragma unroll
@@ -540,14 +545,17 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
         }
       }
     }
+    FD_TIMELINE_MARK(timeline, 4);
     if (!p.write_output && p.merge_counters != nullptr) {
       const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
       if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
+        FD_TIMELINE_MERGED(timeline);
         merge_unit_in_cta<T, Traits::kThreads>(p, b, kv_head * p.group_size + first_head, heads_here, smem);
       }
     }
     __syncthreads();  // shared memory is reused by the next sequence
   }
+  FD_TIMELINE_END(timeline, "mma", p.q);
 }
 
 }  // namespace cuda

@@ -24,6 +24,7 @@
 #include "backend/cuda/load.cuh"
 #include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/state.cuh"
+#include "backend/cuda/timeline.cuh"
 
 namespace fd {
 namespace cuda {
@@ -108,7 +109,9 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
+  FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
+  FD_TIMELINE_MARK(timeline, 1);
 
   const int lane = threadIdx.x % Traits::kLanes;
   const int row = threadIdx.x / Traits::kLanes;
@@ -157,6 +160,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
       for (int64_t tile = 0; tile < tiles; ++tile) {
         cp_async_wait<Traits::kStages - 2>();  // this thread's copies of `tile` have landed
         __syncthreads();                       // everyone's have; and everyone is done with tile - 1
+        FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
         if (tile + Traits::kStages - 1 < tiles) load(tile + Traits::kStages - 1);  // into tile - 1's stage
         cp_async_commit();
         attend_tile<T, Traits>(smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane,
@@ -164,6 +168,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
       }
       cp_async_wait<0>();
       __syncthreads();  // the pipeline memory is free for the combine below
+      FD_TIMELINE_MARK(timeline, 3);
     }
 
     // Merge the token groups of each head slot, in group order.
@@ -225,9 +230,11 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
         acc[1] = make_float4(state.acc[4], state.acc[5], state.acc[6], state.acc[7]);
       }
     }
+    FD_TIMELINE_MARK(timeline, 4);
     if (!p.write_output && p.merge_counters != nullptr) {
       const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
       if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
+        FD_TIMELINE_MERGED(timeline);
         const int first_head = chunk * p.heads_per_chunk;
         const int rows = min(p.heads_per_chunk, p.group_size - first_head);
         const int first_q_head = kv_head * p.group_size + first_head;
@@ -240,6 +247,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     }
     __syncthreads();  // shared memory is reused by the next sequence
   }
+  FD_TIMELINE_END(timeline, "cuda-core", p.q);
 }
 
 }  // namespace cuda

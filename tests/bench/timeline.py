@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Where one call's time goes: per-CTA timestamps of a timeline build.
+
+    cmake -S . -B build-timeline -DFLASHDECODE_TIMELINE=ON -DFLASHDECODE_TESTS=OFF \
+        -DFLASHDECODE_CUDA_ARCHS=90a-real && cmake --build build-timeline --target flashdecode
+    python3 tests/bench/timeline.py --lib build-timeline/src/libflashdecode.so.0 [--shapes 1,5,7] \
+        [--dtype float16] [--replays 3] [--raw out.txt]
+
+In a build with FLASHDECODE_TIMELINE=ON every CTA of the CUDA kernels prints
+its %globaltimer at fixed points (src/backend/cuda/timeline.cuh). For each
+shape of compare_sdpa.py this script builds the inputs as ab_variants.py does
+(K/V sets rotated through at least --rotation-mib), captures one CUDA graph
+of one call per set, replays it, catches what the kernels print, and prints
+per launch, in microseconds from the first CTA's start:
+
+  first tile   median time from a CTA's wait for the previous grid to its
+               first tile in shared memory
+  streamed     when CTAs finished their last tile: first / median / last
+  epilogue     median from the last tile to the partial or output stored
+  merge        median duration of the fused merges (the CTAs that ran one)
+  done         when the launch's last CTA exited
+
+in microseconds from the first CTA past griddepcontrol.wait. The printing
+slows each CTA's exit: the gaps between launches mean nothing, and neither
+does anything in a launch of several waves of CTAs (shape 4, ragged shape 9),
+where later CTAs wait for earlier ones' printing; single-wave launches
+(shapes 1, 2, 5, 7, 8) read as in docs/performance.md, "Run 8". No timing
+here is a benchmark (compare_sdpa.py and ab_variants.py are). A build without
+the option prints nothing, and the script says so.
+"""
+import argparse
+import collections
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ab_variants  # noqa: E402
+import compare_sdpa as cs  # noqa: E402
+import torch  # noqa: E402
+
+
+def capture_stdout(action):
+    """Runs action() with the process's file descriptor 1 (where the CUDA
+    printf buffer goes at each synchronisation) redirected to a file; returns
+    what was written."""
+    sys.stdout.flush()
+    with tempfile.TemporaryFile(mode="w+") as sink:
+        saved = os.dup(1)
+        os.dup2(sink.fileno(), 1)
+        try:
+            action()
+            torch.cuda.synchronize()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        sink.seek(0)
+        return sink.read()
+
+
+def parse(text):
+    """FDTL lines into {(kernel, launch): [records]}, launches in start order."""
+    launches = collections.defaultdict(list)
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 12 or fields[0] != "FDTL":
+            continue
+        kernel, launch = fields[1], fields[2]
+        times = [int(x) for x in fields[5:11]]
+        launches[(kernel, launch)].append({"sm": int(fields[4]), "t": times, "merged": fields[11] == "1"})
+    return sorted(launches.items(), key=lambda item: min(r["t"][0] for r in item[1]))
+
+
+def describe(kernel, records):
+    # From the first CTA past griddepcontrol.wait: a programmatically launched
+    # grid's CTAs start while the previous grid runs, and wait there.
+    origin = min(r["t"][1] for r in records)
+
+    def us(ns):
+        return ns / 1000.0
+
+    def spans(a, b, subset=None):
+        rows = subset if subset is not None else records
+        return [r["t"][b] - r["t"][a] for r in rows if r["t"][a] and r["t"][b]]
+
+    parts = [f"{kernel:<9} {len(records):5d} CTAs on {len({r['sm'] for r in records}):3d} SMs"]
+    first = spans(1, 2)
+    if first:
+        parts.append(f"first tile {us(statistics.median(first)):5.1f}")
+    ends = sorted(r["t"][3] - origin for r in records if r["t"][3])
+    if ends:
+        parts.append(f"streamed {us(ends[0]):6.1f} / {us(statistics.median(ends)):6.1f} / {us(ends[-1]):6.1f}")
+    epilogue = spans(3, 4)
+    if epilogue:
+        parts.append(f"epilogue {us(statistics.median(epilogue)):4.1f}")
+    merges = spans(4, 5, [r for r in records if r["merged"]])
+    if merges:
+        parts.append(f"merge {us(statistics.median(merges)):4.1f} ({len(merges)})")
+    parts.append(f"done {us(max(r['t'][5] for r in records) - origin):6.1f}")
+    return " | ".join(parts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", required=True, help="libflashdecode.so.0 of a FLASHDECODE_TIMELINE=ON build")
+    parser.add_argument("--shapes", default="1,5,7")
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--replays", type=int, default=3, help="graph replays; the last one is shown")
+    parser.add_argument("--rotation-mib", type=int, default=400)
+    parser.add_argument("--raw", help="also write every FDTL line here")
+    args = parser.parse_args()
+
+    fd = cs.FlashDecode(os.path.abspath(args.lib))
+    handle = fd.create_cuda_handle(0)
+    dtype = getattr(torch, args.dtype)
+    raw = open(args.raw, "w") if args.raw else None
+    for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
+        data = ab_variants.build_inputs(shape, dtype, args.rotation_mib << 20)
+        fd_args = []
+        for i in range(data["sets"]):
+            if data["table"] is not None:
+                a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                                   block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
+            else:
+                a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                                   seq_lens=data["lens"])
+            fd_args.append(a)
+        workspace = ctypes.c_size_t()
+        fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
+                 "fd_workspace_size")
+        fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
+
+        def run():
+            stream = torch.cuda.current_stream().cuda_stream
+            for a in fd_args:
+                fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
+
+        capture_stdout(run)  # warm-up, eager
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        capture_stdout(lambda: None)  # whatever the capture left in the printf buffer
+        for _ in range(args.replays):
+            text = capture_stdout(graph.replay)
+        launches = parse(text)
+        if raw:
+            raw.write(f"# shape {shape[0]}\n{text}")
+        print(f"== {cs.shape_label(shape)} {args.dtype}: {data['sets']} calls in the graph (last replay)")
+        if not launches:
+            print("   no FDTL lines: is this a FLASHDECODE_TIMELINE=ON build?")
+        for (kernel, _), records in launches:
+            print("   " + describe(kernel, records))
+        del graph, data
+        torch.cuda.empty_cache()
+    if raw:
+        raw.close()
+    fd.lib.fd_destroy(handle)
+
+
+if __name__ == "__main__":
+    main()
