@@ -121,6 +121,21 @@ static void close_case(gpu_case *t) {
   fdt_problem_free(&t->p);
 }
 
+/* The fields every single test sets; the rest start at zero (BNHD, not ragged, no LSE, automatic splits). */
+static fdt_case dense_case(fd_dtype dtype, int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                           int64_t kv_len, uint64_t seed) {
+  fdt_case c = {0};
+  c.batch = batch;
+  c.q_heads = q_heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.kv_len = kv_len;
+  c.dtype = c.out_dtype = dtype;
+  c.layout = FDT_BNHD;
+  c.seed = seed;
+  return c;
+}
+
 /* ||a - b|| / ||b|| over the logical outputs, and the largest |lse_a - lse_b|
  * (-inf on both sides counts as equal). */
 static void compare_outputs(const fdt_problem *p, const void *out_a, const float *lse_a, const void *out_b,
@@ -293,19 +308,12 @@ static void test_deterministic(void **state) {
   (void)state;
   const int32_t split_choices[] = {9, 0};
   for (int k = 0; k < 2; ++k) {
-    fdt_case c = {0};
-    c.batch = 3;
-    c.q_heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.kv_len = g_quick ? 700 : 5000;
-    c.dtype = c.out_dtype = FD_DTYPE_BF16;
+    fdt_case c = dense_case(FD_DTYPE_BF16, 3, 32, 8, 128, g_quick ? 700 : 5000, g_seed + 99);
     c.layout = FDT_PAGED_HND;
     c.page_size = 16;
     c.ragged = 1;
     c.with_lse = 1;
     c.num_splits = split_choices[k];
-    c.seed = g_seed + 99;
     gpu_case t;
     open_case(&t, &c);
     unsigned char *first = malloc(t.p.out_bytes), *first_lse = malloc(t.p.lse_bytes);
@@ -337,15 +345,8 @@ static void test_deterministic(void **state) {
  * intact; after fd_reserve_workspace the same capture works. */
 static void test_capture_without_reserve(void **state) {
   (void)state;
-  fdt_case c = {0};
-  c.batch = 2;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.kv_len = 2000;
-  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  fdt_case c = dense_case(FD_DTYPE_F16, 2, 8, 2, 64, 2000, g_seed + 900);
   c.num_splits = 4;
-  c.seed = g_seed + 900;
   gpu_case t;
   open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
@@ -383,18 +384,12 @@ static void test_capture_without_reserve(void **state) {
 
 static void test_graph_replay(void **state) {
   (void)state;
-  fdt_case c = {0};
-  c.batch = 12; /* sequences 6.. get random lengths, new ones each round */
-  c.q_heads = 28;
-  c.kv_heads = 4;
-  c.head_dim = 128;
-  c.kv_len = g_quick ? 400 : 3000;
-  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  /* batch 12: sequences 6.. get random lengths, new ones each round */
+  fdt_case c = dense_case(FD_DTYPE_F16, 12, 28, 4, 128, g_quick ? 400 : 3000, g_seed + 500);
   c.layout = FDT_PAGED_NHD;
   c.page_size = 16;
   c.ragged = 1;
   c.with_lse = 1;
-  c.seed = g_seed + 500;
   gpu_case t;
   open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
@@ -469,19 +464,13 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   gpu_case cases[kCases];
   size_t bytes = 0;
   for (int i = 0; i < kCases; ++i) {
-    fdt_case c = {0};
-    c.dtype = spec[i].dtype;
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
+                            g_quick ? spec[i].kv_len / 4 : spec[i].kv_len, g_seed + 700 + (uint64_t)i);
     c.out_dtype = spec[i].out_dtype;
-    c.batch = spec[i].batch;
-    c.q_heads = spec[i].q_heads;
-    c.kv_heads = spec[i].kv_heads;
-    c.head_dim = spec[i].head_dim;
-    c.kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
     c.layout = FDT_BHND;
     c.ragged = i == kCases - 1;
     c.with_lse = 1;
     c.num_splits = spec[i].splits;
-    c.seed = g_seed + 700 + (uint64_t)i;
     open_case(&cases[i], &c);
     size_t needed = 0;
     assert_int_equal(fd_workspace_size(h, &cases[i].d.args, &needed), FD_SUCCESS);
@@ -580,19 +569,12 @@ static void test_two_threads_two_streams(void **state) {
 /* Places each sequence's dense K/V (or each page) past 2^31 elements in a
  * multi-GiB buffer, so every offset needs 64 bits. */
 static void run_large_offset(int paged) {
-  fdt_case c = {0};
-  c.batch = 2;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 128;
-  c.kv_len = 256;
-  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  fdt_case c = dense_case(FD_DTYPE_F16, 2, 8, 2, 128, 256, g_seed + 77 + (uint64_t)paged);
   c.layout = paged ? FDT_PAGED_NHD : FDT_BNHD;
   c.page_size = 16;
   c.ragged = 1;
   c.with_lse = 1;
   c.num_splits = 0;
-  c.seed = g_seed + 77 + (uint64_t)paged;
   gpu_case t;
   open_case(&t, &c);
   const int64_t two31 = (int64_t)1 << 31;
@@ -668,19 +650,12 @@ static void test_unaligned_cache(void **state) {
   (void)state;
   const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_F32, FD_DTYPE_BF16};
   for (int k = 0; k < 3; ++k) {
-    fdt_case c = {0};
-    c.batch = 3;
-    c.q_heads = 12;
-    c.kv_heads = 4;
-    c.head_dim = k == 1 ? 40 : 64;
-    c.kv_len = 300;
-    c.dtype = c.out_dtype = dtypes[k];
+    fdt_case c = dense_case(dtypes[k], 3, 12, 4, k == 1 ? 40 : 64, 300, g_seed + 300 + (uint64_t)k);
     c.layout = k == 2 ? FDT_PAGED_HND : FDT_BNHD;
     c.page_size = 16;
     c.ragged = 1;
     c.with_lse = 1;
     c.num_splits = k == 0 ? 0 : 3;
-    c.seed = g_seed + 300 + (uint64_t)k;
     gpu_case t;
     open_case(&t, &c);
     const size_t es = fdt_dtype_size(c.dtype);
@@ -705,17 +680,9 @@ static void test_unaligned_cache(void **state) {
 /* Device lengths outside [0, kv_capacity] are clamped, not trusted. */
 static void test_lengths_clamped(void **state) {
   (void)state;
-  fdt_case c = {0};
-  c.batch = 3;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.kv_len = 200;
-  c.dtype = c.out_dtype = FD_DTYPE_F32;
-  c.layout = FDT_BNHD;
+  fdt_case c = dense_case(FD_DTYPE_F32, 3, 8, 2, 64, 200, g_seed + 400);
   c.with_lse = 1;
   c.num_splits = 2;
-  c.seed = g_seed + 400;
   gpu_case t; /* not ragged: the reference uses every token */
   open_case(&t, &c);
   const int32_t lens[3] = {(int32_t)c.kv_len + 1000, INT32_MAX, (int32_t)c.kv_len};
@@ -750,13 +717,7 @@ static void test_all_sequences_empty(void **state) {
   (void)state;
   const int32_t split_choices[] = {1, 3, 0};
   for (int k = 0; k < 3; ++k) {
-    fdt_case c = {0};
-    c.batch = 2;
-    c.q_heads = 4;
-    c.kv_heads = 1;
-    c.head_dim = 32;
-    c.kv_len = 0;
-    c.dtype = c.out_dtype = FD_DTYPE_F32;
+    fdt_case c = dense_case(FD_DTYPE_F32, 2, 4, 1, 32, 0, 0);
     c.with_lse = 1;
     c.num_splits = split_choices[k];
     gpu_case t;
@@ -773,17 +734,10 @@ static void test_batch_beyond_grid_limit(void **state) {
   (void)state;
   const int32_t split_choices[] = {1, 2};
   for (int k = 0; k < 2; ++k) {
-    fdt_case c = {0};
-    c.batch = 70000;
-    c.q_heads = 2;
-    c.kv_heads = 1;
-    c.head_dim = 16;
-    c.kv_len = 5;
-    c.dtype = c.out_dtype = FD_DTYPE_F16;
+    fdt_case c = dense_case(FD_DTYPE_F16, 70000, 2, 1, 16, 5, g_seed + 600 + (uint64_t)k);
     c.ragged = 1;
     c.with_lse = 1;
     c.num_splits = split_choices[k];
-    c.seed = g_seed + 600 + (uint64_t)k;
     gpu_case t;
     open_case(&t, &c);
     const int bad = check_case(&t);
@@ -815,16 +769,9 @@ static void expect_rejected(fd_handle *h, const fdt_problem *p, const fdt_device
 
 static void test_bad_input_rejected(void **state) {
   (void)state;
-  fdt_case c = {0};
-  c.batch = 2;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.kv_len = 100;
-  c.dtype = c.out_dtype = FD_DTYPE_F16;
+  fdt_case c = dense_case(FD_DTYPE_F16, 2, 8, 2, 64, 100, g_seed + 7);
   c.ragged = 1;
   c.with_lse = 1;
-  c.seed = g_seed + 7;
   gpu_case t;
   open_case(&t, &c);
   fd_decode_args a;
@@ -863,13 +810,7 @@ static void test_unsupported_head_dim(void **state) {
   (void)state;
   const int64_t dims[] = {8, 12, 20, 100};
   for (int k = 0; k < 4; ++k) {
-    fdt_case c = {0};
-    c.batch = 1;
-    c.q_heads = 4;
-    c.kv_heads = 2;
-    c.head_dim = dims[k];
-    c.kv_len = 10;
-    c.dtype = c.out_dtype = FD_DTYPE_F16;
+    fdt_case c = dense_case(FD_DTYPE_F16, 1, 4, 2, dims[k], 10, 0);
     gpu_case t;
     open_case(&t, &c);
     expect_rejected(g_cuda, &t.p, &t.d, &t.d.args, FD_ERROR_INVALID_HEAD_DIM, "head_dim");
