@@ -56,6 +56,20 @@ def build_inputs(shape, dtype, min_rotation_bytes):
     return data
 
 
+def decode_args_per_set(fd, data, shape):
+    """One fd_decode_args per K/V set of build_inputs(), for library fd."""
+    fd_args = []
+    for i in range(data["sets"]):
+        if data["table"] is not None:
+            a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                               block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
+        else:
+            a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
+                               seq_lens=data["lens"])
+        fd_args.append(a)
+    return fd_args
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
@@ -93,16 +107,9 @@ def main():
             variants += [(f"{base_name}/s{n}", base_fd, base_handle, n) for n in forced.get(shape[0], [])]
             calls = []
             for name, fd, handle, splits in variants:
-                fd_args = []
-                for i in range(data["sets"]):
-                    if data["table"] is not None:
-                        a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                                           block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
-                    else:
-                        a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                                           seq_lens=data["lens"])
+                fd_args = decode_args_per_set(fd, data, shape)
+                for a in fd_args:
                     a.num_splits = splits
-                    fd_args.append(a)
 
                 # Reserved before any capture: a handle shared by forced-split
                 # variants keeps the largest workspace any of them needs.

@@ -338,6 +338,27 @@ typedef struct bench_result {
   double burst_gpu;   /* GPU time per call of those, gaps between launches included */
 } bench_result;
 
+/* Issues `count` fd_decode calls back to back (sets first, first + 1, ...,
+ * rotating) between two events on the stream, and waits for them: the host
+ * seconds spent issuing and the GPU seconds between the events. */
+static int timed_decodes(fd_handle *h, const fd_decode_args *args, int sets, int first, int count, cudaStream_t stream,
+                         cudaEvent_t start, cudaEvent_t stop, double *host_seconds, double *gpu_seconds) {
+  cudaEventRecord(start, stream);
+  const double host_start = now_seconds();
+  fd_status s = FD_SUCCESS;
+  for (int i = 0; i < count && s == FD_SUCCESS; ++i) {
+    s = fd_decode(h, &args[(first + i) % sets], (fd_cuda_stream)stream);
+  }
+  *host_seconds = now_seconds() - host_start;
+  if (s != FD_SUCCESS) return fail_status("fd_decode", s);
+  cudaEventRecord(stop, stream);
+  if (cudaEventSynchronize(stop) != cudaSuccess) return 1;
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  *gpu_seconds = ms * 1e-3;
+  return 0;
+}
+
 static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const demo_options *o, bench_result *r) {
   const size_t es = fdt_dtype_size(dtype);
   const size_t kv_elems = (size_t)(sh->batch * sh->kv_len * sh->kv_heads * sh->head_dim);
@@ -399,20 +420,13 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
 
   /* Launches one by one, rotating the sets. */
   for (int i = -2; i < o->iters; ++i) {
+    double host_seconds = 0.0, gpu_seconds = 0.0;
     const int set = (i + 2) % sets;
-    cudaEventRecord(start, stream);
-    const double host_start = now_seconds();
-    s = fd_decode(h, &args[set], (fd_cuda_stream)stream);
-    if (i >= 0) host_times[i] = now_seconds() - host_start;
-    if (s != FD_SUCCESS) {
-      fail_status("fd_decode", s);
-      goto done;
+    if (timed_decodes(h, args, sets, set, 1, stream, start, stop, &host_seconds, &gpu_seconds) != 0) goto done;
+    if (i >= 0) {
+      host_times[i] = host_seconds;
+      times[i] = gpu_seconds;
     }
-    cudaEventRecord(stop, stream);
-    if (cudaEventSynchronize(stop) != cudaSuccess) goto done;
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i >= 0) times[i] = ms * 1e-3;
   }
   r->event_median = median_of(times, o->iters);
   r->host_median = median_of(host_times, o->iters);
@@ -420,21 +434,10 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
   /* Back to back, without waiting in between (the launch queue holds far
    * more than I calls, so the host does not block). */
   if (cudaStreamSynchronize(stream) != cudaSuccess) goto done;
-  cudaEventRecord(start, stream);
-  const double burst_start = now_seconds();
-  for (int i = 0; i < o->iters && s == FD_SUCCESS; ++i) s = fd_decode(h, &args[i % sets], (fd_cuda_stream)stream);
-  r->burst_host = (now_seconds() - burst_start) / o->iters;
-  if (s != FD_SUCCESS) {
-    fail_status("fd_decode", s);
-    goto done;
-  }
-  cudaEventRecord(stop, stream);
-  if (cudaEventSynchronize(stop) != cudaSuccess) goto done;
-  {
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    r->burst_gpu = ms * 1e-3 / o->iters;
-  }
+  double burst_host = 0.0, burst_gpu = 0.0;
+  if (timed_decodes(h, args, sets, 0, o->iters, stream, start, stop, &burst_host, &burst_gpu) != 0) goto done;
+  r->burst_host = burst_host / o->iters;
+  r->burst_gpu = burst_gpu / o->iters;
   r->event_min = times[0];
   r->event_max = times[o->iters - 1];
 

@@ -119,15 +119,7 @@ def main():
     raw = open(args.raw, "w") if args.raw else None
     for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
         data = ab_variants.build_inputs(shape, dtype, args.rotation_mib << 20)
-        fd_args = []
-        for i in range(data["sets"]):
-            if data["table"] is not None:
-                a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                                   block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
-            else:
-                a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                                   seq_lens=data["lens"])
-            fd_args.append(a)
+        fd_args = ab_variants.decode_args_per_set(fd, data, shape)
         workspace = ctypes.c_size_t()
         fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
                  "fd_workspace_size")
