@@ -45,10 +45,11 @@ namespace cuda {
 // 64 tokens for head_dim buckets 64, 128, 256), 192 KiB, one CTA per
 // multiprocessor. On the H200 the wide tiles stream a long
 // split faster (fp16: 1x32/8x32768x128 42.3 -> 41.2 us, 8x64/8x16384x128
-// 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1) but lose where the grid
-// cannot be sized to the multiprocessors (32x32/8x2048x128, one split per
-// sequence: 70.5 -> 75.2) and on paged or ragged caches; the CUDA backend
-// picks them with the split planner's wave model (cuda_backend.cu).
+// 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1; ragged batches 3% since
+// run 8) but lose where the grid cannot be sized to the multiprocessors
+// (32x32/8x2048x128, one split per sequence: 70.5 -> 75.2) and on paged
+// caches; the CUDA backend picks them (choose_split_kernel in
+// cuda_backend.cu).
 template <int Bucket, bool Wide = false>
 struct MmaTraits {
   static constexpr int kBucket = Bucket;
