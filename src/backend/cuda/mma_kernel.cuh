@@ -78,8 +78,9 @@ struct MmaTraits {
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
-  // 128 bucket is at that limit: ptxas spills 4 bytes, outside the main
-  // loop in the H200 SASS; small edits to the epilogue move that number).
+  // 128 bucket is at that limit: ptxas spills 4 bytes, and small edits to
+  // the epilogue move that between 0 and 32; in the variants whose SASS we
+  // read on the H200 the spills sat outside the main loop).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
