@@ -159,6 +159,27 @@ __device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_h
   }
 }
 
+// The end of a split CTA's sequence with a fused merge (merge_counters set):
+// counts the CTA in to its unit (sequence b, KV head, chunk of the group)
+// and, if it is the last, merges the unit's splits into out and lse. Every
+// thread of the CTA calls it; returns whether this CTA merged. kFloatOut:
+// whether the kernel may write float outputs (p.out_f32); else OutT = T.
+template <class T, int kThreads, bool kFloatOut>
+__device__ bool fused_merge_if_last(const SplitParams &p, int64_t b, int kv_head, int chunk, unsigned char *smem) {
+  if (p.write_output || p.merge_counters == nullptr) return false;
+  const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
+  if (!last_of_unit(p.merge_counters + unit, p.num_splits)) return false;
+  const int first_head = chunk * p.heads_per_chunk;  // within the group
+  const int rows = min(p.heads_per_chunk, p.group_size - first_head);
+  const int first_q_head = kv_head * p.group_size + first_head;
+  if (kFloatOut && p.out_f32) {
+    merge_unit_in_cta<float, kThreads>(p, b, first_q_head, rows, smem);
+  } else {
+    merge_unit_in_cta<T, kThreads>(p, b, first_q_head, rows, smem);
+  }
+  return true;
+}
+
 template <class OutT>
 __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergeParams p) {
   __shared__ float weights[kMaxMergeSplits];

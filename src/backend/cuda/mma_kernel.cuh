@@ -548,13 +548,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       }
     }
     FD_TIMELINE_MARK(timeline, 4);
-    if (!p.write_output && p.merge_counters != nullptr) {
-      const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
-      if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
-        FD_TIMELINE_MERGED(timeline);
-        merge_unit_in_cta<T, Traits::kThreads>(p, b, kv_head * p.group_size + first_head, heads_here, smem);
-      }
-    }
+    if (fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) FD_TIMELINE_MERGED(timeline);
     __syncthreads();  // shared memory is reused by the next sequence
   }
   FD_TIMELINE_END(timeline, "mma", p.q);

@@ -231,20 +231,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
       }
     }
     FD_TIMELINE_MARK(timeline, 4);
-    if (!p.write_output && p.merge_counters != nullptr) {
-      const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
-      if (last_of_unit(p.merge_counters + unit, p.num_splits)) {
-        FD_TIMELINE_MERGED(timeline);
-        const int first_head = chunk * p.heads_per_chunk;
-        const int rows = min(p.heads_per_chunk, p.group_size - first_head);
-        const int first_q_head = kv_head * p.group_size + first_head;
-        if (p.out_f32) {
-          merge_unit_in_cta<float, Traits::kThreads>(p, b, first_q_head, rows, smem);
-        } else {
-          merge_unit_in_cta<T, Traits::kThreads>(p, b, first_q_head, rows, smem);
-        }
-      }
-    }
+    if (fused_merge_if_last<T, Traits::kThreads, true>(p, b, kv_head, chunk, smem)) FD_TIMELINE_MERGED(timeline);
     __syncthreads();  // shared memory is reused by the next sequence
   }
   FD_TIMELINE_END(timeline, "cuda-core", p.q);
