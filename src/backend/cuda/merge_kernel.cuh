@@ -219,9 +219,17 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 
-    // The common max (order does not matter for a max).
+    // The common max (order does not matter for a max). Each split's m and l
+    // are read from L2 once, into the shared arrays that then take their
+    // weights: the same thread handles split s in both loops below, so no
+    // barrier sits between them, and no second L2 round trip either.
     float m_max = negative_infinity();
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) m_max = fmaxf(m_max, __ldcg(m + s));
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+      const float m_split = __ldcg(m + s);
+      weights[s] = m_split;
+      weighted_l[s] = __ldcg(l + s);
+      m_max = fmaxf(m_max, m_split);
+    }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
     if (lane == 0) warp_max[warp] = m_max;
@@ -230,9 +238,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
     for (int w = 1; w < warps; ++w) m_max = fmaxf(m_max, warp_max[w]);
 
     for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-      const float w = m_max == negative_infinity() ? 0.0f : merge_weight(__ldcg(m + s), m_max);
+      const float w = m_max == negative_infinity() ? 0.0f : merge_weight(weights[s], m_max);
       weights[s] = w;
-      weighted_l[s] = w * __ldcg(l + s);
+      weighted_l[s] = w * weighted_l[s];
     }
     __syncthreads();
 
