@@ -21,7 +21,10 @@
 // (sequence, KV head, chunk) merges its splits (merge_kernel.cuh).
 //
 // K/V tiles move with 16-byte cp.async (.cg: past L1) into a kStages-deep
-// pipeline. (An L2 evict-first policy on these copies built, with nvcc 13.0,
+// pipeline. A stage is refilled right after the CTA is done with it (a
+// second barrier per tile), so while a CTA waits for a tile all kStages are
+// in flight, not kStages - 1: on the H200 0.5-1.5% faster on every dense
+// shape, ragged batches 0.5% slower (docs/performance.md, "Run 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0,
 // a kernel that stopped on an illegal instruction on the H200: left out.) rows are XOR-swizzled in 16-byte chunks so
 // that ldmatrix reads 8 rows without bank conflicts. Tokens at or past the
 // sequence's end are zero-filled without a read and masked to -inf.
@@ -78,9 +81,8 @@ struct MmaTraits {
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
-  // 128 bucket is at that limit: ptxas spills 4 bytes, and small edits to
-  // the epilogue move that between 0 and 32; in the variants whose SASS we
-  // read on the H200 the spills sat outside the main loop).
+  // 128 bucket is near that limit, at 125 with no spill; small edits have
+  // moved ptxas's spill between 0 and 32 bytes: read -Xptxas -v after each).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
@@ -428,6 +430,12 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     for (int kk = 0; kk < Traits::kDSteps; ++kk) {
       ldmatrix_x4(qf[kk], q_stage + swizzled<Traits::kRowBytes>((matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
     }
+    __syncthreads();  // every warp has its query fragments: the last stage takes a tile
+    if (Traits::kStages - 1 < tiles) {
+      loader.load(smem + (Traits::kStages - 1) * Traits::kStageBytes, begin + (Traits::kStages - 1) * Traits::kTileTokens,
+                  end);
+    }
+    cp_async_commit();
 
     float o[Traits::kOTiles][4];
 #pragma unroll
@@ -435,24 +443,22 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     float m[2] = {negative_infinity(), negative_infinity()};
     float l[2] = {0.0f, 0.0f};
 
-    int read_stage = 0;
-    int write_stage = Traits::kStages - 1;
+    int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      cp_async_wait<Traits::kStages - 2>();  // this thread's copies of `tile` have landed
-      __syncthreads();  // everyone's have; everyone is done with tile - 1 (and with the query stage)
+      cp_async_wait<Traits::kStages - 1>();  // this thread's copies of `tile` have landed
+      __syncthreads();                       // everyone's have
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
-      if (tile + Traits::kStages - 1 < tiles) {
-        loader.load(smem + write_stage * Traits::kStageBytes, begin + (tile + Traits::kStages - 1) * Traits::kTileTokens,
-                    end);
-      }
-      cp_async_commit();
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
       if (warp_begin < end) {  // warp-uniform
-        attend_tile_mma<T, Traits>(smem + read_stage * Traits::kStageBytes, token_group * Traits::kWarpTokens,
-                                   d_part, warp_begin, end, qf, o, m, l, p.q_scale);
+        attend_tile_mma<T, Traits>(smem + stage * Traits::kStageBytes, token_group * Traits::kWarpTokens, d_part,
+                                   warp_begin, end, qf, o, m, l, p.q_scale);
       }
-      read_stage = read_stage + 1 == Traits::kStages ? 0 : read_stage + 1;
-      write_stage = write_stage + 1 == Traits::kStages ? 0 : write_stage + 1;
+      __syncthreads();  // everyone is done with this stage: it takes tile + kStages
+      if (tile + Traits::kStages < tiles) {
+        loader.load(smem + stage * Traits::kStageBytes, begin + (tile + Traits::kStages) * Traits::kTileTokens, end);
+      }
+      cp_async_commit();
+      stage = stage + 1 == Traits::kStages ? 0 : stage + 1;
     }
     cp_async_wait<0>();
     __syncthreads();  // the pipeline memory is free for the combine below
