@@ -27,49 +27,6 @@ import compare_sdpa as cs  # noqa: E402
 import torch  # noqa: E402
 
 
-def build_inputs(shape, dtype, min_rotation_bytes):
-    sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
-    elem = torch.finfo(dtype).bits // 8
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(1000 + sid)
-    kv_set_bytes = 2 * batch * kv_heads * kv_len * head_dim * elem
-    sets = max(2, math.ceil(min_rotation_bytes / kv_set_bytes))
-
-    def randn(*size):
-        return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
-
-    data = {"qs": [randn(batch, q_heads, 1, head_dim) for _ in range(sets)], "lens": None, "table": None}
-    if kind.startswith("paged"):
-        data["ks"], data["vs"], data["table"], dense_k, dense_v = cs.make_paged(
-            randn, gen, batch, kv_heads, kv_len, head_dim, sets, kind == "paged-hnd")
-        k0, v0 = dense_k[0], dense_v[0]
-        del dense_k, dense_v
-    else:
-        data["ks"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
-        data["vs"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
-        if kind == "ragged":
-            data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
-        k0, v0 = data["ks"][0], data["vs"][0]
-    data["ref"] = cs.reference(data["qs"][0], k0, v0, data["lens"])
-    data["outs"] = [torch.empty_like(q) for q in data["qs"]]
-    data["sets"] = sets
-    return data
-
-
-def decode_args_per_set(fd, data, shape):
-    """One fd_decode_args per K/V set of build_inputs(), for library fd."""
-    fd_args = []
-    for i in range(data["sets"]):
-        if data["table"] is not None:
-            a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                               block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
-        else:
-            a = cs.decode_args(fd, data["qs"][i], data["ks"][i], data["vs"][i], data["outs"][i],
-                               seq_lens=data["lens"])
-        fd_args.append(a)
-    return fd_args
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
@@ -101,13 +58,13 @@ def main():
         dtype = getattr(torch, dtype_name)
         bound = cs.BOUNDS[dtype_name]
         for shape in shapes:
-            data = build_inputs(shape, dtype, args.rotation_mib << 20)
+            data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
             variants = [(name, fd, handle, 0) for name, fd, handle in libs]
             base_name, base_fd, base_handle = libs[0]
             variants += [(f"{base_name}/s{n}", base_fd, base_handle, n) for n in forced.get(shape[0], [])]
             calls = []
             for name, fd, handle, splits in variants:
-                fd_args = decode_args_per_set(fd, data, shape)
+                fd_args = cs.decode_args_per_set(fd, data, shape)
                 for a in fd_args:
                     a.num_splits = splits
 

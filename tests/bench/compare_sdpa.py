@@ -243,9 +243,16 @@ def load_seed(path):
     return flash_decode_splitk
 
 
-def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, seed):
+def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True):
+    """The inputs of one shape, seeded by its id, as a dict: "qs", and K/V in
+    "sets" sets whose total is at least min_rotation_bytes (consecutive calls
+    read different memory); "fd_ks"/"fd_vs", what flashdecode reads (the page
+    pools when paged, sharing one shuffled "table"), "ks"/"vs", the dense
+    caches the anchors read (dropped for a paged shape unless keep_dense),
+    "lens" (ragged: per-sequence lengths, else None), "outs", and the float64
+    references of set 0: "ref" for flashdecode (lengths applied), "ref_dense"
+    for the anchors (None unless keep_dense)."""
     sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
-    group = q_heads // kv_heads
     elem = torch.finfo(dtype).bits // 8
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1000 + sid)
@@ -255,29 +262,46 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     def randn(*size):
         return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
 
-    qs = [randn(batch, q_heads, 1, head_dim) for _ in range(sets)]
-    lens = None
-    tables = None
+    data = {"sets": sets, "kv_set_bytes": kv_set_bytes, "lens": None, "table": None}
+    data["qs"] = [randn(batch, q_heads, 1, head_dim) for _ in range(sets)]
     if kind.startswith("paged"):
-        pools_k, pools_v, tables, ks, vs = make_paged(randn, gen, batch, kv_heads, kv_len, head_dim, sets,
-                                                      kind == "paged-hnd")
+        data["fd_ks"], data["fd_vs"], data["table"], data["ks"], data["vs"] = make_paged(
+            randn, gen, batch, kv_heads, kv_len, head_dim, sets, kind == "paged-hnd")
     else:
-        ks = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
-        vs = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        data["ks"] = data["fd_ks"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        data["vs"] = data["fd_vs"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
         if kind == "ragged":
-            lens = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
-    outs = [torch.empty_like(q) for q in qs]
+            data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    q0, k0, v0 = data["qs"][0], data["ks"][0], data["vs"][0]
+    data["ref"] = reference(q0, k0, v0, data["lens"])
+    data["ref_dense"] = None
+    if keep_dense:
+        data["ref_dense"] = reference(q0, k0, v0) if data["lens"] is not None else data["ref"]
+    elif kind.startswith("paged"):
+        data["ks"] = data["vs"] = None  # a second copy of every set: only the anchors read it
+    data["outs"] = [torch.empty_like(q) for q in data["qs"]]
+    return data
+
+
+def decode_args_per_set(fd, data, shape):
+    """One fd_decode_args per K/V set of make_inputs(), for library fd."""
+    return [decode_args(fd, data["qs"][i], data["fd_ks"][i], data["fd_vs"][i], data["outs"][i],
+                        seq_lens=data["lens"], block_table=data["table"], head_major_pages=shape[6] == "paged-hnd")
+            for i in range(data["sets"])]
+
+
+def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, seed):
+    sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
+    group = q_heads // kv_heads
+    elem = torch.finfo(dtype).bits // 8
+    data = make_inputs(shape, dtype, min_rotation_bytes)
+    sets, kv_set_bytes = data["sets"], data["kv_set_bytes"]
+    qs, ks, vs, outs, lens = data["qs"], data["ks"], data["vs"], data["outs"], data["lens"]
 
     real_tokens = int(lens.sum().item()) if lens is not None else batch * kv_len
     moved = 2 * kv_heads * head_dim * elem * real_tokens + 2 * batch * q_heads * head_dim * elem
-    ref_dense = reference(qs[0], ks[0], vs[0])
-    ref_fd = reference(qs[0], ks[0], vs[0], lens) if lens is not None else ref_dense
-
-    if kind.startswith("paged"):
-        fd_args = [decode_args(fd, qs[i], pools_k[i], pools_v[i], outs[i], block_table=tables,
-                               head_major_pages=kind == "paged-hnd") for i in range(sets)]
-    else:
-        fd_args = [decode_args(fd, qs[i], ks[i], vs[i], outs[i], seq_lens=lens) for i in range(sets)]
+    ref_dense, ref_fd = data["ref_dense"], data["ref"]
+    fd_args = decode_args_per_set(fd, data, shape)
     workspace = ctypes.c_size_t()
     fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)), "fd_workspace_size")
     fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
@@ -352,7 +376,7 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     for row, _ in timed:
         row["us"] = statistics.median(row["us_rounds"])
         row["gbps"] = moved / row["us"] * 1e-3
-    del qs, ks, vs, outs, seed_kv, fd_args
+    del data, qs, ks, vs, outs, seed_kv, fd_args
     torch.cuda.empty_cache()
     return results
 

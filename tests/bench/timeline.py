@@ -8,7 +8,7 @@
 
 In a build with FLASHDECODE_TIMELINE=ON every CTA of the CUDA kernels prints
 its %globaltimer at fixed points (src/backend/cuda/timeline.cuh). For each
-shape of compare_sdpa.py this script builds the inputs as ab_variants.py does
+shape of compare_sdpa.py this script builds the inputs as the benchmarks do
 (K/V sets rotated through at least --rotation-mib), captures one CUDA graph
 of one call per set, replays it, catches what the kernels print, and prints
 per launch, in microseconds from the first CTA's start:
@@ -37,7 +37,6 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ab_variants  # noqa: E402
 import compare_sdpa as cs  # noqa: E402
 import torch  # noqa: E402
 
@@ -118,8 +117,8 @@ def main():
     dtype = getattr(torch, args.dtype)
     raw = open(args.raw, "w") if args.raw else None
     for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
-        data = ab_variants.build_inputs(shape, dtype, args.rotation_mib << 20)
-        fd_args = ab_variants.decode_args_per_set(fd, data, shape)
+        data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
+        fd_args = cs.decode_args_per_set(fd, data, shape)
         workspace = ctypes.c_size_t()
         fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
                  "fd_workspace_size")
