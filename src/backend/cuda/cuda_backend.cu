@@ -357,8 +357,8 @@ class CudaBackend final : public Backend {
     hint.split_granularity = shape.tile_tokens;
     hint.split_overhead_tokens = kSplitOverheadTokens;
     hint.merge_overhead_tokens = kMergeOverheadTokens;
-    // A wide CTA holds twice the loads in flight of a standard one (192 KiB
-    // of stages against 96) and streams a split about twice as fast.
+    // A wide CTA holds twice the loads in flight of a standard one (128 KiB
+    // of stages against 64) and streams a split about twice as fast.
     hint.time_per_token = kernel.mma && kernel.wide ? 0.5 : 1.0;
     hint.workspace_header_bytes = cuda::kMergeCounterBytes;
     hint.kernel = to_tag(kernel);

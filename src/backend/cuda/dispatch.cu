@@ -138,6 +138,7 @@ SplitKernelShape shape_of() {
 }
 
 constexpr fd_dtype kDtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+constexpr int kWideTilesMinSmemOptin = 200 * 1024;
 constexpr int kBuckets[3] = {64, 128, 256};
 
 }  // namespace
@@ -176,9 +177,12 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
         err = with_mma_kernel(kDtypes[d], kBuckets[b], false,
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->mma[d - 1][b]); });
       }
-      // Wide tiles where the device gives a block enough shared memory
-      // (sm_90 and sm_100: 227 KiB; sm_80 164, sm_86/89/120 99 KiB); 0 = none.
-      if (err == cudaSuccess && d > 0 && mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
+      // Wide tiles on GPUs that give a block 200+ KiB of shared memory
+      // (sm_90 and sm_100: 227 KiB), where they were measured; 0 = none.
+      // Their 128 KiB would also fit sm_80's 164 KiB, where nobody has
+      // timed them against the standard tiles.
+      if (err == cudaSuccess && d > 0 && smem_optin >= kWideTilesMinSmemOptin &&
+          mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
         err = with_mma_kernel(kDtypes[d], kBuckets[b], true,
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->wide[d - 1][b]); });
       }

@@ -20,13 +20,16 @@
 // state, exactly as split_kernel does; with a fused merge, the last CTA of a
 // (sequence, KV head, chunk) merges its splits (merge_kernel.cuh).
 //
-// K/V tiles move with 16-byte cp.async (.cg: past L1) into a kStages-deep
+// K/V tiles move with 16-byte cp.async (.cg: past L1) into a two-stage
 // pipeline. A stage is refilled right after the CTA is done with it (a
-// second barrier per tile), so while a CTA waits for a tile all kStages are
-// in flight, not kStages - 1: on the H200 0.5-1.5% faster on every dense
-// shape, ragged batches 0.5% slower (docs/performance.md, "Run 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0,
-// a kernel that stopped on an illegal instruction on the H200: left out.) rows are XOR-swizzled in 16-byte chunks so
-// that ldmatrix reads 8 rows without bank conflicts. Tokens at or past the
+// second barrier per tile), so both stages are loading while the CTA waits.
+// On the H200 that beat three stages refilled one tile later (the same loads
+// in flight, half again the shared memory) on every shape but head_dim 256,
+// and three stages refilled the same way on most (docs/performance.md, "Run
+// 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0, a
+// kernel that stopped on an illegal instruction on the H200: left out.)
+// Rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads 8 rows
+// without bank conflicts. Tokens at or past the
 // sequence's end are zero-filled without a read and masked to -inf.
 #pragma once
 
@@ -43,10 +46,10 @@ namespace fd {
 namespace cuda {
 
 // Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages,
-// 96 KiB, two CTAs per multiprocessor; runs everywhere. Wide (on GPUs with
-// 200+ KiB of shared memory per block): 8 warps, 64 KiB stages (256, 128 or
-// 64 tokens for head_dim buckets 64, 128, 256), 192 KiB, one CTA per
-// multiprocessor. On the H200 the wide tiles stream a long
+// 64 KiB, two CTAs per multiprocessor (by registers); runs everywhere. Wide
+// (on GPUs with 200+ KiB of shared memory per block, where it was
+// measured): 8 warps, 64 KiB stages (256, 128 or 64 tokens for head_dim
+// buckets 64, 128, 256), 128 KiB, one CTA per multiprocessor. On the H200 the wide tiles stream a long
 // split faster (fp16: 1x32/8x32768x128 42.3 -> 41.2 us, 8x64/8x16384x128
 // 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1; ragged batches 3% since
 // run 8) but lose where the grid cannot be sized to the multiprocessors
@@ -69,7 +72,7 @@ struct MmaTraits {
   static constexpr int kRowBytes = Bucket * 2;
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32
   static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 2;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
   static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
