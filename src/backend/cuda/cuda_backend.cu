@@ -50,25 +50,29 @@ constexpr int64_t kMergeOverheadTokens = 128;
 #endif
 constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 
-// Whether the tensor-core kernel suits a problem (choose_split_kernel, in
+// Whether the tensor-core kernel can run a problem (choose_split_kernel, in
 // the backend below, decides with it). It takes 16-bit inputs with a 16-bit
 // output: P is rounded to 16 bits before P V, which a float output's 1e-5
 // bound would not absorb, so float outputs stay on the CUDA-core kernel.
-// MHA (one query head per KV head) with head_dim 65-128 runs the CUDA-core
-// kernel too: the tensor-core CTA would fill 1 of its 16 head slots, and the
-// CUDA-core CTA (48 KiB, 128 threads, up to 4 per SM) has the smaller fixed
-// cost — on the H200, fp16 256x32/32x512x128 540 -> 494 us and
-// 1x32/32x2048x128 18.6 -> 16.3 us; for head_dim 64 it is slower
-// (4x16/16x65536x64 256 -> 303 us). Measured again after the tensor-core
-// kernel lost its inner-loop branches: 478 -> 497 and 14.9 -> 14.6 us on
-// tensor cores, so it stays.
 // Decided from dtypes and shapes (PlanKey fields) alone, so the plan and the
 // workspace size do not depend on pointers; K/V rows that are not 16-byte
 // aligned run the CUDA-core kernel on the same plan.
-bool mma_eligible(const Problem &p) {
-  const bool mha_bucket_128 = p.group_size == 1 && p.head_dim > 64 && p.head_dim <= 128;
-  return p.dtype != FD_DTYPE_F32 && p.out_dtype == p.dtype && !mha_bucket_128;
-}
+bool mma_eligible(const Problem &p) { return p.dtype != FD_DTYPE_F32 && p.out_dtype == p.dtype; }
+
+// MHA (one query head per KV head) with head_dim 65-128 and at least this
+// many waves of standard tensor-core CTAs runs the CUDA-core kernel: the
+// tensor-core CTA fills 1 of its 16 head slots and has the larger fixed
+// cost (256 threads, 2 per SM, against 128 threads, 4 per SM), which many
+// short CTAs pay over and over. On the H200 (fp16, graph replay, since the
+// two-stage pipeline) the tensor cores won with 2048 units of 512 tokens
+// (64x32/32x512x128, 7.8 waves: 129.8 -> 127.8 us) and everything smaller
+// (up to 7% with 8x16/16x4096x128, 3% with 1x32/32x2048x128), and lost with
+// 8192 units (256x32/32x512x128, 31 waves: 489.5 -> 502.6 us); the threshold
+// sits between the two. (For head_dim 64 the CUDA-core kernel is slower
+// everywhere measured: 4x16/16x65536x64 256 -> 303 us.)
+constexpr int64_t kMhaCudaCoreMinWaves = 16;
+
+bool mha_bucket_128(const Problem &p) { return p.group_size == 1 && p.head_dim > 64 && p.head_dim <= 128; }
 
 [[noreturn]] void fail_cuda(const char *what, cudaError_t err) {
   cudaGetLastError();  // the error is reported here; do not leave it pending
@@ -366,7 +370,8 @@ class CudaBackend final : public Backend {
   }
 
   // The one place that decides which split kernel a problem is planned for
-  // (see mma_eligible), from PlanKey fields alone. Wide tensor-core tiles
+  // (see mma_eligible and kMhaCudaCoreMinWaves), from PlanKey fields alone.
+  // Wide tensor-core tiles
   // when the device has them, for dense caches with automatic splits: with
   // one length when the wave model expects them to finish sooner (they lose
   // where the grid cannot be sized to the multiprocessors; mma_kernel.cuh),
@@ -376,6 +381,10 @@ class CudaBackend final : public Backend {
   cuda::SplitKernelChoice choose_split_kernel(const Problem &p) const {
     cuda::SplitKernelChoice kernel;
     kernel.mma = mma_eligible(p);
+    if (kernel.mma && mha_bucket_128(p)) {
+      const int64_t slots = static_cast<int64_t>(sm_count_) * resident_ctas(p, kernel);
+      if (p.batch * p.kv_heads >= kMhaCudaCoreMinWaves * slots) kernel.mma = false;
+    }
     if (!kernel.mma || p.paged || p.requested_splits > 0) return kernel;
     cuda::SplitKernelChoice wide = kernel;
     wide.wide = true;
