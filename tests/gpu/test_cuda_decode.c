@@ -339,9 +339,34 @@ static void test_deterministic(void **state) {
   }
 }
 
-/* Capture fd_decode in a graph (global capture mode: any allocation, copy or
- * synchronisation inside would break the capture), then replay it after
- * overwriting q, K, V, seq_lens and the block table in place. */
+/* Captures one fd_decode on `stream` in a graph (global capture mode: any
+ * allocation, copy or synchronisation inside would break the capture) and
+ * instantiates it; the test fails unless fd_decode succeeded. */
+static cudaGraphExec_t capture_decode(fd_handle *h, const fd_decode_args *args, cudaStream_t stream,
+                                      cudaGraph_t *graph) {
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fd_status captured = fd_decode(h, args, (fd_cuda_stream)stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, graph));
+  if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, *graph, 0));
+  return exec;
+}
+
+/* Poisons t's outputs, replays exec on stream, waits and downloads them. */
+static void replay_poisoned(gpu_case *t, cudaGraphExec_t exec, cudaStream_t stream) {
+  if (fdt_cuda_poison_outputs(&t->p, &t->d) != 0) fail_msg("poisoning failed");
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (fdt_cuda_download(&t->d, &t->p) != 0) fail_msg("download failed");
+}
+
+static void destroy_graph(cudaGraphExec_t exec, cudaGraph_t graph, cudaStream_t stream) {
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 /* Capturing before the workspace is reserved: fd_decode refuses to allocate
  * during capture, with a message saying what to do, and leaves the capture
  * intact; after fd_reserve_workspace the same capture works. */
@@ -366,24 +391,16 @@ static void test_capture_without_reserve(void **state) {
   size_t bytes = 0;
   assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
   assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fd_status captured = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
-  CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+  const cudaGraphExec_t exec = capture_decode(h, &t.d.args, stream, &graph);
+  replay_poisoned(&t, exec, stream);
   if (fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL)) fail_msg("after reserving: %s", t.report);
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  CUDA_CHECK(cudaStreamDestroy(stream));
+  destroy_graph(exec, graph, stream);
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   close_case(&t);
 }
 
+/* A captured fd_decode replayed after overwriting q, K, V, seq_lens and the
+ * block table in place. */
 static void test_graph_replay(void **state) {
   (void)state;
   /* batch 12: sequences 6.. get random lengths, new ones each round */
@@ -402,12 +419,7 @@ static void test_graph_replay(void **state) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   cudaGraph_t graph;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const fd_status captured = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  if (captured != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
-  cudaGraphExec_t exec;
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = capture_decode(h, &t.d.args, stream, &graph);
 
   for (int round = 0; round < 3; ++round) {
     fdt_problem fresh;
@@ -419,18 +431,13 @@ static void test_graph_replay(void **state) {
       fdt_problem_free(&t.p);
       t.p = fresh;
     }
-    if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+    replay_poisoned(&t, exec, stream);
     const int bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
     print_message("graph replay %d (lens[6..8] %lld %lld %lld): %s\n", round, (long long)t.p.lens[6],
                   (long long)t.p.lens[7], (long long)t.p.lens[8], t.report);
     if (bad) fail_msg("graph replay %d: %s", round, t.report);
   }
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  CUDA_CHECK(cudaStreamDestroy(stream));
+  destroy_graph(exec, graph, stream);
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   close_case(&t);
 }
