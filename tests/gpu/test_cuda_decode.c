@@ -756,6 +756,27 @@ static void test_batch_beyond_grid_limit(void **state) {
   }
 }
 
+/* MHA with head_dim 65-128 takes the CUDA-core kernel with thousands of
+ * sequence-heads (16+ waves of tensor-core CTAs: 4224 on a 132-SM H200) and
+ * the tensor cores below that (kMhaCudaCoreMinWaves, cuda_backend.cu): one
+ * problem on each side, each dtype, with automatic splits. */
+static void test_mha_128_both_kernels(void **state) {
+  (void)state;
+  const int64_t batches[] = {6, 160}; /* x 32 heads: 192 and 5120 units */
+  for (int k = 0; k < 4; ++k) {
+    const fd_dtype dtype = k % 2 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
+    fdt_case c = dense_case(dtype, batches[k / 2], 32, 32, 128, k / 2 ? 96 : 1500, g_seed + 700 + (uint64_t)k);
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    const int bad = check_case(&t);
+    print_message("MHA-128 %s batch %lld: %s\n", dtype == FD_DTYPE_F16 ? "f16" : "bf16", (long long)c.batch,
+                  t.report);
+    close_case(&t);
+    if (bad) fail_msg("%s", t.report);
+  }
+}
+
 /* ---- rejected input -------------------------------------------------------------- */
 
 /* Expects `status` with `needle` in the message and the device output untouched. */
@@ -887,7 +908,7 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 16];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 24];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
@@ -912,6 +933,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lengths_clamped);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mha_128_both_kernels);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_input_rejected);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unsupported_head_dim);
   printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s)\n", count, g_quick ? " (quick)" : "",
