@@ -256,8 +256,8 @@ static int make_matrix(fdt_case *cases, int quick) {
  * head-dim bucket, a page size that is not a power of two, a group of 5.
  * Cases 5-8 are dense, of one length, with automatic splits and head_dim
  * above 64: on a GPU with 200+ KiB of shared memory per block (H100, H200,
- * B200) the planner gives them the wide tiles (192 KiB, 128 or 64 tokens a
- * stage), with a fused merge (5: 4 rows x 16 splits) or the merge kernel
+ * B200) the planner gives them the wide tiles (two 64 KiB stages of 128 or
+ * 64 tokens), with a fused merge (5: 4 rows x 16 splits) or the merge kernel
  * (6-8: larger units), a head_dim that is not a bucket (8: 96) and a length
  * that is not a multiple of the tile. Case 9 is a dense ragged batch with
  * automatic splits, which gets wide tiles on those GPUs too. */
