@@ -25,8 +25,8 @@
 // second barrier per tile), so both stages are loading while the CTA waits.
 // On the H200 that beat three stages refilled one tile later (the same loads
 // in flight, half again the shared memory) on every shape but head_dim 256,
-// and three stages refilled the same way on most (docs/performance.md, "Run
-// 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0, a
+// and three stages refilled the same way on most
+// (docs/performance-history.md, "Run 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0, a
 // kernel that stopped on an illegal instruction on the H200: left out.)
 // Rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads 8 rows
 // without bank conflicts. Tokens at or past the

@@ -1,5 +1,5 @@
 // Per-CTA timestamps, for finding where one call's time goes (how they were
-// read: docs/performance.md, "Run 8"). Only in a build configured with
+// read: docs/performance-history.md, "Run 8"). Only in a build configured with
 // -DFLASHDECODE_TIMELINE=ON (never for production: every CTA prints a line):
 // each CTA of the split and merge kernels records %globaltimer at fixed
 // points, and its thread 0 prints them at exit as
