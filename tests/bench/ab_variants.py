@@ -6,7 +6,8 @@ counts) on the same inputs, in one process, rounds in alternating order.
         --lib var1=build-var1/src/libflashdecode.so.0 [--shapes 1,3,5] [--dtypes float16] \
         [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
 
-Every library is loaded from its own path (its CUDA runtime is static and
+tests/tools/build-variant.sh builds a variant (a git ref, the working tree,
+extra CUDA flags) into ab/NAME/. Every library is loaded from its own path (its CUDA runtime is static and
 hidden, so the copies do not clash). For each shape of compare_sdpa.py the
 inputs are built once, every variant's output is checked against the float64
 reference, then each round times every variant under CUDA graph replay (KV sets
