@@ -7,8 +7,9 @@ counts) on the same inputs, in one process, rounds in alternating order.
         [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
 
 tests/tools/build-variant.sh builds a variant (a git ref, the working tree,
-extra CUDA flags) into ab/NAME/. Every library is loaded from its own path (its CUDA runtime is static and
-hidden, so the copies do not clash). For each shape of compare_sdpa.py the
+extra CUDA flags) into ab/NAME/. Every library is loaded from its own path
+(its CUDA runtime is static and hidden, so the copies do not clash). For
+each shape of compare_sdpa.py the
 inputs are built once, every variant's output is checked against the float64
 reference, then each round times every variant under CUDA graph replay (KV sets
 rotated, median of the replays), the order reversed on odd rounds. --splits
