@@ -26,11 +26,11 @@
 // On the H200 that beat three stages refilled one tile later (the same loads
 // in flight, half again the shared memory) on every shape but head_dim 256,
 // and three stages refilled the same way on most
-// (docs/performance-history.md, "Run 9"). (An L2 evict-first policy on these copies built, with nvcc 13.0, a
-// kernel that stopped on an illegal instruction on the H200: left out.)
-// Rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads 8 rows
-// without bank conflicts. Tokens at or past the
-// sequence's end are zero-filled without a read and masked to -inf.
+// (docs/performance-history.md, "Run 9"). An L2 evict-first policy on these
+// copies built, with nvcc 13.0, a kernel that stopped on an illegal
+// instruction on the H200: left out. Rows are XOR-swizzled in 16-byte
+// chunks so that ldmatrix reads 8 rows without bank conflicts. Tokens at or
+// past the sequence's end are zero-filled without a read and masked to -inf.
 #pragma once
 
 #include <cstdint>
@@ -49,13 +49,13 @@ namespace cuda {
 // 64 KiB, two CTAs per multiprocessor (by registers); runs everywhere. Wide
 // (on GPUs with 200+ KiB of shared memory per block, where it was
 // measured): 8 warps, 64 KiB stages (256, 128 or 64 tokens for head_dim
-// buckets 64, 128, 256), 128 KiB, one CTA per multiprocessor. On the H200 the wide tiles stream a long
-// split faster (fp16: 1x32/8x32768x128 42.3 -> 41.2 us, 8x64/8x16384x128
-// 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1; ragged batches 3% since
-// run 8) but lose where the grid cannot be sized to the multiprocessors
-// (32x32/8x2048x128, one split per sequence: 70.5 -> 75.2) and on paged
-// caches; the CUDA backend picks them (choose_split_kernel in
-// cuda_backend.cu).
+// buckets 64, 128, 256), 128 KiB, one CTA per multiprocessor. On the H200
+// the wide tiles stream a long split faster (fp16: 1x32/8x32768x128 42.3 ->
+// 41.2 us, 8x64/8x16384x128 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1;
+// ragged batches 3% since run 8) but lose where the grid cannot be sized to
+// the multiprocessors (32x32/8x2048x128, one split per sequence: 70.5 ->
+// 75.2) and on paged caches; the CUDA backend picks them
+// (choose_split_kernel in cuda_backend.cu).
 template <int Bucket, bool Wide = false>
 struct MmaTraits {
   static constexpr int kBucket = Bucket;
@@ -435,8 +435,8 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     }
     __syncthreads();  // every warp has its query fragments: the last stage takes a tile
     if (Traits::kStages - 1 < tiles) {
-      loader.load(smem + (Traits::kStages - 1) * Traits::kStageBytes, begin + (Traits::kStages - 1) * Traits::kTileTokens,
-                  end);
+      const int last = Traits::kStages - 1;
+      loader.load(smem + last * Traits::kStageBytes, begin + last * Traits::kTileTokens, end);
     }
     cp_async_commit();
 
