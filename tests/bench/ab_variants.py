@@ -4,7 +4,7 @@ counts) on the same inputs, in one process, rounds in alternating order.
 
     python3 tests/bench/ab_variants.py --lib dev=build-dev/src/libflashdecode.so.0 \
         --lib var1=build-var1/src/libflashdecode.so.0 [--shapes 1,3,5] [--dtypes float16] \
-        [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
+        [--extra 64x32/8x4096x128] [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
 
 tests/tools/build-variant.sh builds a variant (a git ref, the working tree,
 extra CUDA flags) into ab/NAME/. Every library is loaded from its own path
@@ -33,6 +33,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
     parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
+    parser.add_argument("--extra", default="", help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, ...)")
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
     parser.add_argument("--rounds", type=int, default=3)
@@ -53,7 +54,7 @@ def main():
         sid, counts = part.split(":")
         forced[int(sid)] = [int(c) for c in counts.split(",")]
 
-    shapes = [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]
+    shapes = [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")] + cs.parse_extra_shapes(args.extra, parser)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"{'shape':<30} {'dtype':<8} " + "variant: per-round medians (us)")
     for dtype_name in args.dtypes.split(","):

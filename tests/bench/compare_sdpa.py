@@ -209,6 +209,22 @@ PAGE_SIZE = 16
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
+def parse_extra_shapes(spec, parser):
+    """--extra's 'BxHq/HkvxNxD' list as dense shapes numbered from 101."""
+    shapes = []
+    for i, text in enumerate(x for x in spec.split(",") if x):
+        try:
+            batch, heads, kv_len, head_dim = text.split("x")
+            q_heads, kv_heads = heads.split("/")
+            shape = (101 + i, int(batch), int(q_heads), int(kv_heads), int(kv_len), int(head_dim), "dense")
+        except ValueError:
+            parser.error(f"--extra: '{text}' is not BxHq/HkvxNxD")
+        if min(shape[1:6]) < 1 or shape[2] % shape[3] != 0:
+            parser.error(f"--extra: '{text}' needs positive sizes and Hq a multiple of Hkv")
+        shapes.append(shape)
+    return shapes
+
+
 def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
     extra = {"ragged": " ragged", "paged": " paged16", "paged-hnd": " paged16 HND"}.get(kind, "")
@@ -478,7 +494,10 @@ def main():
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
-    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids (1..11)")
+    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids of issue 4 (1..11)")
+    parser.add_argument("--extra", default="",
+                        help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, 102, ...; "
+                             "'--shapes \"\"' runs only these)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
@@ -488,7 +507,7 @@ def main():
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
     wanted = {int(x) for x in args.shapes.split(",") if x}
-    shapes = [s for s in SHAPES if s[0] in wanted]
+    shapes = [s for s in SHAPES if s[0] in wanted] + parse_extra_shapes(args.extra, parser)
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
