@@ -260,8 +260,10 @@ static int make_matrix(fdt_case *cases, int quick) {
  * 64 tokens), with a fused merge (5: 4 rows x 16 splits) or the merge kernel
  * (6-8: larger units), a head_dim that is not a bucket (8: 96) and a length
  * that is not a multiple of the tile. Case 9 is a dense ragged batch with
- * automatic splits, which gets wide tiles on those GPUs too. */
-enum { kTensorCoreCases = 10 };
+ * automatic splits, which gets wide tiles on those GPUs too. Case 10 has
+ * pages of 3 tokens, small enough for the loader's block table prefetch and
+ * not a power of two (its division path). */
+enum { kTensorCoreCases = 11 };
 
 static int make_tensor_core_cases(fdt_case *cases, int quick) {
   static const struct {
@@ -282,6 +284,7 @@ static int make_tensor_core_cases(fdt_case *cases, int quick) {
       {FD_DTYPE_F16, 1, 8, 4, 256, 8192, 1500, 0, FDT_BNHD, 0, 0, 0.0},
       {FD_DTYPE_BF16, 1, 16, 2, 96, 6000, 1000, 0, FDT_BHND, 0, 0, 0.0},
       {FD_DTYPE_F16, 6, 32, 8, 128, 7000, 900, 0, FDT_BHND, 1, 0, 0.0},
+      {FD_DTYPE_BF16, 3, 32, 8, 128, 3000, 500, 3, FDT_PAGED_NHD, 1, 0, 0.0},
   };
   for (int i = 0; i < kTensorCoreCases; ++i) {
     fdt_case *c = &cases[i];

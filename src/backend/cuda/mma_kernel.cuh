@@ -254,6 +254,30 @@ struct TileLoader {
         cp_async_chunk(stage + offset, k_src, valid);
         cp_async_chunk(v_stage + offset, v_src, valid);
       }
+      if (p.page_size <= kPrefetchMaxPageSize) prefetch_table(tile_begin + 2 * Traits::kTileTokens, end);
+    }
+  }
+
+  // Pulls into L2 the block table entries of the tile that starts at
+  // `tile_begin` (two loads ahead), one entry a thread, for pages of up to
+  // kPrefetchMaxPageSize tokens. With such pages every tile's entries are
+  // new cache lines, and a lookup that misses to DRAM in front of a tile's
+  // copies stalls the pipeline. On the H200 (32x32/8x2048x128, shuffled
+  // table) page size 1 ran 77.0 us against 66.4 dense, and 70.6 with the
+  // prefetch; page size 1 with pages in order 80.1, so the lookups, not the
+  // scattered reads, were the cost. Page size 8 (a line of entries serves 4
+  // tiles) lost 1% with the prefetch, 16 nothing.
+  static constexpr int kPrefetchMaxPageSize = 4;
+
+  __device__ __forceinline__ void prefetch_table(int64_t tile_begin, int64_t end) const {
+    if (tile_begin >= end) return;
+    const int32_t first = static_cast<int32_t>(tile_begin);
+    const int32_t last = static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1);
+    const int32_t first_page = p.page_shift >= 0 ? first >> p.page_shift : first / p.page_size;
+    const int32_t last_page = p.page_shift >= 0 ? last >> p.page_shift : last / p.page_size;
+    const int32_t page = first_page + static_cast<int32_t>(threadIdx.x);
+    if (page <= last_page) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(table_row + static_cast<int64_t>(page) * table_stride));
     }
   }
 };
