@@ -13,7 +13,7 @@ has no GQA, so it gets K/V expanded to every query head: more bytes read, the
 same useful bytes counted). Shape 9 is ragged: flashdecode gets the real
 lengths, the anchors the dense max-length cache, and bandwidth counts the real
 tokens only. Shape 10 is shape 2 through a paged cache (token-major pages
-[page, slot, kv_head, dim] of 16 tokens, shuffled block table) for
+[page, slot, kv_head, dim] of 16 tokens, or --page-size; shuffled block table) for
 flashdecode; shape 11 the same with head-major pages [page, kv_head, slot,
 dim]; the anchors run the dense cache.
 
@@ -205,7 +205,16 @@ SHAPES = [
     (10, 32, 32, 8, 2048, 128, "paged"),
     (11, 32, 32, 8, 2048, 128, "paged-hnd"),
 ]
-PAGE_SIZE = 16
+PAGE_SIZE = 16  # tokens a page of shapes 10 and 11 (issue 4); --page-size sets another
+
+
+def set_page_size(tokens, parser):
+    """--page-size: every paged shape's pages hold `tokens` tokens (it must
+    divide the shapes' KV length)."""
+    global PAGE_SIZE
+    if tokens < 1 or 2048 % tokens != 0:
+        parser.error(f"--page-size {tokens}: it must divide the paged shapes' 2048 tokens")
+    PAGE_SIZE = tokens
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
@@ -227,7 +236,7 @@ def parse_extra_shapes(spec, parser):
 
 def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
-    extra = {"ragged": " ragged", "paged": " paged16", "paged-hnd": " paged16 HND"}.get(kind, "")
+    extra = {"ragged": " ragged", "paged": f" paged{PAGE_SIZE}", "paged-hnd": f" paged{PAGE_SIZE} HND"}.get(kind, "")
     return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
 
 
@@ -498,6 +507,7 @@ def main():
     parser.add_argument("--extra", default="",
                         help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, 102, ...; "
                              "'--shapes \"\"' runs only these)")
+    parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
@@ -506,6 +516,7 @@ def main():
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
+    set_page_size(args.page_size, parser)
     wanted = {int(x) for x in args.shapes.split(",") if x}
     shapes = [s for s in SHAPES if s[0] in wanted] + parse_extra_shapes(args.extra, parser)
     if args.from_json:
@@ -516,6 +527,11 @@ def main():
             if r["impl"].startswith("seed"):
                 r["impl"] = "seed"
         dtypes = [d for d in dtypes if any(r["dtype"] == d for r in rows)]
+        known = {shape[0] for shape in shapes}
+        for r in rows:  # --extra shapes of that run: their sizes are in the rows
+            if r["shape_id"] > 100 and r["shape_id"] not in known:
+                known.add(r["shape_id"])
+                shapes.append((r["shape_id"], *r["shape"], r["kind"]))
         print(f"ceilings: streaming read {saved['read_ceiling_gbps']:.0f} GB/s, device-to-device copy "
               f"{saved['copy_gbps']:.0f} GB/s (read + written)")
         report(rows, shapes, dtypes, args.plot)
