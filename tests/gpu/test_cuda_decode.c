@@ -121,6 +121,17 @@ static void close_case(gpu_case *t) {
   fdt_problem_free(&t->p);
 }
 
+/* open_case, check_case, a line naming the case (`what`) with the report,
+ * close_case, then the failure if any: for tests that check c as generated. */
+static void expect_case_passes(const fdt_case *c, const char *what) {
+  gpu_case t;
+  open_case(&t, c);
+  const int bad = check_case(&t);
+  print_message("%s: %s\n", what, t.report);
+  close_case(&t);
+  if (bad) fail_msg("%s: %s", what, t.report);
+}
+
 /* The fields every single test sets; the rest start at zero (BNHD, not ragged, no LSE, automatic splits). */
 static fdt_case dense_case(fd_dtype dtype, int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                            int64_t kv_len, uint64_t seed) {
@@ -732,12 +743,9 @@ static void test_all_sequences_empty(void **state) {
     fdt_case c = dense_case(FD_DTYPE_F32, 2, 4, 1, 32, 0, 0);
     c.with_lse = 1;
     c.num_splits = split_choices[k];
-    gpu_case t;
-    open_case(&t, &c);
-    const int bad = check_case(&t);
-    print_message("all sequences empty, splits %d: %s\n", (int)c.num_splits, t.report);
-    close_case(&t);
-    if (bad) fail_msg("%s", t.report);
+    char what[64];
+    snprintf(what, sizeof what, "all sequences empty, splits %d", (int)c.num_splits);
+    expect_case_passes(&c, what);
   }
 }
 
@@ -750,12 +758,9 @@ static void test_batch_beyond_grid_limit(void **state) {
     c.ragged = 1;
     c.with_lse = 1;
     c.num_splits = split_choices[k];
-    gpu_case t;
-    open_case(&t, &c);
-    const int bad = check_case(&t);
-    print_message("batch 70000, splits %d: %s\n", (int)c.num_splits, t.report);
-    close_case(&t);
-    if (bad) fail_msg("%s", t.report);
+    char what[64];
+    snprintf(what, sizeof what, "batch 70000, splits %d", (int)c.num_splits);
+    expect_case_passes(&c, what);
   }
 }
 
@@ -770,13 +775,9 @@ static void test_mha_128_both_kernels(void **state) {
     const fd_dtype dtype = k % 2 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
     fdt_case c = dense_case(dtype, batches[k / 2], 32, 32, 128, k / 2 ? 96 : 1500, g_seed + 700 + (uint64_t)k);
     c.with_lse = 1;
-    gpu_case t;
-    open_case(&t, &c);
-    const int bad = check_case(&t);
-    print_message("MHA-128 %s batch %lld: %s\n", dtype == FD_DTYPE_F16 ? "f16" : "bf16", (long long)c.batch,
-                  t.report);
-    close_case(&t);
-    if (bad) fail_msg("%s", t.report);
+    char what[64];
+    snprintf(what, sizeof what, "MHA-128 %s batch %lld", dtype == FD_DTYPE_F16 ? "f16" : "bf16", (long long)c.batch);
+    expect_case_passes(&c, what);
   }
 }
 
