@@ -34,12 +34,14 @@ def main():
     parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
     parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
     parser.add_argument("--extra", default="", help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, ...)")
+    parser.add_argument("--page-size", type=int, default=cs.PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=60)
     parser.add_argument("--rotation-mib", type=int, default=1024)
     args = parser.parse_args()
+    cs.set_page_size(args.page_size, parser)
 
     libs = []
     for spec in args.lib:
