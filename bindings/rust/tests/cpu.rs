@@ -208,6 +208,16 @@ fn f32_gqa_with_ragged_lengths_and_lse() {
     }
 }
 
+/// A 16-bit storage type as `half_and_bfloat16_bits` uses it: rounding from
+/// f32, widening to f64, its tensor constructors and the error it allows.
+struct Format16 {
+    encode: fn(f32) -> u16,
+    widen: fn(u16) -> f64,
+    tensor: for<'a, 'b> fn(&'a [u16], &'b [i64]) -> flashdecode::Result<Tensor<'a>>,
+    tensor_mut: for<'a, 'b> fn(&'a mut [u16], &'b [i64]) -> flashdecode::Result<TensorMut<'a>>,
+    tolerance: f64,
+}
+
 #[test]
 fn half_and_bfloat16_bits() {
     let problem = Problem {
@@ -225,45 +235,38 @@ fn half_and_bfloat16_bits() {
     );
     let lens = [64, 64];
     let mut handle = cpu_handle();
-
-    let to_f16 = |x: &[f32]| x.iter().map(|&v| f32_to_f16_bits(v)).collect::<Vec<u16>>();
-    let (qh, kh, vh) = (to_f16(&q), to_f16(&k), to_f16(&v));
-    let mut out = vec![0u16; qh.len()];
-    let mut args = DecodeArgs::new(
-        Tensor::f16(&qh, &q_shape).unwrap(),
-        Tensor::f16(&kh, &kv_shape).unwrap(),
-        Tensor::f16(&vh, &kv_shape).unwrap(),
-        TensorMut::f16(&mut out, &q_shape).unwrap(),
-    );
-    handle.decode(&mut args).unwrap();
-    let widen16 = |x: &[u16], f: fn(u16) -> f64| x.iter().map(|&b| f(b)).collect::<Vec<f64>>();
-    let (expected, _) = problem.reference(
-        &widen16(&qh, f16_bits_to_f64),
-        &widen16(&kh, f16_bits_to_f64),
-        &widen16(&vh, f16_bits_to_f64),
-        &lens,
-        1.0 / 32f64.sqrt(),
-    );
-    assert_close(&widen16(&out, f16_bits_to_f64), &expected, 2e-3);
-
-    let to_bf16 = |x: &[f32]| x.iter().map(|&v| f32_to_bf16_bits(v)).collect::<Vec<u16>>();
-    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
-    let mut out = vec![0u16; qb.len()];
-    let mut args = DecodeArgs::new(
-        Tensor::bf16(&qb, &q_shape).unwrap(),
-        Tensor::bf16(&kb, &kv_shape).unwrap(),
-        Tensor::bf16(&vb, &kv_shape).unwrap(),
-        TensorMut::bf16(&mut out, &q_shape).unwrap(),
-    );
-    handle.decode(&mut args).unwrap();
-    let (expected, _) = problem.reference(
-        &widen16(&qb, bf16_bits_to_f64),
-        &widen16(&kb, bf16_bits_to_f64),
-        &widen16(&vb, bf16_bits_to_f64),
-        &lens,
-        1.0 / 32f64.sqrt(),
-    );
-    assert_close(&widen16(&out, bf16_bits_to_f64), &expected, 1.6e-2);
+    let formats = [
+        Format16 {
+            encode: f32_to_f16_bits,
+            widen: f16_bits_to_f64,
+            tensor: |data, shape| Tensor::f16(data, shape),
+            tensor_mut: |data, shape| TensorMut::f16(data, shape),
+            tolerance: 2e-3,
+        },
+        Format16 {
+            encode: f32_to_bf16_bits,
+            widen: bf16_bits_to_f64,
+            tensor: |data, shape| Tensor::bf16(data, shape),
+            tensor_mut: |data, shape| TensorMut::bf16(data, shape),
+            tolerance: 1.6e-2,
+        },
+    ];
+    for format in &formats {
+        let encode = |x: &[f32]| x.iter().map(|&value| (format.encode)(value)).collect::<Vec<u16>>();
+        let widen = |x: &[u16]| x.iter().map(|&bits| (format.widen)(bits)).collect::<Vec<f64>>();
+        let (q16, k16, v16) = (encode(&q), encode(&k), encode(&v));
+        let mut out = vec![0u16; q16.len()];
+        let mut args = DecodeArgs::new(
+            (format.tensor)(&q16, &q_shape).unwrap(),
+            (format.tensor)(&k16, &kv_shape).unwrap(),
+            (format.tensor)(&v16, &kv_shape).unwrap(),
+            (format.tensor_mut)(&mut out, &q_shape).unwrap(),
+        );
+        handle.decode(&mut args).unwrap();
+        drop(args);
+        let (expected, _) = problem.reference(&widen(&q16), &widen(&k16), &widen(&v16), &lens, 1.0 / 32f64.sqrt());
+        assert_close(&widen(&out), &expected, format.tolerance);
+    }
 }
 
 #[test]
