@@ -104,7 +104,10 @@ def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional
         return None
     library = Path(value)
     if not library.is_file():
-        raise FileNotFoundError(f"bundle-library: {library} is not a file")
+        where = ""
+        if not library.is_absolute():
+            where = f" (a relative path, read from {Path.cwd()}: pip runs this backend there)"
+        raise FileNotFoundError(f"bundle-library: {library} is not a file{where}")
     return library
 
 

@@ -254,6 +254,11 @@ def test_workspace_errors(cpu, rng) -> None:
         cpu.set_workspace(flashdecode.host_workspace(4096)[::2])
     cpu.set_workspace(flashdecode.host_workspace(256))
     expect_refused(cpu, call, flashdecode.WorkspaceTooSmallError, "bytes needed, the caller's workspace has 256")
+    # Empty, yet a workspace of its own: too small, not refused; NumPy gives empty arrays strides of 0.
+    zero_strides = np.lib.stride_tricks.as_strided(flashdecode.host_workspace(256), (0,), (0,))
+    for empty in (flashdecode.host_workspace(0), zero_strides):
+        cpu.set_workspace(empty)
+        expect_refused(cpu, call, flashdecode.WorkspaceTooSmallError, "bytes needed, the caller's workspace has 0")
 
 
 def test_handle_options_rejected() -> None:

@@ -81,6 +81,9 @@ def test_wheel_bundling_the_library(backend, tmp_path) -> None:
     assert "Root-Is-Purelib: false" in entries[f"flashdecode-{flashdecode.__version__}.dist-info/WHEEL"][0].decode()
     with pytest.raises(FileNotFoundError, match="bundle-library"):
         backend.build_wheel(str(tmp_path), {"bundle-library": str(tmp_path / "missing.so")})
+    # A relative path is read from the backend's working folder, which pip chooses: the message says so.
+    with pytest.raises(FileNotFoundError, match="relative path, read from"):
+        backend.build_wheel(str(tmp_path), {"bundle-library": "build/stage/lib/missing.so"})
 
 
 def test_sdist_and_editable(backend, tmp_path) -> None:

@@ -98,6 +98,8 @@ class ArrayView:
     capsule: Any = None
 
     def is_contiguous(self) -> bool:
+        if 0 in self.shape:  # no elements: any strides (NumPy gives an empty array strides of 0)
+            return True
         expected = 1
         for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
             if extent != 1 and stride != expected:

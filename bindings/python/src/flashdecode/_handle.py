@@ -66,7 +66,8 @@ def host_workspace(nbytes: int) -> np.ndarray:
     alignment = _library.WORKSPACE_ALIGNMENT
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     offset = -raw.__array_interface__["data"][0] % alignment
-    return raw[offset : offset + nbytes]
+    # NumPy gives an empty slice its base's address: cut one byte, then trim, to keep the aligned one.
+    return raw[offset : offset + max(nbytes, 1)][:nbytes]
 
 
 @dataclass
