@@ -246,13 +246,24 @@ func (h *Handle) run(args *DecodeArgs, stream uintptr, sizeOnly bool) (int, erro
 	return int(bytes), err
 }
 
+// emptyHost stands for the data of an empty slice, which has no first
+// element: the library refuses a NULL pointer even where it reads nothing
+// (a batch of 0 is a no-op for it).
+var emptyHost [1]byte
+
 // data is the pointer handed to C: a Go pointer for host memory (pinned by
-// cgo for the call), a device address converted on the C side.
+// cgo for the call), a device address converted on the C side, NULL for an
+// absent tensor.
 func (t Tensor) data() unsafe.Pointer {
-	if t.host != nil {
+	switch {
+	case t.onDevice:
+		return C.fdgo_address(C.uintptr_t(t.device))
+	case t.host != nil:
 		return t.host
+	case t.present():
+		return unsafe.Pointer(&emptyHost[0])
 	}
-	return C.fdgo_address(C.uintptr_t(t.device))
+	return nil
 }
 
 // call runs one C call and turns a failure into an *Error with this

@@ -375,6 +375,9 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 			a.V = flashdecode.Device(0xdead0000, flashdecode.Float32Type, 2, 100, 2, 64)
 		}, flashdecode.ErrInvalidArgument, "v: is device memory, but the handle runs on the CPU backend"},
 		{"splits range", func(a *flashdecode.DecodeArgs) { a.NumSplits = 1 << 40 }, flashdecode.ErrInvalidSplits, "does not fit in 32 bits"},
+		{"device address 0", func(a *flashdecode.DecodeArgs) {
+			a.V = flashdecode.Device(0, flashdecode.Float32Type, 2, 100, 2, 64)
+		}, flashdecode.ErrInvalidArgument, "v: is device memory, but the handle runs on the CPU backend"},
 	}
 	for _, c := range cases {
 		args := valid()
@@ -385,6 +388,20 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 				t.Fatalf("%s: out[%d] was written", c.name, i)
 			}
 		}
+	}
+}
+
+// A batch of 0 is a no-op for the library; empty slices have no first
+// element, and must not reach it as NULL pointers.
+func TestEmptyBatchIsANoOp(t *testing.T) {
+	handle := cpuHandle(t)
+	args := flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(nil, 0, 1, 8, 64), K: flashdecode.Float32([]float32{}, 0, 100, 2, 64),
+		V: flashdecode.Float32(nil, 0, 100, 2, 64), Out: flashdecode.Float32(nil, 0, 1, 8, 64),
+		SeqLens: flashdecode.Int32(nil, 0),
+	}
+	if err := handle.Decode(&args); err != nil {
+		t.Fatalf("batch 0: %v", err)
 	}
 }
 

@@ -25,12 +25,13 @@ const (
 // tensor's role (see DecodeArgs); the layout is given by the strides,
 // row-major unless WithStrides says otherwise. The zero Tensor is absent.
 type Tensor struct {
-	dtype   DType
-	shape   []int64
-	strides []int64
-	host    unsafe.Pointer // first element of the slice; keeps it alive
-	hostLen int
-	device  uintptr
+	dtype    DType
+	shape    []int64
+	strides  []int64
+	host     unsafe.Pointer // first element of the slice (nil when it is empty); keeps it alive
+	hostLen  int
+	device   uintptr
+	onDevice bool // made by Device, whatever the address (0 is the library's to refuse)
 }
 
 // Float32 is a tensor over a []float32.
@@ -56,7 +57,7 @@ func Int32(data []int32, shape ...int64) Tensor {
 // Device is a tensor in CUDA device memory at address, which must stay valid
 // until the decode using it has finished on its stream.
 func Device(address uintptr, dtype DType, shape ...int64) Tensor {
-	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), device: address}
+	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), device: address, onDevice: true}
 }
 
 // WithStrides returns the tensor with other strides, in elements (the last
@@ -100,7 +101,7 @@ func rowMajor(shape []int64) []int64 {
 
 func (t Tensor) present() bool { return t.shape != nil }
 
-func (t Tensor) isDevice() bool { return t.host == nil && t.device != 0 }
+func (t Tensor) isDevice() bool { return t.onDevice }
 
 // describe fills the C descriptor (without the data pointer) after the checks
 // that make passing the memory to C safe: rank, signs, and for host memory
@@ -136,7 +137,7 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		raw.shape[axis] = C.int64_t(extent)
 		raw.strides[axis] = C.int64_t(stride)
 	}
-	if t.host != nil || t.device == 0 {
+	if !t.onDevice {
 		if !empty && last >= int64(t.hostLen) {
 			return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v reaches element %d, but the slice has %d",
 				name, t.shape, t.strides, last, t.hostLen))

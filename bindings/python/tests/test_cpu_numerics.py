@@ -82,6 +82,16 @@ def test_three_dimensional_query(cpu, rng) -> None:
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5)
 
 
+def test_empty_batch_is_a_no_op(cpu) -> None:
+    # NumPy 2 gives arrays without elements strides of 0; the library would refuse those.
+    q = np.zeros((0, 1, 8, 64), np.float32)
+    k = np.zeros((0, 100, 2, 64), np.float32)
+    out, lse = cpu.decode(q, k, k, return_lse=True, seq_lens=np.zeros(0, np.int32))
+    assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 1, 8)
+    k_bhnd = k.transpose(0, 2, 1, 3)
+    assert flashdecode.flash_decode(q.transpose(0, 2, 1, 3), k_bhnd, k_bhnd).shape == (0, 8, 1, 64)
+
+
 def test_strided_views_of_larger_buffers(cpu, rng) -> None:
     """A slice of a bigger cache (capacity and heads) and a non-contiguous q are used in place."""
     cache_k = rng.standard_normal((2, 300, 6, 64)).astype(np.float32)

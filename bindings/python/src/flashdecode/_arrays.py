@@ -97,9 +97,14 @@ class ArrayView:
     array: Any
     capsule: Any = None
 
+    def __post_init__(self) -> None:
+        # An array without elements addresses nothing, and NumPy 2 gives it
+        # strides of 0, which the library refuses (head_dim's must be 1):
+        # describe it row-major, as the Rust and Go bindings do.
+        if 0 in self.shape:
+            self.strides = _contiguous_strides(self.shape)
+
     def is_contiguous(self) -> bool:
-        if 0 in self.shape:  # no elements: any strides (NumPy gives an empty array strides of 0)
-            return True
         expected = 1
         for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
             if extent != 1 and stride != expected:
