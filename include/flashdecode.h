@@ -26,6 +26,13 @@
  *   fd_set_workspace() and fd_destroy() must not overlap with any other call
  *   on the same handle: the handle owns the workspace every fd_decode() uses.
  *   Use one handle per thread or stream (or serialise access).
+ * - CUDA graph capture in the default cudaStreamCaptureModeGlobal forbids
+ *   device allocation, freeing and synchronisation in every thread while
+ *   it lasts. The calls on a CUDA handle that do those (fd_create(),
+ *   fd_destroy(), fd_reserve_workspace(), fd_set_workspace(), and an
+ *   fd_decode() that grows its workspace) fail or invalidate the capture if
+ *   another thread is capturing: reserve workspace before capturing, or
+ *   capture in cudaStreamCaptureModeThreadLocal.
  * - The detailed error message is thread-local: it describes the last failed
  *   call made by the calling thread.
  *
@@ -105,8 +112,8 @@ typedef enum fd_status {
   FD_ERROR_INVALID_LENGTH = 8,        /**< A length is negative or too large, or a sequence is longer than its cache. */
   FD_ERROR_INVALID_BLOCK_TABLE = 9,   /**< A paged-cache block table entry points outside the page pool. */
   FD_ERROR_INVALID_SPLITS = 10,       /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
-  FD_ERROR_WORKSPACE_TOO_SMALL = 11,  /**< The caller-provided workspace is smaller than fd_workspace_size() requires. */
-  FD_ERROR_INVALID_HANDLE = 12,       /**< The handle was already destroyed (or never created by fd_create()). */
+  FD_ERROR_WORKSPACE_TOO_SMALL = 11,  /**< The caller-provided workspace is smaller than fd_workspace_size() requires, or a library-owned one would have to grow during CUDA graph capture. */
+  FD_ERROR_INVALID_HANDLE = 12,       /**< The handle is not live: destroyed, or never created by fd_create() (detected by address; see fd_destroy()). */
   FD_ERROR_UNSUPPORTED = 13,          /**< Valid input the handle's backend does not support (yet), e.g. several query tokens. */
   FD_ERROR_NO_DEVICE = 14,            /**< No usable CUDA device with that ordinal, or the library was built without CUDA. */
   FD_ERROR_OUT_OF_MEMORY = 15,        /**< Host or device memory could not be allocated. */
@@ -115,7 +122,7 @@ typedef enum fd_status {
 } fd_status;
 
 /**
- * @brief A short static description of a status, e.g. "shape mismatch".
+ * @brief A short static description of a status, e.g. "invalid shape".
  * @param status Any value; unknown values give "unknown status".
  * @return A static NUL-terminated string; never NULL, never freed.
  */
@@ -124,9 +131,9 @@ FD_API const char *fd_status_string(fd_status status);
 /**
  * @brief Copies the calling thread's last detailed error message.
  *
- * The message is set by every failing call and describes the argument at
- * fault, e.g. "k: stride of head_dim must be 1, got 3". Successful calls do not
- * clear it. It is empty if this thread has seen no error.
+ * The message is set by every failing call: the status's description, then
+ * the argument at fault and what is wrong with it, e.g. "invalid stride: k:
+ * stride of head_dim must be 1, got 3". Successful calls do not clear it. It is empty if this thread has seen no error.
  *
  * @param buffer Where to copy the message (NUL-terminated, truncated to fit);
  *        may be NULL when @p buffer_size is 0, to query the length.
@@ -194,6 +201,9 @@ typedef enum fd_backend {
   FD_BACKEND_CUDA = 2   /**< The CUDA backend on fd_options::device. */
 } fd_backend;
 
+/** @brief Largest accepted fd_options::num_threads. */
+#define FD_MAX_THREADS 1024
+
 /**
  * @brief Options for fd_create(). Initialise with
  *        `fd_options_init(&options, sizeof options)`.
@@ -205,7 +215,7 @@ typedef struct fd_options {
   size_t struct_size;   /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
   fd_backend backend;   /**< Backend to use; default #FD_BACKEND_AUTO. */
   int32_t device;       /**< CUDA device ordinal for the CUDA backend; default 0. */
-  int32_t num_threads;  /**< Worker threads for the CPU backend; 0 (default) uses every online core. */
+  int32_t num_threads;  /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses every online core (up to that). */
 } fd_options;
 
 /**
@@ -233,10 +243,13 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  * @param[out] handle Receives the new handle; set to NULL on failure.
  * @param options Options, or NULL for the defaults of fd_options_init().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p handle is NULL;
- *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend or thread
- *         count; #FD_ERROR_NO_DEVICE if the CUDA backend was requested but
- *         the device is missing or the library has no CUDA backend;
- *         #FD_ERROR_OUT_OF_MEMORY.
+ *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
+ *         count (above #FD_MAX_THREADS) or negative CUDA device;
+ *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
+ *         device is missing, cannot run this build's kernels, or the library
+ *         has no CUDA backend (#FD_BACKEND_AUTO then takes the CPU instead);
+ *         #FD_ERROR_OUT_OF_MEMORY, also when the system refuses a worker
+ *         thread; #FD_ERROR_CUDA for other CUDA runtime failures.
  */
 FD_API fd_status fd_create(fd_handle **handle, const fd_options *options);
 
@@ -247,8 +260,13 @@ FD_API fd_status fd_create(fd_handle **handle, const fd_options *options);
  * handle is still running on the device (for example by synchronising the
  * stream it used). Caller-provided workspace is not freed.
  *
+ * A handle is recognised by its address: calls on a destroyed handle return
+ * #FD_ERROR_INVALID_HANDLE instead of touching freed memory, until a later
+ * fd_create() happens to return the same address, which then names the new
+ * handle. Do not keep pointers to destroyed handles.
+ *
  * @param handle The handle; NULL is accepted and does nothing.
- * @return #FD_SUCCESS; #FD_ERROR_INVALID_HANDLE if it was already destroyed.
+ * @return #FD_SUCCESS; #FD_ERROR_INVALID_HANDLE if it is not live.
  */
 FD_API fd_status fd_destroy(fd_handle *handle);
 
@@ -270,6 +288,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
 #define FD_MAX_HEAD_DIM 256
 /** @brief Largest accepted number of query heads (and of KV heads). */
 #define FD_MAX_HEADS 4096
+/** @brief Largest accepted batch (sequences per call). */
+#define FD_MAX_BATCH INT32_MAX
 /** @brief Largest accepted KV capacity per sequence (tokens). */
 #define FD_MAX_KV_LEN INT32_MAX
 /** @brief Largest accepted split count in fd_decode_args::num_splits. */
@@ -356,8 +376,11 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  * fd_reserve_workspace()), so it may be captured in a CUDA graph. Called
  * during capture with too small a library-owned workspace, it returns
  * #FD_ERROR_WORKSPACE_TOO_SMALL rather than allocate, and the capture stays
- * valid. The handle keeps the plan of its last call and reuses it while the
- * shapes stay the same.
+ * valid. A captured graph holds the workspace's address: it stays valid
+ * until the handle's workspace changes (an fd_decode() or
+ * fd_reserve_workspace() that grows it, fd_set_workspace(), fd_destroy()).
+ * The handle keeps the plan of its last call and reuses it while the shapes
+ * stay the same.
  * CPU backend: synchronous, on the handle's worker threads; @p stream is
  * ignored.
  *
@@ -404,8 +427,10 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  *
  * @param handle A live handle.
  * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
- * @return #FD_SUCCESS; #FD_ERROR_OUT_OF_MEMORY; #FD_ERROR_WORKSPACE_TOO_SMALL
- *         if a caller-provided workspace is smaller than @p bytes.
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
+ *         #FD_ERROR_OUT_OF_MEMORY; #FD_ERROR_WORKSPACE_TOO_SMALL if a
+ *         caller-provided workspace is smaller than @p bytes;
+ *         #FD_ERROR_CUDA if zeroing the state fails.
  */
 FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
 
@@ -425,7 +450,9 @@ FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
  * @param handle A live handle.
  * @param workspace The memory, or NULL to return to library-owned workspace.
  * @param bytes Its size in bytes (ignored when @p workspace is NULL).
- * @return #FD_SUCCESS; #FD_ERROR_INVALID_ARGUMENT if misaligned.
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
+ *         #FD_ERROR_INVALID_ARGUMENT if misaligned; #FD_ERROR_CUDA if
+ *         zeroing the state fails (e.g. host memory given to a CUDA handle).
  */
 FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
 

@@ -80,6 +80,10 @@ std::unique_ptr<Backend> make_backend(const fd_options &options) {
     fail(FD_ERROR_INVALID_ARGUMENT, "options: num_threads must be >= 0 (0 = all cores), got %d",
          static_cast<int>(options.num_threads));
   }
+  if (options.num_threads > FD_MAX_THREADS) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "options: num_threads must be at most %d, got %d", FD_MAX_THREADS,
+         static_cast<int>(options.num_threads));
+  }
   switch (raw_enum_value(options.backend)) {
     case FD_BACKEND_CPU: return make_cpu_backend(options.num_threads);
     case FD_BACKEND_CUDA:
@@ -88,7 +92,16 @@ std::unique_ptr<Backend> make_backend(const fd_options &options) {
       }
       return make_cuda_backend(options.device);
     case FD_BACKEND_AUTO:
-      if (options.device >= 0 && cuda_backend_available(options.device)) return make_cuda_backend(options.device);
+      // A device that passes the probe can still fail to run this build's
+      // kernels (e.g. built for sm_90a only, run on an A100): NO_DEVICE from
+      // the CUDA backend means the CPU, as documented; other errors stand.
+      if (options.device >= 0 && cuda_backend_available(options.device)) {
+        try {
+          return make_cuda_backend(options.device);
+        } catch (const Error &e) {
+          if (e.status() != FD_ERROR_NO_DEVICE) throw;
+        }
+      }
       return make_cpu_backend(options.num_threads);
   }
   fail(FD_ERROR_INVALID_ARGUMENT, "options: unknown backend %d", raw_enum_value(options.backend));

@@ -137,6 +137,11 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   require_extent(p.v, 3, p.head_dim, "v", "head_dim", "q");
 
   p.batch = p.q.shape[0];
+  // Bounded so that sequence x head products (rows, planner units) cannot
+  // overflow, whatever strides make the tensors' extents addressable.
+  if (p.batch > FD_MAX_BATCH) {
+    fail(FD_ERROR_INVALID_SHAPE, "q: batch must be at most %d, got %lld", FD_MAX_BATCH, static_cast<long long>(p.batch));
+  }
   p.q_len = p.q.shape[1];
   p.q_heads = p.q.shape[2];
   p.kv_heads = p.k.shape[2];

@@ -149,6 +149,10 @@ static void test_create_rejects_bad_options(void **state) {
   options.num_threads = -3;
   assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(last_message(), "num_threads"));
+  options.num_threads = FD_MAX_THREADS + 1; /* e.g. 100000 would start threads until the system refused */
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "num_threads must be at most 1024"));
+  assert_null(h);
 
   fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CUDA;
@@ -328,6 +332,11 @@ static void test_rejects_shape_mismatch(void **state) {
   a = f->problem.args;
   a.q.shape[0] = a.out.shape[0] = -1;
   expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: shape[0] (batch) must not be negative");
+  /* Stride 0 makes any batch addressable; the bound keeps sequence x head products from overflowing. */
+  a = f->problem.args;
+  a.q.shape[0] = (int64_t)FD_MAX_BATCH + 1;
+  a.q.strides[0] = 0;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: batch must be at most 2147483647");
 }
 
 static void test_rejects_non_contiguous_head_dim(void **state) {

@@ -224,7 +224,9 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
-  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_threads <= 0) {
+    num_threads = static_cast<int>(std::min<unsigned>(FD_MAX_THREADS, std::max(1u, std::thread::hardware_concurrency())));
+  }
   return std::make_unique<CpuBackend>(num_threads);
 }
 

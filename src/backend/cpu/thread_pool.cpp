@@ -1,22 +1,44 @@
 #include "backend/cpu/thread_pool.h"
 
+#include <system_error>
+
+#include "core/error.h"
+
 namespace fd {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  try {
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error &e) {
+    // The threads already started wait on this pool's condition variables:
+    // stop and join them before the members go away, then report.
+    stop_and_join();
+    fail(FD_ERROR_OUT_OF_MEMORY, "options: num_threads %d: starting worker thread %zu failed: %s", num_threads,
+         workers_.size() + 1, e.what());
+  } catch (...) {
+    stop_and_join();
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
-  for (auto &worker : workers_) worker.join();
+  for (auto &worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
 }
 
 // Tasks are coarse (a whole split of a KV head group), so taking the lock
-// per task costs nothing measurable and keeps the pool simple.
+// per task costs nothing measurable and keeps the pool simple. A task that
+// throws (e.g. std::bad_alloc for its scratch) stops the handing out of
+// tasks; its exception goes to parallel_for's caller, not past a worker
+// thread's entry (which would terminate the process).
 void ThreadPool::run_tasks() {
   for (;;) {
     int64_t index;
@@ -25,7 +47,14 @@ void ThreadPool::run_tasks() {
       if (next_ >= count_) return;
       index = next_++;
     }
-    (*task_)(index);
+    try {
+      (*task_)(index);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+      next_ = count_;
+      return;
+    }
   }
 }
 
@@ -59,13 +88,22 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)> 
     task_ = &task;
     count_ = count;
     next_ = 0;
+    failure_ = nullptr;
     ++generation_;
   }
   work_ready_.notify_all();
   run_tasks();
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [&] { return next_ >= count_ && busy_workers_ == 0; });
-  task_ = nullptr;
+  // Every worker is out of `task` (which lives in the caller's frame) before
+  // this returns or rethrows.
+  std::exception_ptr failure;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    work_done_.wait(lock, [&] { return next_ >= count_ && busy_workers_ == 0; });
+    task_ = nullptr;
+    failure = failure_;
+    failure_ = nullptr;
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace fd
