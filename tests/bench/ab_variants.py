@@ -4,7 +4,7 @@ counts) on the same inputs, in one process, rounds in alternating order.
 
     python3 tests/bench/ab_variants.py --lib dev=build-dev/src/libflashdecode.so.0 \
         --lib var1=build-var1/src/libflashdecode.so.0 [--shapes 1,3,5] [--dtypes float16] \
-        [--extra 64x32/8x4096x128] [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
+        [--extra 64x32/8x4096x128] [--kv-row 128] [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
 
 tests/tools/build-variant.sh builds a variant (a git ref, the working tree,
 extra CUDA flags) into ab/NAME/. Every library is loaded from its own path
@@ -35,6 +35,8 @@ def main():
     parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
     parser.add_argument("--extra", default="", help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, ...)")
     parser.add_argument("--page-size", type=int, default=cs.PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
+    parser.add_argument("--kv-row", type=int, default=0,
+                        help="dense K/V rows of this many elements, the first head_dim used (padded rows)")
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
     parser.add_argument("--rounds", type=int, default=3)
@@ -63,7 +65,9 @@ def main():
         dtype = getattr(torch, dtype_name)
         bound = cs.BOUNDS[dtype_name]
         for shape in shapes:
-            data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
+            if args.kv_row and (shape[6] != "dense" or args.kv_row < shape[5]):
+                sys.exit(f"--kv-row {args.kv_row}: for dense shapes with head_dim <= it, not {cs.shape_label(shape)}")
+            data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False, kv_row=args.kv_row or None)
             variants = [(name, fd, handle, 0) for name, fd, handle in libs]
             base_name, base_fd, base_handle = libs[0]
             variants += [(f"{base_name}/s{n}", base_fd, base_handle, n) for n in forced.get(shape[0], [])]

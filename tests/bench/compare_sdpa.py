@@ -271,7 +271,7 @@ def load_seed(path):
     return flash_decode_splitk
 
 
-def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True):
+def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True, kv_row=None):
     """The inputs of one shape, seeded by its id, as a dict: "qs", and K/V in
     "sets" sets whose total is at least min_rotation_bytes (consecutive calls
     read different memory); "fd_ks"/"fd_vs", what flashdecode reads (the page
@@ -279,7 +279,9 @@ def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True):
     caches the anchors read (dropped for a paged shape unless keep_dense),
     "lens" (ragged: per-sequence lengths, else None), "outs", and the float64
     references of set 0: "ref" for flashdecode (lengths applied), "ref_dense"
-    for the anchors (None unless keep_dense)."""
+    for the anchors (None unless keep_dense). kv_row (dense shapes): K/V rows
+    of that many elements, of which the first head_dim are used (a padded
+    cache: other row addresses, the same bytes read)."""
     sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
     elem = torch.finfo(dtype).bits // 8
     gen = torch.Generator(device="cuda")
@@ -296,8 +298,9 @@ def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True):
         data["fd_ks"], data["fd_vs"], data["table"], data["ks"], data["vs"] = make_paged(
             randn, gen, batch, kv_heads, kv_len, head_dim, sets, kind == "paged-hnd")
     else:
-        data["ks"] = data["fd_ks"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
-        data["vs"] = data["fd_vs"] = [randn(batch, kv_heads, kv_len, head_dim) for _ in range(sets)]
+        row = kv_row or head_dim
+        data["ks"] = data["fd_ks"] = [randn(batch, kv_heads, kv_len, row)[..., :head_dim] for _ in range(sets)]
+        data["vs"] = data["fd_vs"] = [randn(batch, kv_heads, kv_len, row)[..., :head_dim] for _ in range(sets)]
         if kind == "ragged":
             data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     q0, k0, v0 = data["qs"][0], data["ks"][0], data["vs"][0]
