@@ -263,10 +263,11 @@ struct TileLoader {
   // kPrefetchMaxPageSize tokens. With such pages every tile's entries are
   // new cache lines, and a lookup that misses to DRAM in front of a tile's
   // copies stalls the pipeline. On the H200 (32x32/8x2048x128, shuffled
-  // table) page size 1 ran 77.0 us against 66.4 dense, and 70.6 with the
-  // prefetch; page size 1 with pages in order 80.1, so the lookups, not the
-  // scattered reads, were the cost. Page size 8 (a line of entries serves 4
-  // tiles) lost 1% with the prefetch, 16 nothing.
+  // table; docs/performance-history.md, "Run 12") page size 1 ran 78.0 us
+  // against 65.5 dense, and 70.9 with the prefetch; with the pages in order
+  // it had run as slowly (80.1 against 64.8 in another call), so the
+  // lookups, not the scattered reads, were the cost. Page size 8 (a line of
+  // entries serves 4 tiles) lost 1% with the prefetch, 16 nothing.
   static constexpr int kPrefetchMaxPageSize = 4;
 
   __device__ __forceinline__ void prefetch_table(int64_t tile_begin, int64_t end) const {
