@@ -53,9 +53,15 @@ fi
 
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-cmake -S "$scratch/src" -B "$scratch/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DFLASHDECODE_CUDA_ARCHS="$archs" -DFLASHDECODE_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" >/dev/null
-cmake --build "$scratch/build" --target flashdecode --parallel >/dev/null
+# Quiet on success; on failure the build's last lines say why.
+log=$scratch/build.log
+if ! { cmake -S "$scratch/src" -B "$scratch/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+         -DFLASHDECODE_CUDA_ARCHS="$archs" -DFLASHDECODE_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" &&
+       cmake --build "$scratch/build" --target flashdecode --parallel; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "build-variant.sh: building $name failed" >&2
+  exit 1
+fi
 mkdir -p "$root/ab/$name"
 cp "$scratch/build/src/libflashdecode.so.0" "$root/ab/$name/"
 if [ "$ref" = "." ]; then
