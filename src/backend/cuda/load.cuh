@@ -28,6 +28,47 @@ __device__ inline void cp_async_chunk(void *smem, const void *gmem, bool valid) 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
 }
 
+// The K/V stream is read once per call: with FD_KV_EVICT_FIRST the
+// tensor-core kernel's copies carry an L2 evict-first policy, so they leave
+// alone the lines that are reused (block table, partials, q). On by default
+// from CUDA 13.4; -DFD_KV_EVICT_FIRST=0 or 1 overrides (1 only with a ptxas
+// of 13.4.59 or newer). Older ptxas drop the createpolicy and keep the
+// copies that read its register: an illegal instruction at run time (on
+// flashdecode's head_dim-64 kernels with 13.0 and 13.3.73; Triton met the
+// same, triton-lang/triton#11660 and #11848). Passing the policy in as a
+// kernel parameter did not avoid it. tests/tools/check_sass_descriptors.py
+// finds such kernels in a built library (CTest sass_descriptors).
+#ifndef FD_KV_EVICT_FIRST
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 13 || (__CUDACC_VER_MAJOR__ == 13 && __CUDACC_VER_MINOR__ >= 4))
+#define FD_KV_EVICT_FIRST 1
+#else
+#define FD_KV_EVICT_FIRST 0
+#endif
+#endif
+
+// The L2 policy for K/V copies (unused when FD_KV_EVICT_FIRST is 0).
+__device__ inline uint64_t kv_stream_policy() {
+  uint64_t policy = 0;
+#if FD_KV_EVICT_FIRST
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+// cp_async_chunk for K/V rows, under kv_stream_policy().
+__device__ inline void cp_async_kv_chunk(void *smem, const void *gmem, bool valid, uint64_t policy) {
+#if FD_KV_EVICT_FIRST
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? kChunkBytes : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+#else
+  (void)policy;
+  cp_async_chunk(smem, gmem, valid);
+#endif
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most `pending` of this thread's committed groups are in flight.

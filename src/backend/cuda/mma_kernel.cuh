@@ -26,9 +26,10 @@
 // On the H200 that beat three stages refilled one tile later (the same loads
 // in flight, half again the shared memory) on every shape but head_dim 256,
 // and three stages refilled the same way on most
-// (docs/performance-history.md, "Run 9"). An L2 evict-first policy on these
-// copies built, with nvcc 13.0, a kernel that stopped on an illegal
-// instruction on the H200: left out. Rows are XOR-swizzled in 16-byte
+// (docs/performance-history.md, "Run 9"). Built with CUDA 13.4 or newer,
+// the copies carry an L2 evict-first policy (FD_KV_EVICT_FIRST, load.cuh):
+// 0.1-0.9% faster on the H200 ("Run 13"); the CUDA-core kernel's copies do
+// not (0.5% slower with it, in noise). Rows are XOR-swizzled in 16-byte
 // chunks so that ldmatrix reads 8 rows without bank conflicts. Tokens at or
 // past the sequence's end are zero-filled without a read and masked to -inf.
 #pragma once
@@ -169,11 +170,13 @@ struct TileLoader {
   // stride, and a pass's step (kRowsPerPass tokens) in whole pages and slots.
   int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
   int32_t pass_pages, pass_slots;
+  uint64_t l2_policy;  // kv_stream_policy()
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
     first_row = threadIdx.x / Traits::kChunksPerRow;
     column_valid = column * (kChunkBytes / 2) < p.head_dim;
+    l2_policy = kv_stream_policy();
     int64_t k_offset = kv_head * p.k_strides[2];
     int64_t v_offset = kv_head * p.v_strides[2];
     table_row = nullptr;
@@ -208,8 +211,8 @@ struct TileLoader {
         const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
         const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
         // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
-        cp_async_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid);
-        cp_async_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid);
+        cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
+        cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
         k_src += k_step;
         v_src += v_step;
       }
@@ -251,8 +254,8 @@ struct TileLoader {
           k_src = k_base + static_cast<int64_t>(pages[i]) * k_page_bytes + slots[i] * k_slot_bytes;
           v_src = v_base + static_cast<int64_t>(pages[i]) * v_page_bytes + slots[i] * v_slot_bytes;
         }
-        cp_async_chunk(stage + offset, k_src, valid);
-        cp_async_chunk(v_stage + offset, v_src, valid);
+        cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
+        cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
       }
       if (p.page_size <= kPrefetchMaxPageSize) prefetch_table(tile_begin + 2 * Traits::kTileTokens, end);
     }
