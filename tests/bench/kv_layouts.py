@@ -4,7 +4,7 @@ layouts, to tell the memory system's response to row addresses from the
 kernel's work (run on the GPU machine, where PyTorch is):
 
     python3 tests/bench/kv_layouts.py --lib build/src/libflashdecode.so.0 \\
-        --extra 8x32/32x4096x96,8x32/32x4096x128 [--rows 104,112,128,192]
+        --extra 8x32/32x4096x96,8x32/32x4096x128 [--rows 104,112,128,192] [--head-gaps 8,64]
 
 For each dense shape (compare_sdpa.py's --extra syntax) the inputs are built
 once (KV sets rotated past L2, as in compare_sdpa.py) and copied into:
@@ -13,7 +13,9 @@ once (KV sets rotated past L2, as in compare_sdpa.py) and copied into:
   bshd       token-major, [batch, token, kv_head, d];
   rows of N  bhsd with rows of N elements, the first head_dim used (a padded
              cache: the same bytes read at other addresses; --rows, each
-             >= head_dim and a multiple of 8).
+             >= head_dim and a multiple of 8);
+  head gap G bhsd with G unused tokens after each head's rows (the heads
+             further apart, the rows as they are; --head-gaps).
 Each output is checked against the float64 reference, then timed under CUDA
 graph replay, 3 rounds of --replays; prints µs per round and GB/s over the
 K/V bytes.
@@ -35,7 +37,14 @@ def padded(t, row):
     return storage[..., :t.shape[-1]]
 
 
-def layouts(ks, vs, rows):
+def head_gapped(t, gap):
+    batch, heads, tokens, d = t.shape
+    storage = torch.empty((batch, heads, tokens + gap, d), device="cuda", dtype=t.dtype)
+    storage[:, :, :tokens].copy_(t)
+    return storage[:, :, :tokens]
+
+
+def layouts(ks, vs, rows, gaps):
     yield "bhsd", ks, vs
     pairs = [torch.empty((2,) + tuple(k.shape), device="cuda", dtype=k.dtype) for k in ks]
     for pair, k, v in zip(pairs, ks, vs):
@@ -49,6 +58,8 @@ def layouts(ks, vs, rows):
     for row in rows:
         if row >= ks[0].shape[-1]:
             yield f"rows of {row}", [padded(k, row) for k in ks], [padded(v, row) for v in vs]
+    for gap in gaps:
+        yield f"head gap {gap}", [head_gapped(k, gap) for k in ks], [head_gapped(v, gap) for v in vs]
 
 
 def main():
@@ -56,6 +67,7 @@ def main():
     parser.add_argument("--lib", required=True, help="path of libflashdecode.so.0")
     parser.add_argument("--extra", required=True, help="dense shapes, 'BxHq/HkvxNxD' comma-separated")
     parser.add_argument("--rows", default="", help="padded row lengths in elements, comma-separated")
+    parser.add_argument("--head-gaps", default="", help="unused tokens between heads, comma-separated")
     parser.add_argument("--dtype", default="float16", choices=sorted(cs.BOUNDS))
     parser.add_argument("--replays", type=int, default=40)
     parser.add_argument("--rotation-mib", type=int, default=1024)
@@ -63,6 +75,7 @@ def main():
     rows = [int(r) for r in filter(None, args.rows.split(","))]
     if any(r % 8 for r in rows):
         parser.error("--rows: multiples of 8 elements (16-byte rows)")
+    gaps = [int(g) for g in filter(None, args.head_gaps.split(","))]
 
     fd = cs.FlashDecode(os.path.abspath(args.lib))
     handle = fd.create_cuda_handle(0)
@@ -70,7 +83,7 @@ def main():
     for shape in cs.parse_extra_shapes(args.extra, parser):
         data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
         print(f"{cs.shape_label(shape)} {args.dtype}", flush=True)
-        for name, ks, vs in layouts(data["fd_ks"], data["fd_vs"], rows):
+        for name, ks, vs in layouts(data["fd_ks"], data["fd_vs"], rows, gaps):
             data["fd_ks"], data["fd_vs"] = ks, vs
             fd_args = cs.decode_args_per_set(fd, data, shape)
             workspace = ctypes.c_size_t()
@@ -90,11 +103,11 @@ def main():
             torch.cuda.synchronize()
             rel, _ = cs.rel_error(data["outs"][0], data["ref"])
             if not rel <= cs.BOUNDS[args.dtype]:
-                print(f"  {name:<14} CHECK FAILED (rel {rel:.1e})", flush=True)
+                print(f"  {name:<15} CHECK FAILED (rel {rel:.1e})", flush=True)
                 continue
             times = [cs.time_graph(run, args.replays)[0] * 1e6 for _ in range(3)]
             gbs = data["kv_set_bytes"] / (statistics.median(times) * 1e-6) / 1e9
-            print(f"  {name:<14} " + "/".join(f"{t:.1f}" for t in times) + f" us  {gbs:.0f} GB/s", flush=True)
+            print(f"  {name:<15} " + "/".join(f"{t:.1f}" for t in times) + f" us  {gbs:.0f} GB/s", flush=True)
             del ks, vs, fd_args
         del data
         torch.cuda.empty_cache()
