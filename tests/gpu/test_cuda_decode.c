@@ -271,10 +271,13 @@ static int make_matrix(fdt_case *cases, int quick) {
  * 64 tokens), with a fused merge (5: 4 rows x 16 splits) or the merge kernel
  * (6-8: larger units), a head_dim that is not a bucket (8: 96) and a length
  * that is not a multiple of the tile. Case 9 is a dense ragged batch with
- * automatic splits, which gets wide tiles on those GPUs too. Case 10 has
- * pages of 3 tokens, small enough for the loader's block table prefetch and
- * not a power of two (its division path). */
-enum { kTensorCoreCases = 11 };
+ * automatic splits, which gets wide tiles on those GPUs too. Cases 10-12
+ * have pages small enough for the loader's shared-memory ring of block table
+ * entries, over many tiles: 3 tokens (not a power of two: its division
+ * path), 1 token with 5 forced splits, and 2 tokens with 3 forced splits,
+ * whose splits start mid-page and mid-tile (a tile then spans one page
+ * more). */
+enum { kTensorCoreCases = 13 };
 
 static int make_tensor_core_cases(fdt_case *cases, int quick) {
   static const struct {
@@ -296,6 +299,8 @@ static int make_tensor_core_cases(fdt_case *cases, int quick) {
       {FD_DTYPE_BF16, 1, 16, 2, 96, 6000, 1000, 0, FDT_BHND, 0, 0, 0.0},
       {FD_DTYPE_F16, 6, 32, 8, 128, 7000, 900, 0, FDT_BHND, 1, 0, 0.0},
       {FD_DTYPE_BF16, 3, 32, 8, 128, 3000, 500, 3, FDT_PAGED_NHD, 1, 0, 0.0},
+      {FD_DTYPE_F16, 2, 32, 8, 128, 4000, 700, 1, FDT_PAGED_NHD, 0, 5, 0.0},
+      {FD_DTYPE_F16, 2, 16, 2, 64, 5001, 801, 2, FDT_PAGED_HND, 1, 3, 0.0},
   };
   for (int i = 0; i < kTensorCoreCases; ++i) {
     fdt_case *c = &cases[i];

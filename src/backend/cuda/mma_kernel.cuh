@@ -75,8 +75,15 @@ struct MmaTraits {
   static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
   static constexpr int kStages = 2;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // Paged caches with small pages: the block table entries of the tiles
+  // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
+  // spans at most kTileTokens + 1 pages), after the pipeline.
+  static constexpr int kTableSlots = 4;
+  static constexpr int kTableSlotEntries = kTileTokens + 4;
+  static constexpr int kTableBytes = kTableSlots * kTableSlotEntries * 4;
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
-  static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+  static constexpr int kSmemBytes =
+      kPipelineBytes + kTableBytes > kCombineBytes ? kPipelineBytes + kTableBytes : kCombineBytes;
   static constexpr int kSTiles = kWarpTokens / 8;    // n-tiles of S per warp
   static constexpr int kDSteps = Bucket / 16;        // k-steps of S
   static constexpr int kDWidth = Bucket / kDSplits;  // output columns per warp
@@ -93,6 +100,7 @@ struct MmaTraits {
   static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
   static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
+  static_assert(kTableSlots > kStages, "a slot is refilled only after its tile's copies were issued");
 };
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
@@ -154,7 +162,9 @@ struct Mma<__nv_bfloat16> {
 // row. A dense cache advances a pointer by a fixed stride. A paged one
 // finds its first row's page and slot once per tile (a shift when the page
 // size is a power of two, else one division) and steps both from pass to
-// pass without dividing; byte offsets within the pool are 32-bit products
+// pass without dividing; with pages of up to 8 tokens it reads the block
+// table entries from a shared-memory ring that the copies of the tile
+// kStages loads before filled (fetch_table). Byte offsets within the pool are 32-bit products
 // widened once (the host routes caches whose page or slot strides do not fit
 // in 31 bits to the CUDA-core kernel: paged_fits_32bit in cuda_backend.cu).
 template <class Traits>
@@ -163,6 +173,7 @@ struct TileLoader {
   const unsigned char *k_base;  // dense: this sequence and head; paged: this head; + this thread's column
   const unsigned char *v_base;
   const int32_t *table_row;     // paged: this sequence's block table row
+  int32_t *table_ring;          // paged, small pages: Traits::kTableSlots slots in shared memory
   int first_row;
   int column;
   bool column_valid;
@@ -172,7 +183,7 @@ struct TileLoader {
   int32_t pass_pages, pass_slots;
   uint64_t l2_policy;  // kv_stream_policy()
 
-  __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head) : p(params) {
+  __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
     first_row = threadIdx.x / Traits::kChunksPerRow;
     column_valid = column * (kChunkBytes / 2) < p.head_dim;
@@ -180,6 +191,7 @@ struct TileLoader {
     int64_t k_offset = kv_head * p.k_strides[2];
     int64_t v_offset = kv_head * p.v_strides[2];
     table_row = nullptr;
+    table_ring = p.block_table != nullptr && p.page_size <= kRingMaxPageSize ? ring : nullptr;
     if (p.block_table == nullptr) {
       k_offset += b * p.k_strides[0];
       v_offset += b * p.v_strides[0];
@@ -197,7 +209,9 @@ struct TileLoader {
     v_base = static_cast<const unsigned char *>(p.v) + v_offset * 2 + column * kChunkBytes;
   }
 
-  __device__ __forceinline__ void load(unsigned char *stage, int64_t tile_begin, int64_t end) const {
+  // Tile `tile` of a split that starts at token `begin`.
+  __device__ __forceinline__ void load(unsigned char *stage, int64_t begin, int64_t tile, int64_t end) const {
+    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
     unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowBytes;
     const int64_t first_token = tile_begin + first_row;
     const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
@@ -222,27 +236,23 @@ struct TileLoader {
       // (the copies' memory clobber keeps the compiler from hoisting loads
       // past them). Tokens are below INT32_MAX (validation).
       const int32_t token = static_cast<int32_t>(first_token);
-      int32_t page, slot;
-      if (p.page_shift >= 0) {
-        page = token >> p.page_shift;
-        slot = token & (p.page_size - 1);
-      } else {
-        page = token / p.page_size;
-        slot = token - page * p.page_size;
+      int32_t page = page_of(token);
+      int32_t slot = token - page * p.page_size;
+      // The tiles before kStages read the table; later ones the ring slot
+      // that the copies of tile - kStages filled (complete and visible: the
+      // main loop waited for that group and synchronised since).
+      const int32_t *ring_slot = nullptr;
+      int32_t ring_first_page = 0;
+      if (table_ring != nullptr && tile >= Traits::kStages) {
+        ring_slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
+        ring_first_page = page_of(static_cast<int32_t>(tile_begin));
       }
       int32_t pages[Traits::kPasses];
       int32_t slots[Traits::kPasses];
-#pragma unroll
-      for (int i = 0; i < Traits::kPasses; ++i) {
-        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        slots[i] = slot;
-        pages[i] = valid ? __ldg(table_row + page * table_stride) : 0;
-        page += pass_pages;
-        slot += pass_slots;
-        if (slot >= p.page_size) {
-          slot -= p.page_size;
-          ++page;
-        }
+      if (ring_slot != nullptr) {
+        step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return ring_slot[pg - ring_first_page]; });
+      } else {
+        step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return __ldg(table_row + pg * table_stride); });
       }
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
@@ -257,31 +267,61 @@ struct TileLoader {
         cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
         cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
       }
-      if (p.page_size <= kPrefetchMaxPageSize) prefetch_table(tile_begin + 2 * Traits::kTileTokens, end);
+      if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
     }
   }
 
-  // Pulls into L2 the block table entries of the tile that starts at
-  // `tile_begin` (two loads ahead), one entry a thread, for pages of up to
-  // kPrefetchMaxPageSize tokens. With such pages every tile's entries are
-  // new cache lines, and a lookup that misses to DRAM in front of a tile's
-  // copies stalls the pipeline. On the H200 (32x32/8x2048x128, shuffled
-  // table; docs/performance-history.md, "Run 12") page size 1 ran 78.0 us
-  // against 65.5 dense, and 70.9 with the prefetch; with the pages in order
-  // it had run as slowly (80.1 against 64.8 in another call), so the
-  // lookups, not the scattered reads, were the cost. Page size 8 (a line of
-  // entries serves 4 tiles) lost 1% with the prefetch, 16 nothing.
-  static constexpr int kPrefetchMaxPageSize = 4;
+  // This thread's rows of a tile, from the first one's page and slot: each
+  // row's slot, and its page through `lookup` (a block table entry), the
+  // lookups of all rows before any copy. One loop a lookup kind, so the
+  // table loads are not split by a branch.
+  template <class Lookup>
+  __device__ __forceinline__ void step_rows(int32_t page, int32_t slot, int32_t (&pages)[Traits::kPasses],
+                                            int32_t (&slots)[Traits::kPasses], int64_t remaining,
+                                            Lookup lookup) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kPasses; ++i) {
+      const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+      slots[i] = slot;
+      pages[i] = valid ? lookup(page) : 0;
+      page += pass_pages;
+      slot += pass_slots;
+      if (slot >= p.page_size) {
+        slot -= p.page_size;
+        ++page;
+      }
+    }
+  }
 
-  __device__ __forceinline__ void prefetch_table(int64_t tile_begin, int64_t end) const {
+  // A token's page within its sequence: a shift when the page size is a
+  // power of two, else a division.
+  __device__ __forceinline__ int32_t page_of(int32_t token) const {
+    return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
+  }
+
+  // Copies into ring slot tile % kTableSlots the block table entries of
+  // tile `tile` (kStages loads ahead), one entry a thread, in this load's
+  // commit group, for pages of up to kRingMaxPageSize tokens. With small
+  // pages a tile's entries are new cache lines, and a lookup from global
+  // memory in front of its copies stalls the pipeline; from the ring it is
+  // a shared-memory read. On the H200 (32x32/8x2048x128, shuffled table,
+  // fp16; docs/performance-history.md, "Run 13") page size 1 ran 69.5 us
+  // with entries read from the table (after an L2 prefetch of them) and
+  // 67.6 with the ring, page size 4 73.0 -> 68.8, page size 8 67.9 ->
+  // 67.4; page size 16 was 0.3 us slower with it and 64 0.9, hence the
+  // gate.
+  static constexpr int kRingMaxPageSize = 8;
+
+  __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
+    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
     if (tile_begin >= end) return;
-    const int32_t first = static_cast<int32_t>(tile_begin);
-    const int32_t last = static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1);
-    const int32_t first_page = p.page_shift >= 0 ? first >> p.page_shift : first / p.page_size;
-    const int32_t last_page = p.page_shift >= 0 ? last >> p.page_shift : last / p.page_size;
-    const int32_t page = first_page + static_cast<int32_t>(threadIdx.x);
-    if (page <= last_page) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(table_row + static_cast<int64_t>(page) * table_stride));
+    const int32_t first_page = page_of(static_cast<int32_t>(tile_begin));
+    const int32_t last_page = page_of(static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
+    int32_t *slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
+    for (int i = threadIdx.x; i <= last_page - first_page; i += Traits::kThreads) {
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
+      const int32_t *src = table_row + static_cast<int64_t>(first_page + i) * table_stride;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
     }
   }
 };
@@ -429,13 +469,13 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     }
     const int64_t begin = min(len, split * p.split_tokens);
     const int64_t end = min(len, begin + p.split_tokens);
-    const TileLoader<Traits> loader(p, b, kv_head);
+    const TileLoader<Traits> loader(p, b, kv_head, reinterpret_cast<int32_t *>(smem + Traits::kPipelineBytes));
 
     // Start the first tiles before anything else: the query is small.
     const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;  // 0 when empty
 #pragma unroll
     for (int s = 0; s < Traits::kStages - 1; ++s) {
-      if (s < tiles) loader.load(smem + s * Traits::kStageBytes, begin + s * Traits::kTileTokens, end);
+      if (s < tiles) loader.load(smem + s * Traits::kStageBytes, begin, s, end);
       cp_async_commit();  // empty groups too: the waits below count groups
     }
 
@@ -464,7 +504,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     __syncthreads();  // every warp has its query fragments: the last stage takes a tile
     if (Traits::kStages - 1 < tiles) {
       const int last = Traits::kStages - 1;
-      loader.load(smem + last * Traits::kStageBytes, begin + last * Traits::kTileTokens, end);
+      loader.load(smem + last * Traits::kStageBytes, begin, last, end);
     }
     cp_async_commit();
 
@@ -486,7 +526,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       }
       __syncthreads();  // everyone is done with this stage: it takes tile + kStages
       if (tile + Traits::kStages < tiles) {
-        loader.load(smem + stage * Traits::kStageBytes, begin + (tile + Traits::kStages) * Traits::kTileTokens, end);
+        loader.load(smem + stage * Traits::kStageBytes, begin, tile + Traits::kStages, end);
       }
       cp_async_commit();
       stage = stage + 1 == Traits::kStages ? 0 : stage + 1;
