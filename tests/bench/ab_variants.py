@@ -77,18 +77,8 @@ def main():
                 for a in fd_args:
                     a.num_splits = splits
 
-                # Reserved before any capture: a handle shared by forced-split
-                # variants keeps the largest workspace any of them needs.
-                workspace = ctypes.c_size_t()
-                fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
-                         "fd_workspace_size")
-                fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
-
-                def run(fd=fd, handle=handle, fd_args=fd_args):
-                    stream = torch.cuda.current_stream().cuda_stream
-                    for a in fd_args:
-                        fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
-                    return len(fd_args)
+                # A handle shared by forced-split variants keeps the largest workspace.
+                run = cs.flashdecode_calls(fd, handle, fd_args)
 
                 for out in data["outs"]:
                     out.fill_(float("nan"))

@@ -321,6 +321,24 @@ def decode_args_per_set(fd, data, shape):
             for i in range(data["sets"])]
 
 
+def flashdecode_calls(fd, handle, fd_args):
+    """Reserves the handle's workspace for fd_args now (before any graph
+    capture; a reservation only grows, so a handle shared by several
+    argument lists keeps the largest) and returns a function that decodes
+    every set on the current stream and returns how many it did."""
+    workspace = ctypes.c_size_t()
+    fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)), "fd_workspace_size")
+    fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
+
+    def calls():
+        stream = torch.cuda.current_stream().cuda_stream
+        for a in fd_args:
+            fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
+        return len(fd_args)
+
+    return calls
+
+
 def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, seed):
     sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
     group = q_heads // kv_heads
@@ -332,18 +350,8 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     real_tokens = int(lens.sum().item()) if lens is not None else batch * kv_len
     moved = 2 * kv_heads * head_dim * elem * real_tokens + 2 * batch * q_heads * head_dim * elem
     ref_dense, ref_fd = data["ref_dense"], data["ref"]
-    fd_args = decode_args_per_set(fd, data, shape)
-    workspace = ctypes.c_size_t()
-    fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)), "fd_workspace_size")
-    fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
-
-    def flashdecode_calls():
-        stream = torch.cuda.current_stream().cuda_stream
-        for a in fd_args:
-            fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
-        return sets
-
-    implementations = [("flashdecode", flashdecode_calls, lambda: outs[0], ref_fd)]
+    implementations = [("flashdecode", flashdecode_calls(fd, handle, decode_args_per_set(fd, data, shape)),
+                        lambda: outs[0], ref_fd)]
     for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         holder = {}
 
@@ -407,7 +415,7 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     for row, _ in timed:
         row["us"] = statistics.median(row["us_rounds"])
         row["gbps"] = moved / row["us"] * 1e-3
-    del data, qs, ks, vs, outs, seed_kv, fd_args
+    del data, qs, ks, vs, outs, seed_kv, implementations
     torch.cuda.empty_cache()
     return results
 

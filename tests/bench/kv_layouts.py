@@ -21,7 +21,6 @@ graph replay, 3 rounds of --replays; prints µs per round and GB/s over the
 K/V bytes.
 """
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -86,16 +85,7 @@ def main():
         for name, ks, vs in layouts(data["fd_ks"], data["fd_vs"], rows, gaps):
             data["fd_ks"], data["fd_vs"] = ks, vs
             fd_args = cs.decode_args_per_set(fd, data, shape)
-            workspace = ctypes.c_size_t()
-            fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
-                     "fd_workspace_size")
-            fd.check(fd.lib.fd_reserve_workspace(handle, workspace.value), "fd_reserve_workspace")
-
-            def run(fd_args=fd_args):
-                stream = torch.cuda.current_stream().cuda_stream
-                for a in fd_args:
-                    fd.check(fd.lib.fd_decode(handle, ctypes.byref(a), ctypes.c_void_p(stream)), "fd_decode")
-                return len(fd_args)
+            run = cs.flashdecode_calls(fd, handle, fd_args)
 
             for out in data["outs"]:
                 out.fill_(float("nan"))
