@@ -339,6 +339,17 @@ def flashdecode_calls(fd, handle, fd_args):
     return calls
 
 
+def first_set_error(calls, data):
+    """Poisons every output of make_inputs() data, runs `calls` once and
+    returns the relative error of set 0's output against data["ref"] (NaN
+    when an element was not written)."""
+    for out in data["outs"]:
+        out.fill_(float("nan"))
+    calls()
+    torch.cuda.synchronize()
+    return rel_error(data["outs"][0], data["ref"])[0]
+
+
 def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, seed):
     sid, batch, q_heads, kv_heads, kv_len, head_dim, kind = shape
     group = q_heads // kv_heads
