@@ -16,6 +16,13 @@ on PATH), so it needs no GPU.
 A register counts as written when an instruction names it as its destination
 (a uniform instruction's first operand, or R2UR's); a 64-bit form (.64)
 writes the pair.
+
+Passing is necessary, not sufficient: ptxas 13.0 also points the copies of
+the other 20 kernels at registers that unrelated code writes (in the
+head_dim-128 kernels, a division's result), which this check cannot tell
+from a policy. A correct build (13.4.59, 13.5.37) materialises the policy
+in the descriptor register (a UMOV of 0x120, shifted) before the copies.
+So builds with an older ptxas keep the hint off whatever this check says.
 """
 import argparse
 import re
