@@ -35,6 +35,8 @@ def main():
     parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
     parser.add_argument("--extra", default="", help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, ...)")
     parser.add_argument("--page-size", type=int, default=cs.PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
+    parser.add_argument("--page-order", choices=cs.PAGE_ORDERS, default=cs.PAGE_ORDER,
+                        help="block table of the paged shapes: shuffled pages, or in order")
     parser.add_argument("--kv-row", type=int, default=0,
                         help="dense K/V rows of this many elements, the first head_dim used (padded rows)")
     parser.add_argument("--dtypes", default="float16")
@@ -44,6 +46,7 @@ def main():
     parser.add_argument("--rotation-mib", type=int, default=1024)
     args = parser.parse_args()
     cs.set_page_size(args.page_size, parser)
+    cs.set_page_order(args.page_order)
 
     libs = []
     for spec in args.lib:

@@ -93,15 +93,17 @@ def fd_tensor(t, order):
 
 
 def make_paged(randn, gen, batch, kv_heads, kv_len, head_dim, sets, head_major):
-    """Page pools of PAGE_SIZE tokens for `sets` KV sets, one shuffled block
-    table, and the dense [B, Hkv, N, D] caches they hold (for the anchors and
-    the reference). Pools are token-major [pages, PAGE_SIZE, Hkv, D] (NHD,
-    vLLM's layout) or head-major [pages, Hkv, PAGE_SIZE, D] (HND)."""
+    """Page pools of PAGE_SIZE tokens for `sets` KV sets, one block table
+    (shuffled, or in order with --page-order in-order), and the dense
+    [B, Hkv, N, D] caches they hold (for the anchors and the reference).
+    Pools are token-major [pages, PAGE_SIZE, Hkv, D] (NHD, vLLM's layout) or
+    head-major [pages, Hkv, PAGE_SIZE, D] (HND)."""
     pages = batch * kv_len // PAGE_SIZE
     size = (pages, kv_heads, PAGE_SIZE, head_dim) if head_major else (pages, PAGE_SIZE, kv_heads, head_dim)
     pools_k = [randn(*size) for _ in range(sets)]
     pools_v = [randn(*size) for _ in range(sets)]
-    perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+    perm = (torch.randperm(pages, device="cuda", generator=gen) if PAGE_ORDER == "shuffled"
+            else torch.arange(pages, device="cuda")).to(torch.int32)
     table = perm.reshape(batch, kv_len // PAGE_SIZE).contiguous()
 
     def dense(pool):  # [B, Hkv, N, D] gathered through the block table
@@ -206,6 +208,10 @@ SHAPES = [
     (11, 32, 32, 8, 2048, 128, "paged-hnd"),
 ]
 PAGE_SIZE = 16  # tokens a page of shapes 10 and 11 (issue 4); --page-size sets another
+# How the block table orders the pages: "shuffled" (issue 4) or "in-order"
+# (the pool is then the dense cache, token-major: what the lookups alone cost).
+PAGE_ORDER = "shuffled"
+PAGE_ORDERS = ("shuffled", "in-order")
 
 
 def set_page_size(tokens, parser):
@@ -215,6 +221,12 @@ def set_page_size(tokens, parser):
     if tokens < 1 or 2048 % tokens != 0:
         parser.error(f"--page-size {tokens}: it must divide the paged shapes' 2048 tokens")
     PAGE_SIZE = tokens
+
+
+def set_page_order(order):
+    """--page-order: shuffled or in-order block tables for the paged shapes."""
+    global PAGE_ORDER
+    PAGE_ORDER = order
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
@@ -236,7 +248,9 @@ def parse_extra_shapes(spec, parser):
 
 def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
-    extra = {"ragged": " ragged", "paged": f" paged{PAGE_SIZE}", "paged-hnd": f" paged{PAGE_SIZE} HND"}.get(kind, "")
+    order = "" if PAGE_ORDER == "shuffled" else f" {PAGE_ORDER}"
+    extra = {"ragged": " ragged", "paged": f" paged{PAGE_SIZE}{order}",
+             "paged-hnd": f" paged{PAGE_SIZE} HND{order}"}.get(kind, "")
     return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
 
 
@@ -530,6 +544,8 @@ def main():
                         help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, 102, ...; "
                              "'--shapes \"\"' runs only these)")
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
+    parser.add_argument("--page-order", choices=PAGE_ORDERS, default=PAGE_ORDER,
+                        help="block table of the paged shapes: shuffled pages, or in order")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
@@ -539,6 +555,7 @@ def main():
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
     set_page_size(args.page_size, parser)
+    set_page_order(args.page_order)
     wanted = {int(x) for x in args.shapes.split(",") if x}
     shapes = [s for s in SHAPES if s[0] in wanted] + parse_extra_shapes(args.extra, parser)
     if args.from_json:
