@@ -227,6 +227,8 @@ def set_page_order(order):
     """--page-order: shuffled or in-order block tables for the paged shapes."""
     global PAGE_ORDER
     PAGE_ORDER = order
+
+
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
