@@ -461,16 +461,20 @@ static void test_graph_replay(void **state) {
   close_case(&t);
 }
 
-/* ---- the two merge paths and the workspace's counters ------------------------ */
-/* With several splits, the last CTA of each (sequence, KV head, chunk) merges
- * the splits itself when their partials fit its shared memory, counting
+/* ---- the merge paths and the workspace's counters ---------------------------- */
+/* With several splits, on sm_90+ the tensor-core kernel's 2-8 splits of a
+ * unit (sequence, KV head, chunk) run as one cluster and merge through
+ * distributed shared memory, when the clusters fit on the device in as few
+ * waves as the CTAs alone. Otherwise the last CTA of each unit merges the
+ * splits itself when their partials fit its shared memory, counting
  * finished CTAs in counters at the start of the workspace that every launch
  * leaves at zero; larger merges run the merge kernel. Here, on a
  * caller-provided workspace filled with garbage before fd_set_workspace
- * (which must clear the counters): fused merges on both split kernels (odd
- * row and split counts, more splits than a warp has lanes, empty trailing
- * splits), a merge-kernel case, and the first case again after the others
- * wrote their partials, each against the reference. */
+ * (which must clear the counters): cluster merges (8 splits, 2 splits,
+ * empty trailing splits), fused merges on both split kernels (odd row and
+ * split counts, more splits than a warp has lanes, empty trailing splits),
+ * a merge-kernel case, and the first case again after the others wrote
+ * their partials, each against the reference. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
   static const struct {
@@ -479,7 +483,11 @@ static void test_merge_paths_on_caller_workspace(void **state) {
     int64_t batch, q_heads, kv_heads, head_dim, kv_len;
     int32_t splits;
   } spec[] = {
-      {"fused, tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128, 3000, 8},
+      {"cluster (sm_90+; else fused), tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
+       3000, 8},
+      {"cluster (sm_90+; else fused), 8 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
+       300, 8},
+      {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2},
       {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64},
       {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16},
       {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16},

@@ -50,6 +50,12 @@ constexpr int64_t kMergeOverheadTokens = 128;
 #endif
 constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 
+// The cluster merge (cluster_merge_fits below); 0 at build time turns it off
+// for A/B measurements.
+#ifndef FD_CLUSTER_MERGE
+#define FD_CLUSTER_MERGE 1
+#endif
+
 // Whether the tensor-core kernel can run a problem (choose_split_kernel, in
 // the backend below, decides with it). It takes 16-bit inputs with a 16-bit
 // output: P is rounded to 16 bits before P V, which a float output's 1e-5
@@ -295,7 +301,8 @@ class CudaBackend final : public Backend {
     const bool fused_merge = plan.num_splits > 1 && units <= cuda::kMergeCounterSlots &&
                              unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
                              cuda::fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
-    if (fused_merge) s.merge_counters = reinterpret_cast<unsigned *>(base);
+    s.cluster_merge = cluster_merge_fits(p, kernel, plan.num_splits, units * plan.num_splits);
+    if (fused_merge && !s.cluster_merge) s.merge_counters = reinterpret_cast<unsigned *>(base);
     s.out = p.out.data;
     s.out_batch_stride = p.out.strides[0];
     s.out_head_stride = p.out.strides[2];
@@ -322,7 +329,8 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, plan.num_splits > 1 && !fused_merge ? &merge : nullptr,
+    const bool merge_kernel = plan.num_splits > 1 && !fused_merge && !s.cluster_merge;
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, merge_kernel ? &merge : nullptr,
                                    kernel, programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
@@ -338,6 +346,24 @@ class CudaBackend final : public Backend {
     kernel.mma = (tag & 1) != 0;
     kernel.wide = (tag & 2) != 0;
     return kernel;
+  }
+
+  // Whether the splits of each unit can merge as one thread-block cluster
+  // (SplitParams::cluster_merge): tensor-core kernel, 2..kMaxClusterSplits
+  // splits, every sequence as long as the cache (a cluster holds its
+  // multiprocessors until its longest split is done: with per-sequence
+  // lengths, the empty and short splits would wait there), and the grid of
+  // `ctas` needs no more waves in clusters than without them (a cluster's
+  // CTAs share one GPC, which can leave multiprocessors idle).
+  bool cluster_merge_fits(const Problem &p, cuda::SplitKernelChoice kernel, int splits, int64_t ctas) const {
+    if (!FD_CLUSTER_MERGE || !kernel.mma || p.has_seq_lens) return false;
+    if (splits < 2 || splits > cuda::kMaxClusterSplits) return false;
+    const int bucket = cuda::bucket_index(kernel_shape(p, kernel).head_dim_bucket);
+    const int clusters = kernel.wide ? occupancy_.wide_clusters[p.dtype - 1][bucket][splits]
+                                     : occupancy_.mma_clusters[p.dtype - 1][bucket][splits];
+    if (clusters == 0) return false;
+    const int64_t slots = static_cast<int64_t>(sm_count_) * resident_ctas(p, kernel);
+    return ceil_div(ctas, static_cast<int64_t>(clusters) * splits) <= ceil_div(ctas, slots);
   }
 
   int resident_ctas(const Problem &p, cuda::SplitKernelChoice kernel) const {

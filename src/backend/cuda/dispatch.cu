@@ -2,8 +2,9 @@
 // storage dtype, the head-dim bucket and the tile shape pick the split
 // kernel, the output dtype picks the merge kernel. Every kernel
 // instantiation of the library is here: 3 dtypes x 3 buckets CUDA-core split
-// kernels, 2 dtypes x 3 buckets x 2 tile shapes tensor-core split kernels and
-// 3 merge kernels.
+// kernels, 2 dtypes x 3 buckets x 2 tile shapes x 2 merges (fused or
+// through the workspace; in clusters) tensor-core split kernels and 3 merge
+// kernels.
 #include "backend/cuda/launch.h"
 #include "backend/cuda/merge_kernel.cuh"
 #include "backend/cuda/mma_kernel.cuh"
@@ -21,10 +22,10 @@ struct SplitKernel {
 };
 
 // A tensor-core split kernel as a value.
-template <class T, int kBucket, bool kWide>
+template <class T, int kBucket, bool kWide, bool kCluster>
 struct MmaKernel {
   using Traits = MmaTraits<kBucket, kWide>;
-  static constexpr auto function = mma_split_kernel<T, kBucket, kWide>;
+  static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster>;
 };
 
 int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
@@ -48,21 +49,27 @@ auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
   }
 }
 
+template <class T, int kBucket, class Body>
+auto with_mma_tiles(bool wide, bool cluster, Body &&body) {
+  if (wide) return cluster ? body(MmaKernel<T, kBucket, true, true>{}) : body(MmaKernel<T, kBucket, true, false>{});
+  return cluster ? body(MmaKernel<T, kBucket, false, true>{}) : body(MmaKernel<T, kBucket, false, false>{});
+}
+
 template <class T, class Body>
-auto with_mma_bucket(int bucket, bool wide, Body &&body) {
+auto with_mma_bucket(int bucket, bool wide, bool cluster, Body &&body) {
   switch (bucket) {
-    case 64: return wide ? body(MmaKernel<T, 64, true>{}) : body(MmaKernel<T, 64, false>{});
-    case 128: return wide ? body(MmaKernel<T, 128, true>{}) : body(MmaKernel<T, 128, false>{});
-    default: return wide ? body(MmaKernel<T, 256, true>{}) : body(MmaKernel<T, 256, false>{});
+    case 64: return with_mma_tiles<T, 64>(wide, cluster, body);
+    case 128: return with_mma_tiles<T, 128>(wide, cluster, body);
+    default: return with_mma_tiles<T, 256>(wide, cluster, body);
   }
 }
 
-// Calls body(MmaKernel<T, bucket, wide>{}) for the storage type of dtype (f16
-// or bf16).
+// Calls body(MmaKernel<T, bucket, wide, cluster>{}) for the storage type of
+// dtype (f16 or bf16).
 template <class Body>
-auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, Body &&body) {
-  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, wide, body);
-  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, wide, body);
+auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, bool cluster, Body &&body) {
+  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, wide, cluster, body);
+  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, wide, cluster, body);
 }
 
 // Programmatic stream serialization (sm_90+, see launch_decode): the kernel
@@ -75,6 +82,16 @@ void allow_programmatic_launch(cudaLaunchConfig_t &config, cudaLaunchAttribute &
   config.numAttrs = 1;
 }
 
+// Clusters of `size` CTAs along x (the cluster merge: a unit's splits).
+cudaLaunchAttribute cluster_attribute(int size) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(size);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 template <class Kernel>
 cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream_t stream) {
   using Traits = typename Kernel::Traits;
@@ -85,8 +102,13 @@ cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute;
-  if (programmatic) allow_programmatic_launch(config, attribute);
+  cudaLaunchAttribute attributes[2];
+  if (programmatic) allow_programmatic_launch(config, attributes[0]);
+  if (split.cluster_merge) {
+    attributes[config.numAttrs] = cluster_attribute(split.num_splits);
+    config.attrs = attributes;
+    ++config.numAttrs;
+  }
   return cudaLaunchKernelEx(&config, Kernel::function, split);
 }
 
@@ -106,6 +128,33 @@ cudaError_t prepare(int &ctas_per_sm) {
                                                       Traits::kSmemBytes);
   }
   return e;
+}
+
+// Prepares a cluster-merge split kernel (see prepare) and counts the
+// clusters of 2..kMaxClusterSplits of its CTAs the device holds at once
+// ([n]; left 0 where cluster launch is unavailable: before sm_90, or a
+// kernel image built for an older architecture).
+template <class Kernel>
+cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
+  using Traits = typename Kernel::Traits;
+  cudaFuncAttributes attributes;
+  int ctas_per_sm = 0;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, Kernel::function);
+  if (err != cudaSuccess || attributes.binaryVersion < 90) return err;
+  err = prepare<Kernel>(ctas_per_sm);
+  if (err != cudaSuccess) return err;
+  for (int size = 2; size <= kMaxClusterSplits; ++size) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(size));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    cudaLaunchAttribute attribute = cluster_attribute(size);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    err = cudaOccupancyMaxActiveClusters(&clusters[size], Kernel::function, &config);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 template <class OutT>
@@ -151,7 +200,7 @@ SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
 }
 
 SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide) {
-  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide,
+  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide, false,
                          [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
@@ -164,9 +213,10 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__half>);
   if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>);
   if (merge_err != cudaSuccess) return merge_err;
-  int device = 0, smem_optin = 0;
+  int device = 0, smem_optin = 0, cluster_launch = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
   if (err != cudaSuccess) return err;
   *occupancy = KernelOccupancy{};
   for (int d = 0; d < 3; ++d) {
@@ -174,8 +224,13 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
       err = with_split_kernel(kDtypes[d], kBuckets[b],
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->cuda_core[d][b]); });
       if (err == cudaSuccess && d > 0) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b], false,
+        err = with_mma_kernel(kDtypes[d], kBuckets[b], false, false,
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->mma[d - 1][b]); });
+      }
+      if (err == cudaSuccess && d > 0 && cluster_launch) {
+        err = with_mma_kernel(kDtypes[d], kBuckets[b], false, true, [&](auto kernel) {
+          return prepare_clusters<decltype(kernel)>(occupancy->mma_clusters[d - 1][b]);
+        });
       }
       // Wide tiles on GPUs that give a block 200+ KiB of shared memory
       // (sm_90 and sm_100: 227 KiB), where they were measured; 0 = none.
@@ -183,8 +238,13 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
       // timed them against the standard tiles.
       if (err == cudaSuccess && d > 0 && smem_optin >= kWideTilesMinSmemOptin &&
           mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b], true,
+        err = with_mma_kernel(kDtypes[d], kBuckets[b], true, false,
                               [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->wide[d - 1][b]); });
+        if (err == cudaSuccess && cluster_launch) {
+          err = with_mma_kernel(kDtypes[d], kBuckets[b], true, true, [&](auto kernel) {
+            return prepare_clusters<decltype(kernel)>(occupancy->wide_clusters[d - 1][b]);
+          });
+        }
       }
       if (err != cudaSuccess) return err;
     }
@@ -223,7 +283,7 @@ cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams 
   const int bucket = head_dim_bucket(split.head_dim);
   cudaError_t err =
       kernel.mma && dtype != FD_DTYPE_F32
-          ? with_mma_kernel(dtype, bucket, kernel.wide,
+          ? with_mma_kernel(dtype, bucket, kernel.wide, split.cluster_merge,
                             [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); })
           : with_split_kernel(dtype, bucket,
                               [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); });

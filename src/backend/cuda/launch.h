@@ -63,6 +63,13 @@ struct SplitParams {
   // Final results (num_splits == 1): out [batch, q_heads, head_dim] in the
   // storage type of q, or float when out_f32; lse optional.
   bool write_output = false;
+  // With num_splits > 1: the splits of a (sequence, KV head, chunk) are one
+  // thread-block cluster (sm_90+, tensor-core kernel, num_splits <=
+  // kMaxClusterSplits) and merge through distributed shared memory
+  // (merge_kernel.cuh, merge_in_cluster); m, l, acc and merge_counters are
+  // unused. Here, in the padding before out: the struct keeps its size and
+  // the other kernels their parameter offsets.
+  bool cluster_merge = false;
   void *out = nullptr;
   int64_t out_batch_stride = 0, out_head_stride = 0;
   bool out_f32 = false;
@@ -100,6 +107,8 @@ constexpr int kMinHeadDim = 16;
 constexpr int kMaxHeadDim = 256;
 constexpr int kHeadDimMultiple = 8;
 constexpr int kMaxMergeSplits = FD_MAX_SPLITS;
+// The largest cluster the cluster merge uses (the portable cluster size).
+constexpr int kMaxClusterSplits = 8;
 
 // Query-head slots of one CTA of the tensor-core split kernel (mma_kernel.cuh).
 constexpr int kMmaHeads = 16;
@@ -141,10 +150,14 @@ struct SplitKernelChoice {
 // CTAs of each split kernel one multiprocessor holds on the current device:
 // CUDA-core [dtype][bucket index 0..2], tensor-core [dtype - 1 (f16, bf16)]
 // [bucket index], and wide tensor-core tiles likewise (0: not available).
+// mma_clusters / wide_clusters: clusters of n CTAs ([n], 2..kMaxClusterSplits)
+// the device holds at once (0: no cluster launch, e.g. before sm_90).
 struct KernelOccupancy {
   int cuda_core[3][3] = {};
   int mma[2][3] = {};
   int wide[2][3] = {};
+  int mma_clusters[2][3][kMaxClusterSplits + 1] = {};
+  int wide_clusters[2][3][kMaxClusterSplits + 1] = {};
 };
 
 // On the current device: loads every kernel, raises the shared-memory limit

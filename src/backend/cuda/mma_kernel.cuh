@@ -18,7 +18,9 @@
 // groups' states are merged in group order in shared memory (deterministic),
 // and the result goes to out/lse (one split) or to the workspace as a partial
 // state, exactly as split_kernel does; with a fused merge, the last CTA of a
-// (sequence, KV head, chunk) merges its splits (merge_kernel.cuh).
+// (sequence, KV head, chunk) merges its splits, and with the cluster merge
+// (kCluster) the unit's splits merge from each other's shared memory
+// (merge_kernel.cuh).
 //
 // K/V tiles move with 16-byte cp.async (.cg: past L1) into a two-stage
 // pipeline. A stage is refilled right after the CTA is done with it (a
@@ -82,6 +84,9 @@ struct MmaTraits {
   static constexpr int kTableSlotEntries = kTileTokens + 4;
   static constexpr int kTableBytes = kTableSlots * kTableSlotEntries * 4;
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
+  // The cluster merge's state (ClusterPartial) follows the combine area.
+  static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
+  static constexpr int kClusterPartialBytes = ClusterPartial<kHeads, Bucket>::kFloats * 4;
   static constexpr int kSmemBytes =
       kPipelineBytes + kTableBytes > kCombineBytes ? kPipelineBytes + kTableBytes : kCombineBytes;
   static constexpr int kSTiles = kWarpTokens / 8;    // n-tiles of S per warp
@@ -96,6 +101,7 @@ struct MmaTraits {
   // moved ptxas's spill between 0 and 32 bytes: read -Xptxas -v after each).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
+  static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
@@ -437,7 +443,11 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   }
 }
 
-template <class T, int kBucket, bool kWide>
+// kCluster: launched in clusters of a unit's splits, which merge through
+// distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
+// A template parameter rather than a runtime flag: the flag's branches cost
+// the other launches 0.3-0.4 us on the H200.
+template <class T, int kBucket, bool kWide, bool kCluster>
 __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits<kBucket, kWide>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<kBucket, kWide>;
@@ -455,9 +465,12 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
   const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
   const int quad_lane = lane & 3;
 
-  const int chunk = blockIdx.x % p.head_chunks;
-  const int kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
-  const int split = blockIdx.x / (p.head_chunks * p.kv_heads);
+  // CTAs are numbered chunk-fastest, then KV head, then split; with the
+  // cluster merge split-fastest, a unit's splits forming one cluster.
+  const unsigned unit_cta = kCluster ? blockIdx.x / p.num_splits : blockIdx.x;
+  const int chunk = unit_cta % p.head_chunks;
+  const int kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
+  const int split = kCluster ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
   const int first_head = chunk * p.heads_per_chunk;  // within the group
   const int heads_here = min(p.heads_per_chunk, p.group_size - first_head);
   unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
@@ -592,6 +605,7 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
 
     // Merge the token groups' accumulators in group order, one (real head,
     // element) per thread.
+    float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
     for (int i = threadIdx.x; i < heads_here * kBucket; i += Traits::kThreads) {
       const int row = i / kBucket;
       const int d = i % kBucket;
@@ -615,6 +629,13 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
         if (p.lse != nullptr && d == 0) {
           p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(m_max, l_sum);
         }
+      } else if (kCluster) {
+        using Partial = ClusterPartial<Traits::kHeads, kBucket>;
+        Partial::acc(cluster_partial, row, d) = acc;
+        if (d == 0) {
+          Partial::m(cluster_partial, row) = m_max;
+          Partial::l(cluster_partial, row) = l_sum;
+        }
       } else {
         const int64_t index = (b * p.q_heads + q_head) * p.num_splits + split;
         p.acc[index * p.head_dim + d] = acc;
@@ -625,7 +646,12 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       }
     }
     FD_TIMELINE_MARK(timeline, 4);
-    if (fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) FD_TIMELINE_MERGED(timeline);
+    if constexpr (kCluster) {
+      merge_in_cluster<T, Traits::kThreads, Traits::kHeads, kBucket>(p, b, kv_head * p.group_size + first_head,
+                                                                     heads_here, cluster_partial);
+    } else if (fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
+      FD_TIMELINE_MERGED(timeline);
+    }
     __syncthreads();  // shared memory is reused by the next sequence
   }
   FD_TIMELINE_END(timeline, "mma", p.q);
