@@ -132,18 +132,19 @@ cudaError_t prepare(int &ctas_per_sm) {
 
 // Prepares a cluster-merge split kernel (see prepare) and counts the
 // clusters of 2..kMaxClusterSplits of its CTAs the device holds at once
-// ([n]; left 0 where cluster launch is unavailable: before sm_90, or a
-// kernel image built for an older architecture).
+// ([n]). Left all 0 where cluster launch is unavailable (before sm_90, a
+// kernel image built for an older architecture) or any of this fails: the
+// cluster merge is an optimisation, and the other merges cover every
+// problem, so this never fails the handle.
 template <class Kernel>
 cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
   using Traits = typename Kernel::Traits;
   cudaFuncAttributes attributes;
   int ctas_per_sm = 0;
   cudaError_t err = cudaFuncGetAttributes(&attributes, Kernel::function);
-  if (err != cudaSuccess || attributes.binaryVersion < 90) return err;
-  err = prepare<Kernel>(ctas_per_sm);
-  if (err != cudaSuccess) return err;
-  for (int size = 2; size <= kMaxClusterSplits; ++size) {
+  if (err == cudaSuccess && attributes.binaryVersion < 90) return cudaSuccess;
+  if (err == cudaSuccess) err = prepare<Kernel>(ctas_per_sm);
+  for (int size = 2; size <= kMaxClusterSplits && err == cudaSuccess; ++size) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(size));
     config.blockDim = dim3(Traits::kThreads);
@@ -152,7 +153,10 @@ cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
     config.attrs = &attribute;
     config.numAttrs = 1;
     err = cudaOccupancyMaxActiveClusters(&clusters[size], Kernel::function, &config);
-    if (err != cudaSuccess) return err;
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not this library's caller's error: nothing is reported
+    for (int &count : clusters) count = 0;
   }
   return cudaSuccess;
 }
