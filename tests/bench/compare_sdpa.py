@@ -15,7 +15,8 @@ lengths, the anchors the dense max-length cache, and bandwidth counts the real
 tokens only. Shape 10 is shape 2 through a paged cache (token-major pages
 [page, slot, kv_head, dim] of 16 tokens, or --page-size; shuffled block table) for
 flashdecode; shape 11 the same with head-major pages [page, kv_head, slot,
-dim]; the anchors run the dense cache.
+dim]; the anchors run the dense cache. Shape 12 (beyond the issue) is shape
+9's lengths through shape 10's pages: a serving engine's decode batch.
 
 Every output is checked against a float64 reference before timing (relative
 L2 error; bound 2e-3 for fp16, 1e-2 for bf16). Method
@@ -206,8 +207,11 @@ SHAPES = [
     (9, 16, 32, 8, 16384, 128, "ragged"),
     (10, 32, 32, 8, 2048, 128, "paged"),
     (11, 32, 32, 8, 2048, 128, "paged-hnd"),
+    # Beyond the issue: shape 9's lengths through shape 10's shuffled pages
+    # (a serving engine's decode batch); the anchors read the dense cache.
+    (12, 16, 32, 8, 16384, 128, "ragged-paged"),
 ]
-PAGE_SIZE = 16  # tokens a page of shapes 10 and 11 (issue 4); --page-size sets another
+PAGE_SIZE = 16  # tokens a page of shapes 10, 11 (issue 4) and 12; --page-size sets another
 # How the block table orders the pages: "shuffled" (issue 4) or "in-order"
 # (the pool is then the dense cache, token-major: what the lookups alone cost).
 PAGE_ORDER = "shuffled"
@@ -219,7 +223,7 @@ def set_page_size(tokens, parser):
     divide the shapes' KV length)."""
     global PAGE_SIZE
     if tokens < 1 or 2048 % tokens != 0:
-        parser.error(f"--page-size {tokens}: it must divide the paged shapes' 2048 tokens")
+        parser.error(f"--page-size {tokens}: it must divide the paged shapes' 2048 tokens")  # and 12's 16384
     PAGE_SIZE = tokens
 
 
@@ -252,7 +256,7 @@ def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
     order = "" if PAGE_ORDER == "shuffled" else f" {PAGE_ORDER}"
     extra = {"ragged": " ragged", "paged": f" paged{PAGE_SIZE}{order}",
-             "paged-hnd": f" paged{PAGE_SIZE} HND{order}"}.get(kind, "")
+             "paged-hnd": f" paged{PAGE_SIZE} HND{order}", "ragged-paged": f" ragged paged{PAGE_SIZE}{order}"}.get(kind, "")
     return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
 
 
@@ -310,21 +314,22 @@ def make_inputs(shape, dtype, min_rotation_bytes, keep_dense=True, kv_row=None):
 
     data = {"sets": sets, "kv_set_bytes": kv_set_bytes, "lens": None, "table": None}
     data["qs"] = [randn(batch, q_heads, 1, head_dim) for _ in range(sets)]
-    if kind.startswith("paged"):
+    paged = "paged" in kind
+    if paged:
         data["fd_ks"], data["fd_vs"], data["table"], data["ks"], data["vs"] = make_paged(
             randn, gen, batch, kv_heads, kv_len, head_dim, sets, kind == "paged-hnd")
     else:
         row = kv_row or head_dim
         data["ks"] = data["fd_ks"] = [randn(batch, kv_heads, kv_len, row)[..., :head_dim] for _ in range(sets)]
         data["vs"] = data["fd_vs"] = [randn(batch, kv_heads, kv_len, row)[..., :head_dim] for _ in range(sets)]
-        if kind == "ragged":
-            data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    if kind.startswith("ragged"):
+        data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     q0, k0, v0 = data["qs"][0], data["ks"][0], data["vs"][0]
     data["ref"] = reference(q0, k0, v0, data["lens"])
     data["ref_dense"] = None
     if keep_dense:
         data["ref_dense"] = reference(q0, k0, v0) if data["lens"] is not None else data["ref"]
-    elif kind.startswith("paged"):
+    elif paged:
         data["ks"] = data["vs"] = None  # a second copy of every set: only the anchors read it
     data["outs"] = [torch.empty_like(q) for q in data["qs"]]
     return data
@@ -541,11 +546,12 @@ def main():
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
-    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated shape ids of issue 4 (1..11)")
+    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11,12",
+                        help="comma-separated shape ids: issue 4's 1..11, and 12 (ragged and paged)")
     parser.add_argument("--extra", default="",
                         help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, 102, ...; "
                              "'--shapes \"\"' runs only these)")
-    parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11")
+    parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11, 12")
     parser.add_argument("--page-order", choices=PAGE_ORDERS, default=PAGE_ORDER,
                         help="block table of the paged shapes: shuffled pages, or in order")
     parser.add_argument("--replays", type=int, default=30)
