@@ -132,17 +132,18 @@ cudaError_t prepare(int &ctas_per_sm) {
 
 // Prepares a cluster-merge split kernel (see prepare) and counts the
 // clusters of 2..kMaxClusterSplits of its CTAs the device holds at once
-// ([n]). Left all 0 where cluster launch is unavailable (before sm_90, a
-// kernel image built for an older architecture) or any of this fails: the
-// cluster merge is an optimisation, and the other merges cover every
-// problem, so this never fails the handle.
+// ([n]). Left all 0 where cluster launch is unavailable (before sm_90; an
+// image compiled for an older architecture, including sm_80 PTX that the
+// driver JIT-compiles for this device: its merge_in_cluster is empty) or
+// any of this fails: the cluster merge is an optimisation, and the other
+// merges cover every problem, so this never fails the handle.
 template <class Kernel>
 cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
   using Traits = typename Kernel::Traits;
   cudaFuncAttributes attributes;
   int ctas_per_sm = 0;
   cudaError_t err = cudaFuncGetAttributes(&attributes, Kernel::function);
-  if (err == cudaSuccess && attributes.binaryVersion < 90) return cudaSuccess;
+  if (err == cudaSuccess && (attributes.ptxVersion < 90 || attributes.binaryVersion < 90)) return cudaSuccess;
   if (err == cudaSuccess) err = prepare<Kernel>(ctas_per_sm);
   for (int size = 2; size <= kMaxClusterSplits && err == cudaSuccess; ++size) {
     cudaLaunchConfig_t config = {};
@@ -220,8 +221,11 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   int device = 0, smem_optin = 0, cluster_launch = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device);
   if (err != cudaSuccess) return err;
+  if (cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess) {
+    cudaGetLastError();  // no cluster merge (prepare_clusters), not a failed handle
+    cluster_launch = 0;
+  }
   *occupancy = KernelOccupancy{};
   for (int d = 0; d < 3; ++d) {
     for (int b = 0; b < 3; ++b) {

@@ -249,7 +249,9 @@ __device__ void merge_in_cluster(const SplitParams &p, int64_t b, int first_q_he
   }
   cluster.sync();  // no CTA leaves, or reuses its shared memory, while another reads it
 #else
+  // Never launched (prepare_clusters): code for sm_80 has no clusters.
   (void)p, (void)b, (void)first_q_head, (void)rows, (void)partial;
+  __trap();
 #endif
 }
 
