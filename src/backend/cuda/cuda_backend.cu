@@ -329,8 +329,8 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    const bool merge_kernel = plan.num_splits > 1 && !fused_merge && !s.cluster_merge;
-    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, merge_kernel ? &merge : nullptr,
+    const bool merge_launch = plan.num_splits > 1 && !fused_merge && !s.cluster_merge;
+    check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, merge_launch ? &merge : nullptr,
                                    kernel, programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }

@@ -82,6 +82,13 @@ void allow_programmatic_launch(cudaLaunchConfig_t &config, cudaLaunchAttribute &
   config.numAttrs = 1;
 }
 
+// Whether a kernel's loaded image was compiled for sm_90 or later: its
+// griddepcontrol and cluster code exist. An older PTX JIT-compiled for this
+// device reports the device's binaryVersion but its own ptxVersion.
+bool built_for_sm90(const cudaFuncAttributes &attributes) {
+  return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
+}
+
 // Clusters of `size` CTAs along x (the cluster merge: a unit's splits).
 cudaLaunchAttribute cluster_attribute(int size) {
   cudaLaunchAttribute attribute;
@@ -143,7 +150,7 @@ cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
   cudaFuncAttributes attributes;
   int ctas_per_sm = 0;
   cudaError_t err = cudaFuncGetAttributes(&attributes, Kernel::function);
-  if (err == cudaSuccess && (attributes.ptxVersion < 90 || attributes.binaryVersion < 90)) return cudaSuccess;
+  if (err == cudaSuccess && !built_for_sm90(attributes)) return cudaSuccess;
   if (err == cudaSuccess) err = prepare<Kernel>(ctas_per_sm);
   for (int size = 2; size <= kMaxClusterSplits && err == cudaSuccess; ++size) {
     cudaLaunchConfig_t config = {};
@@ -275,7 +282,7 @@ cudaError_t merge_supports_programmatic_launch(bool *supported) {
     cudaFuncAttributes attributes;
     err = cudaFuncGetAttributes(&attributes, kernel);
     if (err != cudaSuccess) return err;
-    if (attributes.ptxVersion < 90 || attributes.binaryVersion < 90) return cudaSuccess;
+    if (!built_for_sm90(attributes)) return cudaSuccess;
   }
   *supported = true;
   return cudaSuccess;
