@@ -10,7 +10,8 @@ can drop the createpolicy that produces the policy and keep the copies that
 use it: their descriptor register (desc[URn] in the SASS) is then never
 written and the kernel stops on an illegal instruction. On flashdecode's
 kernels, ptxas 13.0 and 13.3.73 built 4 such kernels (the head_dim-64
-bucket), 13.4.59 and 13.5.37 none. The check reads the SASS (cuobjdump -sass, which needs nvdisasm
+bucket), 13.4.59 and 13.5.37 none; since the cluster-merge instances, 13.0
+builds 8 of 36 (the head_dim-64 ones of both merges) and 13.4.59 none. The check reads the SASS (cuobjdump -sass, which needs nvdisasm
 on PATH), so it needs no GPU.
 
 A register counts as written when an instruction names it as its destination
