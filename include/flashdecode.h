@@ -70,7 +70,7 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks; it is the SONAME suffix. */
 #define FD_VERSION_MAJOR 0
 /** @brief Minor version: changes when API is added in an ABI-compatible way. */
-#define FD_VERSION_MINOR 1
+#define FD_VERSION_MINOR 2
 /** @brief Patch version: changes for fixes only. */
 #define FD_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
@@ -83,7 +83,7 @@ extern "C" {
 FD_API unsigned fd_version_number(void);
 
 /**
- * @brief Version of the loaded library as text, e.g. "0.1.0".
+ * @brief Version of the loaded library as text, e.g. "0.2.0".
  * @return A static NUL-terminated string; never NULL, never freed.
  */
 FD_API const char *fd_version_string(void);
@@ -455,6 +455,83 @@ FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
  *         zeroing the state fails (e.g. host memory given to a CUDA handle).
  */
 FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @name Plans
+ * What fd_decode() would run for a problem: the split count the planner
+ * chose, the kernel, how the splits are merged and how many launches that
+ * takes. For logs, tuning and tests; fd_decode() needs none of it. Since 0.2.
+ * @{ */
+
+/** @brief How a decode combines the partial results of its splits. Values are pinned. */
+typedef enum fd_merge {
+  FD_MERGE_NONE = 0,      /**< One split (CUDA): the split kernel writes the output itself. */
+  FD_MERGE_SEPARATE = 1,  /**< A pass after every split is done: the CUDA merge kernel (a second launch), or the CPU backend's merge pass. */
+  FD_MERGE_FUSED = 2,     /**< CUDA: the last thread block of each (sequence, KV head) to finish merges its splits inside the split kernel, counting finished blocks at the start of the workspace. */
+  FD_MERGE_CLUSTER = 3    /**< CUDA, compute capability 9.0+: the splits of each (sequence, KV head) run as one thread-block cluster and merge through distributed shared memory. */
+} fd_merge;
+
+/**
+ * @brief A description of the work fd_decode() would do for one problem.
+ *        Initialise with `fd_plan_info_init(&info, sizeof info)`; filled by
+ *        fd_describe_plan().
+ *
+ * Starts with its own size, like #fd_options: a later minor version may
+ * append fields, and fd_describe_plan() writes only the caller's
+ * struct_size bytes.
+ */
+typedef struct fd_plan_info {
+  size_t struct_size;      /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */
+  fd_backend backend;      /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
+  int32_t num_splits;      /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's choice when that is 0. */
+  int64_t split_tokens;    /**< KV tokens of each split (the last may be shorter or empty). */
+  size_t workspace_bytes;  /**< Workspace the decode needs, as fd_workspace_size() reports. */
+  /**
+   * The split kernel, as a static NUL-terminated string (never NULL, never
+   * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
+   * `"tensor-core-<bucket>"` or `"tensor-core-wide-<bucket>"` with the
+   * head_dim bucket (64, 128 or 256) whose code runs. For logs: the names
+   * may change between versions.
+   */
+  const char *kernel;
+  fd_merge merge;          /**< How the splits' partial results are combined. */
+  int32_t launches;        /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
+  int64_t blocks;          /**< CUDA: thread blocks of the split kernel; CPU: tasks of the split pass. */
+} fd_plan_info;
+
+/**
+ * @brief Fills the caller's plan-info struct with zeros and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param info The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*info) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_plan_info) of this library.
+ */
+FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size);
+
+/**
+ * @brief Describes what fd_decode() would run for @p args on this handle,
+ *        without running it.
+ *
+ * Validates @p args as fd_decode() does and plans the problem the same way
+ * (the same plan, kernel and merge, pointer alignment included), but
+ * allocates nothing, enqueues nothing and does not change the handle. The
+ * description holds for fd_decode() calls with the same shapes, split count
+ * and pointer alignment on this handle.
+ *
+ * @param handle A live handle.
+ * @param args The problem, validated as fd_decode() validates it.
+ * @param[in,out] info Initialised with fd_plan_info_init(); receives the
+ *        description (only its struct_size bytes are written).
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p info is NULL;
+ *         #FD_ERROR_INVALID_ARGUMENT if its struct_size is too small; or
+ *         the validation status of @p args. On error @p info is untouched.
+ */
+FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info);
 
 /** @} */
 

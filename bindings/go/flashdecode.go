@@ -20,12 +20,15 @@ package flashdecode
 #include <stdint.h>
 #include <flashdecode.h>
 
+enum { FDGO_DECODE = 0, FDGO_WORKSPACE_SIZE = 1, FDGO_DESCRIBE_PLAN = 2 };
+
 // cgo forbids storing Go pointers in memory passed to C, so the data
 // pointers travel as arguments and are put into the struct here, on the C
-// stack. size_only asks for the workspace size instead of decoding.
+// stack. mode asks for the workspace size (into bytes) or the plan (into
+// info) instead of decoding.
 static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, void *k, void *v, void *out,
-                             void *lse, void *seq_lens, void *block_table, uintptr_t stream, int size_only,
-                             size_t *bytes) {
+                             void *lse, void *seq_lens, void *block_table, uintptr_t stream, int mode,
+                             size_t *bytes, fd_plan_info *info) {
   args.q.data = q;
   args.k.data = k;
   args.v.data = v;
@@ -33,7 +36,8 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
   args.lse.data = lse;
   args.seq_lens.data = seq_lens;
   args.block_table.data = block_table;
-  if (size_only) return fd_workspace_size(handle, &args, bytes);
+  if (mode == FDGO_WORKSPACE_SIZE) return fd_workspace_size(handle, &args, bytes);
+  if (mode == FDGO_DESCRIBE_PLAN) return fd_describe_plan(handle, &args, info);
   return fd_decode(handle, &args, (fd_cuda_stream)stream);
 }
 
@@ -187,14 +191,75 @@ func (h *Handle) Decode(args *DecodeArgs) error {
 // DecodeOnStream is Decode enqueued on a CUDA stream (a cudaStream_t; 0 is
 // the legacy default stream). The CPU backend ignores the stream.
 func (h *Handle) DecodeOnStream(args *DecodeArgs, stream uintptr) error {
-	_, err := h.run(args, stream, false)
+	_, err := h.run(args, stream, C.FDGO_DECODE, nil)
 	return err
 }
 
 // WorkspaceSize is the bytes of workspace Decode needs for args on this
 // handle; it depends only on shapes and the split count.
 func (h *Handle) WorkspaceSize(args *DecodeArgs) (int, error) {
-	return h.run(args, 0, true)
+	return h.run(args, 0, C.FDGO_WORKSPACE_SIZE, nil)
+}
+
+// Merge is how a decode combines its splits' partial results (fd_merge).
+type Merge int
+
+// Merges.
+const (
+	// MergeNone: one split; the split kernel writes the output (CUDA).
+	MergeNone Merge = C.FD_MERGE_NONE
+	// MergeSeparate: a pass after all splits (the CUDA merge kernel, or the CPU merge pass).
+	MergeSeparate Merge = C.FD_MERGE_SEPARATE
+	// MergeFused: the last CUDA thread block of each (sequence, KV head) merges its splits.
+	MergeFused Merge = C.FD_MERGE_FUSED
+	// MergeCluster: each (sequence, KV head)'s splits run as one thread-block cluster (sm_90+).
+	MergeCluster Merge = C.FD_MERGE_CLUSTER
+)
+
+func (m Merge) String() string {
+	switch m {
+	case MergeNone:
+		return "none"
+	case MergeSeparate:
+		return "separate"
+	case MergeFused:
+		return "fused"
+	case MergeCluster:
+		return "cluster"
+	}
+	return fmt.Sprintf("Merge(%d)", int(m))
+}
+
+// PlanInfo is what Decode would run for a problem (fd_plan_info).
+type PlanInfo struct {
+	Backend        Backend
+	NumSplits      int    // splits of the KV sequence (requested, or the planner's choice)
+	SplitTokens    int    // KV tokens per split
+	WorkspaceBytes int    // as WorkspaceSize reports
+	Kernel         string // the split kernel, e.g. "tensor-core-wide-128" or "cpu"; for logs
+	Merge          Merge
+	Launches       int // CUDA kernels per Decode (1 or 2); 0 on the CPU
+	Blocks         int // CUDA thread blocks of the split kernel; CPU tasks of the split pass
+}
+
+// DescribePlan says what Decode would run for args on this handle, without
+// running it; it validates args as Decode does.
+func (h *Handle) DescribePlan(args *DecodeArgs) (PlanInfo, error) {
+	var info C.fd_plan_info
+	C.fd_plan_info_init(&info, C.sizeof_fd_plan_info)
+	if _, err := h.run(args, 0, C.FDGO_DESCRIBE_PLAN, &info); err != nil {
+		return PlanInfo{}, err
+	}
+	return PlanInfo{
+		Backend:        Backend(info.backend),
+		NumSplits:      int(info.num_splits),
+		SplitTokens:    int(info.split_tokens),
+		WorkspaceBytes: int(info.workspace_bytes),
+		Kernel:         C.GoString(info.kernel),
+		Merge:          Merge(info.merge),
+		Launches:       int(info.launches),
+		Blocks:         int(info.blocks),
+	}, nil
 }
 
 // ReserveWorkspace makes the library-owned workspace at least bytes, so
@@ -228,19 +293,17 @@ func (h *Handle) locked(f func(*C.fd_handle) C.fd_status) error {
 	return call(func() C.fd_status { return f(h.raw) })
 }
 
-func (h *Handle) run(args *DecodeArgs, stream uintptr, sizeOnly bool) (int, error) {
+// run decodes, or with another mode (FDGO_*) sizes the workspace or
+// describes the plan into info.
+func (h *Handle) run(args *DecodeArgs, stream uintptr, mode C.int, info *C.fd_plan_info) (int, error) {
 	raw, err := args.describe(h.backend == BackendCUDA, h.device)
 	if err != nil {
 		return 0, err
 	}
 	var bytes C.size_t
-	size := C.int(0)
-	if sizeOnly {
-		size = 1
-	}
 	err = h.locked(func(handle *C.fd_handle) C.fd_status {
 		return C.fdgo_decode(handle, raw, args.Q.data(), args.K.data(), args.V.data(), args.Out.data(), args.LSE.data(),
-			args.SeqLens.data(), args.BlockTable.data(), C.uintptr_t(stream), size, &bytes)
+			args.SeqLens.data(), args.BlockTable.data(), C.uintptr_t(stream), mode, &bytes, info)
 	})
 	runtime.KeepAlive(args)
 	return int(bytes), err

@@ -326,6 +326,35 @@ func expectError(t *testing.T, err error, status flashdecode.Status, needle stri
 	}
 }
 
+func TestDescribePlan(t *testing.T) {
+	q, k := values(8*64, 12), values(512*2*64, 13)
+	out := make([]float32, len(q))
+	args := flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
+		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: 5,
+	}
+	handle := cpuHandle(t)
+	info, err := handle.DescribePlan(&args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bytes, err := handle.WorkspaceSize(&args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := flashdecode.PlanInfo{Backend: flashdecode.BackendCPU, NumSplits: 5, SplitTokens: 103, WorkspaceBytes: bytes,
+		Kernel: "cpu", Merge: flashdecode.MergeSeparate, Launches: 0, Blocks: 2 * 5}
+	if info != want {
+		t.Fatalf("plan %+v, want %+v", info, want)
+	}
+	if info.Merge.String() != "separate" {
+		t.Fatalf("merge %q", info.Merge.String())
+	}
+	args.NumSplits = -1
+	_, err = handle.DescribePlan(&args)
+	expectError(t, err, flashdecode.ErrInvalidSplits, "num_splits")
+}
+
 func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 	handle := cpuHandle(t)
 	q, k := values(2*8*64, 12), values(2*100*2*64, 13)

@@ -262,6 +262,41 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
   });
 }
 
+FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size) {
+  fd_plan_info defaults;
+  std::memset(&defaults, 0, sizeof defaults);
+  defaults.struct_size = sizeof defaults;
+  defaults.kernel = "";
+  return fd::init_sized(info, struct_size, defaults);
+}
+
+FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info) {
+  return fd::guarded([&] {
+    const fd_handle &h = fd::checked_handle(handle);
+    if (info == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "info: the output pointer is NULL");
+    const size_t caller_size = info->struct_size;
+    if (caller_size < sizeof(size_t)) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "info: struct_size is %zu (initialise it with fd_plan_info_init)",
+               caller_size);
+    }
+    const fd::PlannedDecode planned = fd::plan_decode(h, args);
+    const fd::LaunchSummary launch = h.backend->describe(planned.problem, planned.plan);
+    fd_plan_info described;
+    std::memset(&described, 0, sizeof described);
+    described.struct_size = caller_size;
+    described.backend = h.backend->kind();
+    described.num_splits = planned.plan.num_splits;
+    described.split_tokens = planned.plan.split_tokens;
+    described.workspace_bytes = planned.plan.workspace_bytes;
+    described.kernel = launch.kernel;
+    described.merge = launch.merge;
+    described.launches = launch.launches;
+    described.blocks = launch.blocks;
+    // A caller compiled against a later header keeps its trailing fields.
+    std::memcpy(static_cast<void *>(info), &described, caller_size < sizeof described ? caller_size : sizeof described);
+  });
+}
+
 FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes) {
   return fd::guarded([&] { fd::ensure_workspace(fd::checked_handle(handle), bytes); });
 }

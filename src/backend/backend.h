@@ -11,6 +11,15 @@
 
 namespace fd {
 
+// What decode enqueues for a planned problem (fd_describe_plan); backends
+// decide it with the same code decode uses.
+struct LaunchSummary {
+  const char *kernel = "";  // static string; see fd_plan_info::kernel
+  fd_merge merge = FD_MERGE_SEPARATE;
+  int32_t launches = 0;
+  int64_t blocks = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -48,6 +57,9 @@ class Backend {
   // Runs (or enqueues) one validated, planned decode. `workspace` holds at
   // least plan.workspace_bytes. Must not allocate.
   virtual void decode(const Problem &problem, const Plan &plan, void *workspace, fd_cuda_stream stream) = 0;
+
+  // What decode(problem, plan, ...) would enqueue, without enqueueing it.
+  virtual LaunchSummary describe(const Problem &problem, const Plan &plan) const = 0;
 };
 
 // num_threads: 0 = every online core.

@@ -67,6 +67,20 @@ static fd_handle *make_handle(fd_backend backend) {
   return h;
 }
 
+/* fd_describe_plan's answer for args on h: which kernel and merge decode runs. */
+static fd_plan_info describe(const fd_handle *h, const fd_decode_args *args) {
+  fd_plan_info info;
+  fd_plan_info_init(&info, sizeof info);
+  const fd_status s = fd_describe_plan(h, args, &info);
+  if (s != FD_SUCCESS) fail_msg("fd_describe_plan failed: %s: %s", fd_status_string(s), last_message());
+  if (info.launches != (info.merge == FD_MERGE_SEPARATE ? 2 : 1)) {
+    fail_msg("plan of %d launches with merge %d", (int)info.launches, (int)info.merge);
+  }
+  return info;
+}
+
+static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
 static void make_problem(fdt_problem *p, const fdt_case *c) {
   if (fdt_problem_make(p, c) != 0) fail_msg("out of host memory generating a problem");
 }
@@ -477,25 +491,34 @@ static void test_graph_replay(void **state) {
  * their partials, each against the reference. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
+  /* kClusterOnSm90: FD_MERGE_CLUSTER on compute capability 9.0+, else FD_MERGE_FUSED. */
+  enum { kClusterOnSm90 = -1 };
   static const struct {
     const char *what;
     fd_dtype dtype, out_dtype;
     int64_t batch, q_heads, kv_heads, head_dim, kv_len;
     int32_t splits;
+    int merge; /* the fd_merge fd_describe_plan must report */
   } spec[] = {
       {"cluster (sm_90+; else fused), tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       3000, 8},
+       3000, 8, kClusterOnSm90},
       {"cluster (sm_90+; else fused), 8 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       300, 8},
-      {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2},
-      {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64},
-      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16},
-      {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16},
-      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13},
-      {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48},
-      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8},
+       300, 8, kClusterOnSm90},
+      {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2,
+       kClusterOnSm90},
+      {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64,
+       FD_MERGE_SEPARATE},
+      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED},
+      {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16,
+       FD_MERGE_FUSED},
+      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13, FD_MERGE_FUSED},
+      {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48,
+       FD_MERGE_FUSED},
+      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED},
   };
   enum { kCases = sizeof spec / sizeof spec[0] };
+  int cc_major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   gpu_case cases[kCases];
   size_t bytes = 0;
@@ -517,17 +540,28 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   CUDA_CHECK(cudaMemset(workspace, 0xff, bytes));
   CUDA_CHECK(cudaDeviceSynchronize());
   assert_int_equal(fd_set_workspace(h, workspace, bytes), FD_SUCCESS);
-  int failed = -1;
+  int failed = -1, wrong_path = -1;
+  fd_merge planned[kCases];
   for (int i = 0; i < kCases; ++i) {
+    const fd_plan_info plan = describe(h, &cases[i].d.args);
+    planned[i] = plan.merge;
+    const int expected = spec[i].merge == kClusterOnSm90 ? (cc_major >= 9 ? FD_MERGE_CLUSTER : FD_MERGE_FUSED)
+                                                         : spec[i].merge;
+    if ((int)plan.merge != expected && wrong_path < 0) wrong_path = i;
     decode_cuda(h, &cases[i].p, &cases[i].d, g_stream);
     const int bad = fdt_check(&cases[i].p, cases[i].report, sizeof cases[i].report, NULL, NULL);
-    print_message("merge path: %s: %s\n", spec[i].what, cases[i].report);
+    print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge,
+                  cases[i].report);
     if (bad && failed < 0) failed = i;
   }
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   CUDA_CHECK(cudaFree(workspace));
   for (int i = 0; i < kCases; ++i) close_case(&cases[i]);
   if (failed >= 0) fail_msg("merge path %s: %s", spec[failed].what, cases[failed].report);
+  if (wrong_path >= 0) {
+    fail_msg("merge path %s: planned merge %d, expected %d", spec[wrong_path].what, (int)planned[wrong_path],
+             spec[wrong_path].merge);
+  }
 }
 
 /* ---- two handles, two streams, two threads ---------------------------------- */
@@ -704,12 +738,14 @@ static void test_unaligned_cache(void **state) {
       CUDA_CHECK(cudaMemcpy((char *)shifted[kv] + shift, host[kv], t.p.kv_bytes, cudaMemcpyHostToDevice));
       tensors[kv]->data = (char *)shifted[kv] + shift + ((const char *)t.p.args.k.data - (const char *)t.p.k);
     }
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
     const int bad = check_case(&t);
-    print_message("unaligned %s cache: %s\n", fdt_dtype_name(c.dtype), t.report);
+    print_message("unaligned %s cache (%s): %s\n", fdt_dtype_name(c.dtype), plan.kernel, t.report);
     CUDA_CHECK(cudaFree(shifted[0]));
     CUDA_CHECK(cudaFree(shifted[1]));
     close_case(&t);
     if (bad) fail_msg("%s", t.report);
+    if (!starts_with(plan.kernel, "cuda-core-")) fail_msg("unaligned rows planned on %s", plan.kernel);
   }
 }
 
@@ -785,7 +821,8 @@ static void test_batch_beyond_grid_limit(void **state) {
 /* MHA with head_dim 65-128 takes the CUDA-core kernel with thousands of
  * sequence-heads (16+ waves of tensor-core CTAs: 4224 on a 132-SM H200) and
  * the tensor cores below that (kMhaCudaCoreMinWaves, cuda_backend.cu): one
- * problem on each side, each dtype, with automatic splits. */
+ * problem on each side, each dtype, with automatic splits; fd_describe_plan
+ * must name the kernel family that ran. */
 static void test_mha_128_both_kernels(void **state) {
   (void)state;
   const int64_t batches[] = {6, 160}; /* x 32 heads: 192 and 5120 units */
@@ -793,9 +830,18 @@ static void test_mha_128_both_kernels(void **state) {
     const fd_dtype dtype = k % 2 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
     fdt_case c = dense_case(dtype, batches[k / 2], 32, 32, 128, k / 2 ? 96 : 1500, g_seed + 700 + (uint64_t)k);
     c.with_lse = 1;
-    char what[64];
-    snprintf(what, sizeof what, "MHA-128 %s batch %lld", dtype == FD_DTYPE_F16 ? "f16" : "bf16", (long long)c.batch);
-    expect_case_passes(&c, what);
+    gpu_case t;
+    open_case(&t, &c);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    const int bad = check_case(&t);
+    print_message("MHA-128 %s batch %lld (%s): %s\n", fdt_dtype_name(dtype), (long long)c.batch, plan.kernel,
+                  t.report);
+    close_case(&t);
+    if (bad) fail_msg("MHA-128 batch %lld: %s", (long long)c.batch, t.report);
+    const char *expected = k / 2 ? "cuda-core-128" : "tensor-core-"; /* standard or wide tiles */
+    if (!starts_with(plan.kernel, expected)) {
+      fail_msg("MHA-128 batch %lld planned on %s, expected %s...", (long long)c.batch, plan.kernel, expected);
+    }
   }
 }
 

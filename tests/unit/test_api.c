@@ -77,6 +77,12 @@ static void expect_rejected(fixture *f, const fd_decode_args *args, fd_status st
   const int content_error = strstr(needle, "seq_lens[") != NULL || status == FD_ERROR_WORKSPACE_TOO_SMALL;
   size_t bytes = 0;
   assert_int_equal(fd_workspace_size(f->handle, args, &bytes), content_error ? FD_SUCCESS : status);
+  /* So does fd_describe_plan, which leaves its output alone on error. */
+  fd_plan_info info, pristine_info;
+  fd_plan_info_init(&info, sizeof info);
+  pristine_info = info;
+  assert_int_equal(fd_describe_plan(f->handle, args, &info), content_error ? FD_SUCCESS : status);
+  if (!content_error) assert_memory_equal(&info, &pristine_info, sizeof info);
 }
 
 /* ---- version, strings, lifetime -------------------------------------------- */
@@ -536,6 +542,84 @@ static void test_error_message_truncation(void **state) {
   assert_int_equal(strlen(small), 5);
 }
 
+/* ---- plans ------------------------------------------------------------------------ */
+/* fd_describe_plan reports the plan fd_decode runs: on the CPU backend a task
+ * per (sequence, KV head, split) and a merge pass, no launches. */
+static void test_describe_plan(void **state) {
+  fixture *f = *state;
+  fd_plan_info info;
+  assert_int_equal(fd_plan_info_init(&info, sizeof info), sizeof(fd_plan_info));
+  assert_int_equal(info.struct_size, sizeof info);
+  assert_string_equal(info.kernel, "");
+  assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, &info), FD_SUCCESS);
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &bytes), FD_SUCCESS);
+  assert_int_equal(info.struct_size, sizeof info);
+  assert_int_equal(info.backend, FD_BACKEND_CPU);
+  assert_string_equal(info.kernel, "cpu");
+  assert_int_equal(info.merge, FD_MERGE_SEPARATE);
+  assert_int_equal(info.launches, 0);
+  assert_int_equal(info.workspace_bytes, bytes);
+  assert_true(info.num_splits >= 1);
+  assert_true(info.split_tokens * info.num_splits >= 100 && info.split_tokens * (info.num_splits - 1) < 100);
+  assert_int_equal(info.blocks, 2 * 2 * info.num_splits); /* batch x kv_heads x splits */
+
+  /* A requested split count is kept, and the workspace grows with it. */
+  fd_decode_args a = f->problem.args;
+  a.num_splits = 7;
+  assert_int_equal(fd_describe_plan(f->handle, &a, &info), FD_SUCCESS);
+  assert_int_equal(info.num_splits, 7);
+  assert_int_equal(info.split_tokens, 15); /* ceil(100 / 7) */
+  assert_int_equal(info.blocks, 2 * 2 * 7);
+  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
+  assert_int_equal(info.workspace_bytes, bytes);
+
+  /* The handle is not changed: a caller workspace far too small for the
+   * decode is not looked at. */
+  void *small = aligned_alloc(256, 256);
+  assert_int_equal(fd_set_workspace(f->handle, small, 256), FD_SUCCESS);
+  assert_int_equal(fd_describe_plan(f->handle, &a, &info), FD_SUCCESS);
+  assert_int_equal(fd_set_workspace(f->handle, NULL, 0), FD_SUCCESS);
+  free(small);
+
+  /* An empty batch launches nothing. */
+  a = f->problem.args;
+  a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.out.shape[0] = a.lse.shape[0] = a.seq_lens.shape[0] = 0;
+  assert_int_equal(fd_describe_plan(f->handle, &a, &info), FD_SUCCESS);
+  assert_int_equal(info.blocks, 0);
+  assert_int_equal(info.launches, 0);
+}
+
+/* The output struct is versioned like the inputs: an older, smaller struct
+ * gets only its own bytes; a NULL or uninitialised one is refused. */
+static void test_describe_plan_struct_size(void **state) {
+  fixture *f = *state;
+  unsigned char buffer[sizeof(fd_plan_info) + 32];
+  const size_t old_size = offsetof(fd_plan_info, kernel);
+  memset(buffer, 0xab, sizeof buffer);
+  assert_int_equal(fd_plan_info_init((fd_plan_info *)buffer, old_size), sizeof(fd_plan_info));
+  assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, (fd_plan_info *)buffer), FD_SUCCESS);
+  for (size_t i = old_size; i < sizeof buffer; ++i) assert_int_equal(buffer[i], 0xab);
+  fd_plan_info old;
+  memcpy(&old, buffer, old_size);
+  assert_int_equal(old.struct_size, old_size);
+  assert_int_equal(old.backend, FD_BACKEND_CPU);
+  assert_true(old.num_splits >= 1);
+
+  assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, NULL), FD_ERROR_NULL_POINTER);
+  assert_non_null(strstr(last_message(), "info"));
+  fd_plan_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = 3;
+  assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, &info), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "fd_plan_info_init"));
+  assert_int_equal(info.num_splits, 0);
+  fd_plan_info_init(&info, sizeof info);
+  assert_int_equal(fd_describe_plan(NULL, &f->problem.args, &info), FD_ERROR_NULL_POINTER);
+  assert_int_equal(fd_describe_plan(f->handle, NULL, &info), FD_ERROR_NULL_POINTER);
+  assert_int_equal(info.num_splits, 0);
+}
+
 static void test_empty_batch_is_a_no_op(void **state) {
   fixture *f = *state;
   fd_decode_args a = f->problem.args;
@@ -576,6 +660,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_workspace_size_and_caller_memory, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_are_thread_local, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_batch_is_a_no_op, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_describe_plan, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_describe_plan_struct_size, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

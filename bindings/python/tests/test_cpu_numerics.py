@@ -205,6 +205,26 @@ def test_workspace_size_reserve_and_own_buffer(cpu, rng) -> None:
     cpu.decode(q, k, v, num_splits=8)
 
 
+def test_describe_plan(cpu, rng) -> None:
+    q = rng.standard_normal((2, 1, 8, 64)).astype(np.float32)
+    k = rng.standard_normal((2, 300, 2, 64)).astype(np.float32)
+    info = cpu.describe_plan(q, k, k, num_splits=4)
+    assert info == flashdecode.PlanInfo(
+        backend=flashdecode.Backend.CPU,
+        num_splits=4,
+        split_tokens=75,
+        workspace_bytes=cpu.workspace_size(q, k, k, num_splits=4),
+        kernel="cpu",
+        merge=flashdecode.Merge.SEPARATE,
+        launches=0,
+        blocks=2 * 2 * 4,
+    )
+    automatic = cpu.describe_plan(q, k, k, layout="NHD")
+    assert automatic.num_splits >= 1 and automatic.split_tokens * automatic.num_splits >= 300
+    with pytest.raises(flashdecode.InvalidSplitsError, match="num_splits"):
+        cpu.describe_plan(q, k, k, num_splits=-2)
+
+
 def test_handle_lifecycle() -> None:
     with flashdecode.Handle("cpu") as handle:
         assert handle.backend is flashdecode.Backend.CPU and not handle.closed

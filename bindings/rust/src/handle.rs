@@ -22,6 +22,41 @@ pub enum Backend {
     Cuda = 2,
 }
 
+/// How a decode combines its splits' partial results (`fd_merge`). Values are pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Merge {
+    /// One split: the CUDA split kernel writes the output itself.
+    None = 0,
+    /// A pass after every split: the CUDA merge kernel (a second launch), or the CPU merge pass.
+    Separate = 1,
+    /// CUDA: the last thread block of each (sequence, KV head) merges its splits in the split kernel.
+    Fused = 2,
+    /// CUDA sm_90+: each (sequence, KV head)'s splits run as one thread-block cluster.
+    Cluster = 3,
+}
+
+/// What [`Handle::decode`] would run for a problem (`fd_plan_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanInfo {
+    /// The handle's backend.
+    pub backend: Backend,
+    /// Splits of the KV sequence (requested, or the planner's choice).
+    pub num_splits: i32,
+    /// KV tokens of each split.
+    pub split_tokens: i64,
+    /// As [`Handle::workspace_size`] reports.
+    pub workspace_bytes: usize,
+    /// The split kernel, e.g. `"tensor-core-wide-128"` or `"cpu"`; for logs.
+    pub kernel: String,
+    /// How the splits are combined.
+    pub merge: Merge,
+    /// CUDA kernels per decode (1 or 2); 0 on the CPU.
+    pub launches: i32,
+    /// CUDA thread blocks of the split kernel; CPU tasks of the split pass.
+    pub blocks: i64,
+}
+
 /// Options for [`Handle::new`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Options {
@@ -314,6 +349,50 @@ impl Handle {
         self.library
             .check(unsafe { (self.library.functions().fd_workspace_size)(self.raw.as_ptr(), &raw, &mut bytes) })?;
         Ok(bytes)
+    }
+
+    /// What [`decode`](Self::decode) would run for `args` on this handle,
+    /// without running it; validates `args` as `decode` does.
+    pub fn describe_plan(&self, args: &DecodeArgs<'_>) -> Result<PlanInfo> {
+        let raw = args.raw()?;
+        let mut info = sys::fd_plan_info::default();
+        // SAFETY: shapes only are read; the pointers are not dereferenced.
+        self.library
+            .check(unsafe { (self.library.functions().fd_describe_plan)(self.raw.as_ptr(), &raw, &mut info) })?;
+        let kernel = if info.kernel.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a static NUL-terminated string of the library.
+            unsafe { std::ffi::CStr::from_ptr(info.kernel) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let merge = match info.merge {
+            0 => Merge::None,
+            1 => Merge::Separate,
+            2 => Merge::Fused,
+            3 => Merge::Cluster,
+            other => {
+                return Err(Error::refused(
+                    Status::Internal,
+                    format!("fd_describe_plan: unknown merge {}", other),
+                ))
+            }
+        };
+        Ok(PlanInfo {
+            backend: if info.backend == Backend::Cuda as i32 {
+                Backend::Cuda
+            } else {
+                Backend::Cpu
+            },
+            num_splits: info.num_splits,
+            split_tokens: info.split_tokens,
+            workspace_bytes: info.workspace_bytes,
+            kernel,
+            merge,
+            launches: info.launches,
+            blocks: info.blocks,
+        })
     }
 
     /// Makes the library-owned workspace at least `bytes`, so that decodes

@@ -66,6 +66,6 @@ pub mod sys;
 mod tensor;
 
 pub use error::{Error, Result, Status};
-pub use handle::{Backend, DecodeArgs, Handle, HostWorkspace, Options};
+pub use handle::{Backend, DecodeArgs, Handle, HostWorkspace, Merge, Options, PlanInfo};
 pub use library::Library;
 pub use tensor::{CudaStream, DType, Memory, Tensor, TensorMut};

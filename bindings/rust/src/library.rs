@@ -236,6 +236,8 @@ fn resolve_functions(dl: *mut c_void, library: &OsStr) -> Result<sys::Functions>
         fd_workspace_size,
         fd_reserve_workspace,
         fd_set_workspace,
+        fd_plan_info_init,
+        fd_describe_plan,
     );
     Ok(functions)
 }
@@ -281,6 +283,11 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
                 "fd_decode_args",
                 (loaded.functions.fd_decode_args_init)(std::ptr::null_mut(), 0),
                 std::mem::size_of::<sys::fd_decode_args>(),
+            ),
+            (
+                "fd_plan_info",
+                (loaded.functions.fd_plan_info_init)(std::ptr::null_mut(), 0),
+                std::mem::size_of::<sys::fd_plan_info>(),
             ),
         ]
     };

@@ -11,7 +11,7 @@ use std::os::raw::{c_char, c_int, c_uint, c_void};
 /// `FD_VERSION_MAJOR` of the header mirrored here: the ABI, and the SONAME suffix.
 pub const VERSION_MAJOR: u32 = 0;
 /// `FD_VERSION_MINOR` of the header mirrored here.
-pub const VERSION_MINOR: u32 = 1;
+pub const VERSION_MINOR: u32 = 2;
 /// `FD_MAX_DIMS`: the most dimensions an [`fd_tensor`] has.
 pub const MAX_DIMS: usize = 4;
 /// Alignment in bytes that `fd_set_workspace` requires of caller memory.
@@ -23,6 +23,8 @@ pub type fd_status = c_int;
 pub type fd_dtype = c_int;
 /// `fd_backend` (an `int`-sized enum).
 pub type fd_backend = c_int;
+/// `fd_merge` (an `int`-sized enum).
+pub type fd_merge = c_int;
 /// `fd_cuda_stream`: a `cudaStream_t`; null is the legacy default stream.
 pub type fd_cuda_stream = *mut c_void;
 
@@ -130,6 +132,47 @@ impl Default for fd_decode_args {
     }
 }
 
+/// `fd_plan_info` (since 0.2): what `fd_decode` would run for a problem.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_plan_info {
+    /// `sizeof(fd_plan_info)` as the caller compiled it.
+    pub struct_size: usize,
+    /// The handle's backend.
+    pub backend: fd_backend,
+    /// Splits of the KV sequence.
+    pub num_splits: i32,
+    /// KV tokens per split.
+    pub split_tokens: i64,
+    /// Workspace bytes the decode needs.
+    pub workspace_bytes: usize,
+    /// The split kernel's name: a static NUL-terminated string.
+    pub kernel: *const c_char,
+    /// How the splits are merged.
+    pub merge: fd_merge,
+    /// Kernels enqueued per decode.
+    pub launches: i32,
+    /// CUDA thread blocks of the split kernel; CPU tasks.
+    pub blocks: i64,
+}
+
+impl Default for fd_plan_info {
+    /// What `fd_plan_info_init` writes: zeros but `struct_size`.
+    fn default() -> Self {
+        fd_plan_info {
+            struct_size: std::mem::size_of::<fd_plan_info>(),
+            backend: 0,
+            num_splits: 0,
+            split_tokens: 0,
+            workspace_bytes: 0,
+            kernel: std::ptr::null(),
+            merge: 0,
+            launches: 0,
+            blocks: 0,
+        }
+    }
+}
+
 /// Every exported function, resolved from a loaded library.
 #[derive(Clone, Copy, Debug)]
 pub struct Functions {
@@ -159,4 +202,8 @@ pub struct Functions {
     pub fd_reserve_workspace: unsafe extern "C" fn(*mut fd_handle, usize) -> fd_status,
     /// `fd_status fd_set_workspace(fd_handle *, void *, size_t)`
     pub fd_set_workspace: unsafe extern "C" fn(*mut fd_handle, *mut c_void, usize) -> fd_status,
+    /// `size_t fd_plan_info_init(fd_plan_info *, size_t)`
+    pub fd_plan_info_init: unsafe extern "C" fn(*mut fd_plan_info, usize) -> usize,
+    /// `fd_status fd_describe_plan(const fd_handle *, const fd_decode_args *, fd_plan_info *)`
+    pub fd_describe_plan: unsafe extern "C" fn(*const fd_handle, *const fd_decode_args, *mut fd_plan_info) -> fd_status,
 }

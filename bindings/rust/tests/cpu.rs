@@ -4,8 +4,8 @@
 //! install) or the system.
 
 use flashdecode::{
-    Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Options, Status, Tensor,
-    TensorMut,
+    Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Merge, Options, PlanInfo,
+    Status, Tensor, TensorMut,
 };
 
 fn library() -> Library {
@@ -352,6 +352,34 @@ fn bhnd_strides_and_paged_cache_agree_with_dense() {
     .num_splits(1);
     handle.decode(&mut args).unwrap();
     assert_close(&widen(&paged), &expected, 2e-5);
+}
+
+#[test]
+fn describe_plan_reports_the_cpu_plan() {
+    let (q, k) = (values(8 * 64, 12), values(512 * 2 * 64, 13));
+    let mut out = vec![0f32; q.len()];
+    let handle = cpu_handle();
+    let args = DecodeArgs::new(
+        Tensor::f32(&q, &[1, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[1, 512, 2, 64]).unwrap(),
+        Tensor::f32(&k, &[1, 512, 2, 64]).unwrap(),
+        TensorMut::f32(&mut out, &[1, 1, 8, 64]).unwrap(),
+    )
+    .num_splits(5);
+    let info = handle.describe_plan(&args).unwrap();
+    assert_eq!(
+        info,
+        PlanInfo {
+            backend: Backend::Cpu,
+            num_splits: 5,
+            split_tokens: 103,
+            workspace_bytes: handle.workspace_size(&args).unwrap(),
+            kernel: "cpu".to_string(),
+            merge: Merge::Separate,
+            launches: 0,
+            blocks: 2 * 5,
+        }
+    );
 }
 
 #[test]

@@ -195,6 +195,15 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // run's two passes: a task per (sequence, KV head, split), then the merge.
+  LaunchSummary describe(const Problem &p, const Plan &plan) const override {
+    LaunchSummary summary;
+    summary.kernel = "cpu";
+    summary.merge = FD_MERGE_SEPARATE;
+    summary.blocks = p.batch * p.kv_heads * plan.num_splits;
+    return summary;
+  }
+
  private:
   template <fd_dtype D>
   void run(const Problem &p, const Plan &plan, void *workspace) {

@@ -242,14 +242,9 @@ class CudaBackend final : public Backend {
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
-    // The plan's kernel, unless these K/V rows are not 16-byte aligned or a
-    // paged pool's strides are too large for the tensor-core loader: then
-    // the CUDA-core kernel runs the same plan (it takes any split length).
-    cuda::SplitKernelChoice kernel = from_tag(plan.kernel);
-    const bool aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
-    if (!aligned || (p.paged && !paged_fits_32bit(p))) kernel = cuda::SplitKernelChoice{};
-    const cuda::SplitKernelShape shape = kernel_shape(p, kernel);
-    const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+    const LaunchChoice launch = choose_launch(p, plan);
+    const cuda::SplitKernelChoice kernel = launch.kernel;
+    const HeadTiling heads = launch.heads;
     auto *base = static_cast<char *>(workspace);
 
     cuda::SplitParams s;
@@ -262,7 +257,7 @@ class CudaBackend final : public Backend {
       s.k_strides[d] = p.k.strides[d];
       s.v_strides[d] = p.v.strides[d];
     }
-    s.kv_aligned = aligned;
+    s.kv_aligned = launch.aligned;
     if (p.has_seq_lens) {
       s.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
       s.seq_lens_stride = p.seq_lens.strides[0];
@@ -294,15 +289,9 @@ class CudaBackend final : public Backend {
     s.m = reinterpret_cast<float *>(base + plan.m_offset);
     s.l = reinterpret_cast<float *>(base + plan.l_offset);
     s.acc = reinterpret_cast<float *>(base + plan.acc_offset);
-    s.write_output = plan.num_splits == 1;
-    // One unit per (sequence, KV head, chunk); see kFusedMergeMaxBytes.
-    const int64_t units = p.batch * p.kv_heads * heads.chunks;
-    const int64_t unit_states = static_cast<int64_t>(heads.heads_per_chunk) * plan.num_splits;
-    const bool fused_merge = plan.num_splits > 1 && units <= cuda::kMergeCounterSlots &&
-                             unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
-                             cuda::fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
-    s.cluster_merge = cluster_merge_fits(p, kernel, plan.num_splits, units * plan.num_splits);
-    if (fused_merge && !s.cluster_merge) s.merge_counters = reinterpret_cast<unsigned *>(base);
+    s.write_output = launch.merge == FD_MERGE_NONE;
+    s.cluster_merge = launch.merge == FD_MERGE_CLUSTER;
+    if (launch.merge == FD_MERGE_FUSED) s.merge_counters = reinterpret_cast<unsigned *>(base);
     s.out = p.out.data;
     s.out_batch_stride = p.out.strides[0];
     s.out_head_stride = p.out.strides[2];
@@ -329,13 +318,72 @@ class CudaBackend final : public Backend {
     merge.lse_head_stride = s.lse_head_stride;
 
     DeviceGuard guard(device_);
-    const bool merge_launch = plan.num_splits > 1 && !fused_merge && !s.cluster_merge;
+    const bool merge_launch = launch.merge == FD_MERGE_SEPARATE;
     check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, merge_launch ? &merge : nullptr,
                                    kernel, programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
 
+  LaunchSummary describe(const Problem &p, const Plan &plan) const override {
+    const LaunchChoice launch = choose_launch(p, plan);
+    LaunchSummary summary;
+    summary.kernel = kernel_name(launch.kernel, kernel_shape(p, launch.kernel).head_dim_bucket);
+    summary.merge = launch.merge;
+    if (p.batch > 0) {
+      summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
+      summary.blocks = launch.units * plan.num_splits;
+    }
+    return summary;
+  }
+
  private:
+  // Everything decode decides about a planned problem beyond the plan.
+  struct LaunchChoice {
+    cuda::SplitKernelChoice kernel;
+    HeadTiling heads{};
+    bool aligned = false;  // every K/V row on 16 bytes (SplitParams::kv_aligned)
+    int64_t units = 0;     // (sequence, KV head, chunk) units; each runs plan.num_splits CTAs
+    fd_merge merge = FD_MERGE_NONE;
+  };
+
+  // The plan's kernel, unless these K/V rows are not 16-byte aligned or a
+  // paged pool's strides are too large for the tensor-core loader: then the
+  // CUDA-core kernel runs the same plan (it takes any split length). Then the
+  // merge: in clusters where they fit (cluster_merge_fits), else fused into
+  // the split kernel where a unit's partials fit (kFusedMergeMaxBytes), else
+  // the merge kernel.
+  LaunchChoice choose_launch(const Problem &p, const Plan &plan) const {
+    LaunchChoice launch;
+    launch.kernel = from_tag(plan.kernel);
+    launch.aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
+    if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.kernel = cuda::SplitKernelChoice{};
+    const cuda::SplitKernelShape shape = kernel_shape(p, launch.kernel);
+    launch.heads = tile_heads(p.group_size, shape.rows);
+    launch.units = p.batch * p.kv_heads * launch.heads.chunks;
+    if (plan.num_splits == 1) return launch;
+    const int64_t unit_states = static_cast<int64_t>(launch.heads.heads_per_chunk) * plan.num_splits;
+    const bool fused = launch.units <= cuda::kMergeCounterSlots &&
+                       unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
+                       cuda::fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
+    if (cluster_merge_fits(p, launch.kernel, plan.num_splits, launch.units * plan.num_splits)) {
+      launch.merge = FD_MERGE_CLUSTER;
+    } else {
+      launch.merge = fused ? FD_MERGE_FUSED : FD_MERGE_SEPARATE;
+    }
+    return launch;
+  }
+
+  // fd_plan_info::kernel: static names, one per kernel family and bucket.
+  static const char *kernel_name(cuda::SplitKernelChoice kernel, int head_dim_bucket) {
+    static const char *const names[3][3] = {
+        {"cuda-core-64", "cuda-core-128", "cuda-core-256"},
+        {"tensor-core-64", "tensor-core-128", "tensor-core-256"},
+        {"tensor-core-wide-64", "tensor-core-wide-128", "tensor-core-wide-256"},
+    };
+    const int family = !kernel.mma ? 0 : kernel.wide ? 2 : 1;
+    return names[family][cuda::bucket_index(head_dim_bucket)];
+  }
+
   static cuda::SplitKernelShape kernel_shape(const Problem &p, cuda::SplitKernelChoice kernel) {
     return kernel.mma ? cuda::mma_kernel_shape(p.head_dim, kernel.wide) : cuda::split_kernel_shape(p.dtype, p.head_dim);
   }

@@ -42,14 +42,14 @@ from ._errors import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
-from ._handle import LAYOUTS, Backend, Handle, flash_decode, host_workspace
+from ._handle import LAYOUTS, Backend, Handle, Merge, PlanInfo, flash_decode, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. ``"0.1.0"`` (loads it if needed)."""
+    """The loaded library's version string, e.g. ``"0.2.0"`` (loads it if needed)."""
     return load_library().version
 
 
@@ -75,9 +75,11 @@ __all__ = [
     "InvalidStrideError",
     "LibraryError",
     "LibraryInfo",
+    "Merge",
     "NoDeviceError",
     "NullPointerError",
     "OutOfMemoryError",
+    "PlanInfo",
     "Status",
     "UnsupportedError",
     "WorkspaceTooSmallError",

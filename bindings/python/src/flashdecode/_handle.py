@@ -43,6 +43,44 @@ class Backend(enum.IntEnum):
     CUDA = 2
 
 
+class Merge(enum.IntEnum):
+    """``fd_merge``: how a decode combines its splits' partial results. Values are pinned."""
+
+    NONE = 0
+    """One split: the CUDA split kernel writes the output itself."""
+    SEPARATE = 1
+    """A pass after every split: the CUDA merge kernel (a second launch), or the CPU merge pass."""
+    FUSED = 2
+    """CUDA: the last thread block of each (sequence, KV head) merges its splits in the split kernel."""
+    CLUSTER = 3
+    """CUDA sm_90+: each (sequence, KV head)'s splits run as one thread-block cluster."""
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What :meth:`Handle.decode` would run for a problem (``fd_plan_info``).
+
+    Attributes:
+        backend: the handle's backend.
+        num_splits: splits of the KV sequence (requested, or the planner's choice).
+        split_tokens: KV tokens of each split.
+        workspace_bytes: as :meth:`Handle.workspace_size` reports.
+        kernel: the split kernel, e.g. ``"tensor-core-wide-128"`` or ``"cpu"``; for logs.
+        merge: how the splits are combined.
+        launches: CUDA kernels per decode (1 or 2); 0 on the CPU.
+        blocks: CUDA thread blocks of the split kernel; CPU tasks of the split pass.
+    """
+
+    backend: "Backend"
+    num_splits: int
+    split_tokens: int
+    workspace_bytes: int
+    kernel: str
+    merge: Merge
+    launches: int
+    blocks: int
+
+
 LAYOUTS = ("NHD", "HND")
 """Dimension orders: ``"NHD"`` puts the sequence before the heads (q
 ``[batch, 1, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
@@ -281,6 +319,57 @@ class Handle:
             nbytes = ctypes.c_size_t()
             check(library().fd_workspace_size(pointer, ctypes.byref(call.args), ctypes.byref(nbytes)))
         return nbytes.value
+
+    def describe_plan(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        lse: Any = None,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        softmax_scale: Optional[float] = None,
+        num_splits: Optional[int] = None,
+        layout: str = "NHD",
+        dtype: Any = None,
+    ) -> PlanInfo:
+        """What :meth:`decode` would run for these arguments on this handle, without running it.
+
+        Validates like :meth:`decode`; ``out`` may be omitted. The plan holds
+        for decodes with the same shapes, split count and pointer alignment.
+        """
+        with self._lock:
+            pointer = self._live_pointer()
+            call = self._prepare(
+                q,
+                k,
+                v,
+                out=out,
+                lse=lse,
+                return_lse=False,
+                seq_lens=seq_lens,
+                block_table=block_table,
+                softmax_scale=softmax_scale,
+                num_splits=num_splits,
+                layout=layout,
+                dtype=dtype,
+                stream=None,
+                size_query=True,
+            )
+            info = _library.FdPlanInfo(struct_size=ctypes.sizeof(_library.FdPlanInfo))
+            check(library().fd_describe_plan(pointer, ctypes.byref(call.args), ctypes.byref(info)))
+        return PlanInfo(
+            backend=Backend(info.backend),
+            num_splits=info.num_splits,
+            split_tokens=info.split_tokens,
+            workspace_bytes=info.workspace_bytes,
+            kernel=(info.kernel or b"").decode(),
+            merge=Merge(info.merge),
+            launches=info.launches,
+            blocks=info.blocks,
+        )
 
     def reserve_workspace(self, nbytes: int) -> None:
         """Makes the library-owned workspace at least ``nbytes`` (e.g. from :meth:`workspace_size`).

@@ -26,7 +26,7 @@ from ._errors import LibraryError, error_from_status
 
 ABI_MAJOR = 0
 """The major version (ABI, SONAME suffix) these declarations were written for."""
-ABI_MINOR = 1
+ABI_MINOR = 2
 """The minor version of the header these declarations were written from."""
 SONAME = f"libflashdecode.so.{ABI_MAJOR}"
 LIBRARY_ENV = "FLASHDECODE_LIBRARY"
@@ -79,6 +79,22 @@ class FdDecodeArgs(ctypes.Structure):
     ]
 
 
+class FdPlanInfo(ctypes.Structure):
+    """``fd_plan_info`` (since 0.2)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("backend", c_enum),
+        ("num_splits", ctypes.c_int32),
+        ("split_tokens", ctypes.c_int64),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("kernel", ctypes.c_char_p),
+        ("merge", c_enum),
+        ("launches", ctypes.c_int32),
+        ("blocks", ctypes.c_int64),
+    ]
+
+
 def new_options() -> FdOptions:
     """``fd_options`` with the defaults of ``fd_options_init()``.
 
@@ -109,6 +125,8 @@ _PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
     ("fd_workspace_size", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(ctypes.c_size_t)]),
     ("fd_reserve_workspace", c_enum, [_handle_p, ctypes.c_size_t]),
     ("fd_set_workspace", c_enum, [_handle_p, ctypes.c_void_p, ctypes.c_size_t]),
+    ("fd_plan_info_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+    ("fd_describe_plan", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(FdPlanInfo)]),
 )
 
 
@@ -120,7 +138,7 @@ class LibraryInfo:
         path: the file that was loaded (resolved by the dynamic loader).
         source: how it was found: ``"FLASHDECODE_LIBRARY"``, ``"bundled"``,
             ``"system"`` or ``"explicit"`` (given to :func:`load_library`).
-        version: its version string, e.g. ``"0.1.0"``.
+        version: its version string, e.g. ``"0.2.0"``.
         version_number: ``major * 10000 + minor * 100 + patch``.
     """
 
@@ -230,11 +248,13 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
     return lib, LibraryInfo(path=path, source=source, version=version, version_number=number)
 
 
-def declare(lib: ctypes.CDLL, where: str) -> None:
+def declare(lib: ctypes.CDLL, where: str, require_all: bool = True) -> None:
     """Sets the argument and result types of every exported function on ``lib``.
 
     For tools that load several builds of the library side by side (the
     benchmarks in ``tests/bench``), which :func:`load_library` does not.
+    With ``require_all`` false, functions an older build lacks (e.g.
+    ``fd_describe_plan`` before 0.2) are left undeclared instead.
 
     Raises:
         LibraryError: a function is missing (``where`` names the library).
@@ -243,6 +263,8 @@ def declare(lib: ctypes.CDLL, where: str) -> None:
         try:
             declared = getattr(lib, function)
         except AttributeError:
+            if not require_all:
+                continue
             raise LibraryError(f"{where}: does not export {function}; not a flashdecode library?") from None
         declared.restype = restype
         declared.argtypes = argtypes
@@ -253,6 +275,7 @@ def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
     for name, init, struct in (
         ("fd_options", lib.fd_options_init, FdOptions),
         ("fd_decode_args", lib.fd_decode_args_init, FdDecodeArgs),
+        ("fd_plan_info", lib.fd_plan_info_init, FdPlanInfo),
     ):
         library_size = int(init(None, 0))  # NULL: only the size is asked for
         ours = ctypes.sizeof(struct)
