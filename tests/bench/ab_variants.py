@@ -4,7 +4,7 @@ counts) on the same inputs, in one process, rounds in alternating order.
 
     python3 tests/bench/ab_variants.py --lib dev=build-dev/src/libflashdecode.so.0 \
         --lib var1=build-var1/src/libflashdecode.so.0 [--shapes 1,3,5] [--dtypes float16] \
-        [--extra 64x32/8x4096x128] [--kv-row 128] [--splits "5:4,16;1:64"] [--rounds 3] [--replays 60]
+        [--extra 64x32/8x4096x128] [--kv-row 128] [--splits "5:4,16;1:64"] [--plans] [--rounds 3] [--replays 60]
 
 tests/tools/build-variant.sh builds a variant (a git ref, the working tree,
 extra CUDA flags) into ab/NAME/. Every library is loaded from its own path
@@ -37,16 +37,20 @@ def main():
     parser.add_argument("--page-size", type=int, default=cs.PAGE_SIZE, help="tokens a page of the paged shapes 10, 11, 12")
     parser.add_argument("--page-order", choices=cs.PAGE_ORDERS, default=cs.PAGE_ORDER,
                         help="block table of the paged shapes: shuffled pages, or in order")
+    parser.add_argument("--page-pool", type=int, default=1,
+                        help="page pools this many times the pages the table uses (shuffled: scattered over all)")
     parser.add_argument("--kv-row", type=int, default=0,
                         help="dense K/V rows of this many elements, the first head_dim used (padded rows)")
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
+    parser.add_argument("--plans", action="store_true",
+                        help="print each variant's plan (kernel, splits x tokens, merge; builds from 0.2 on)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=60)
     parser.add_argument("--rotation-mib", type=int, default=1024)
     args = parser.parse_args()
     cs.set_page_size(args.page_size, parser)
-    cs.set_page_order(args.page_order)
+    cs.set_page_order(args.page_order, args.page_pool)
 
     libs = []
     for spec in args.lib:
@@ -84,20 +88,23 @@ def main():
                 run = cs.flashdecode_calls(fd, handle, fd_args)
                 rel = cs.first_set_error(run, data)
                 ok = rel <= bound and not math.isnan(rel)
-                calls.append((name, run, rel, ok))
-            times = {name: [] for name, _, _, _ in calls}
+                plan = fd.plan(handle, fd_args[0]) if args.plans else ""
+                calls.append((name, run, rel, ok, plan))
+            times = {name: [] for name, _, _, _, _ in calls}
             for r in range(args.rounds):
                 order = calls if r % 2 == 0 else calls[::-1]
-                for name, run, _, ok in order:
+                for name, run, _, ok, _ in order:
                     if ok:
                         times[name].append(cs.time_graph(run, args.replays)[0] * 1e6)
             cells = []
-            for name, _, rel, ok in calls:
+            for name, _, rel, ok, plan in calls:
+                plan = f" [{plan}]" if plan else ""
                 if not ok:
-                    cells.append(f"{name}: CHECK FAILED ({rel:.1e})")
+                    cells.append(f"{name}{plan}: CHECK FAILED ({rel:.1e})")
                 else:
                     t = times[name]
-                    cells.append(f"{name}: " + "/".join(f"{x:.1f}" for x in t) + f" (med {statistics.median(t):.1f})")
+                    cells.append(f"{name}{plan}: " + "/".join(f"{x:.1f}" for x in t) +
+                                 f" (med {statistics.median(t):.1f})")
             print(f"{cs.shape_label(shape):<30} {dtype_name:<8} " + " | ".join(cells), flush=True)
             del data, calls
             torch.cuda.empty_cache()

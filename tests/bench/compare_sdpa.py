@@ -50,7 +50,7 @@ except ImportError:  # --from-json (tables and plot of an earlier run) needs no 
 # the whole project); this script loads a given build itself, so that
 # ab_variants.py can hold several builds in one process.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python", "src"))
-from flashdecode._library import FdDecodeArgs, FdOptions, FdTensor, declare  # noqa: E402
+from flashdecode._library import FdDecodeArgs, FdOptions, FdPlanInfo, FdTensor, declare  # noqa: E402
 
 FD_SUCCESS = 0
 FD_BACKEND_CUDA = 2
@@ -62,8 +62,17 @@ class FlashDecode:
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
-        declare(self.lib, path)
+        declare(self.lib, path, require_all=False)  # builds before 0.2 have no fd_describe_plan
         self.version = self.lib.fd_version_string().decode()
+
+    def plan(self, handle, args):
+        """What fd_decode runs for args, e.g. "tensor-core-wide-128 16x2048 fused" ("" before 0.2)."""
+        if not hasattr(self.lib, "fd_describe_plan"):
+            return ""
+        info = FdPlanInfo(struct_size=ctypes.sizeof(FdPlanInfo))
+        self.check(self.lib.fd_describe_plan(handle, ctypes.byref(args), ctypes.byref(info)), "fd_describe_plan")
+        merge = {0: "direct", 1: "merge kernel", 2: "fused", 3: "cluster"}.get(info.merge, str(info.merge))
+        return f"{info.kernel.decode()} {info.num_splits}x{info.split_tokens} {merge}"
 
     def check(self, status, what):
         if status != FD_SUCCESS:
@@ -100,10 +109,11 @@ def make_paged(randn, gen, batch, kv_heads, kv_len, head_dim, sets, head_major):
     Pools are token-major [pages, PAGE_SIZE, Hkv, D] (NHD, vLLM's layout) or
     head-major [pages, Hkv, PAGE_SIZE, D] (HND)."""
     pages = batch * kv_len // PAGE_SIZE
-    size = (pages, kv_heads, PAGE_SIZE, head_dim) if head_major else (pages, PAGE_SIZE, kv_heads, head_dim)
+    pool_pages = pages * PAGE_POOL_FACTOR  # the table uses `pages` of them (all, by default)
+    size = (pool_pages, kv_heads, PAGE_SIZE, head_dim) if head_major else (pool_pages, PAGE_SIZE, kv_heads, head_dim)
     pools_k = [randn(*size) for _ in range(sets)]
     pools_v = [randn(*size) for _ in range(sets)]
-    perm = (torch.randperm(pages, device="cuda", generator=gen) if PAGE_ORDER == "shuffled"
+    perm = (torch.randperm(pool_pages, device="cuda", generator=gen)[:pages] if PAGE_ORDER == "shuffled"
             else torch.arange(pages, device="cuda")).to(torch.int32)
     table = perm.reshape(batch, kv_len // PAGE_SIZE).contiguous()
 
@@ -216,6 +226,10 @@ PAGE_SIZE = 16  # tokens a page of shapes 10, 11 (issue 4) and 12; --page-size s
 # (the pool is then the dense cache, token-major: what the lookups alone cost).
 PAGE_ORDER = "shuffled"
 PAGE_ORDERS = ("shuffled", "in-order")
+# Page pools this many times larger than the table uses (--page-pool): the
+# shuffled table's pages are then scattered over more memory, as in a serving
+# engine's pool shared by sequences of any length.
+PAGE_POOL_FACTOR = 1
 
 
 def set_page_size(tokens, parser):
@@ -227,10 +241,12 @@ def set_page_size(tokens, parser):
     PAGE_SIZE = tokens
 
 
-def set_page_order(order):
-    """--page-order: shuffled or in-order block tables for the paged shapes."""
-    global PAGE_ORDER
+def set_page_order(order, pool_factor=1):
+    """--page-order and --page-pool: shuffled or in-order block tables for the
+    paged shapes, over pools pool_factor times the pages they use."""
+    global PAGE_ORDER, PAGE_POOL_FACTOR
     PAGE_ORDER = order
+    PAGE_POOL_FACTOR = max(1, pool_factor)
 
 
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
@@ -254,7 +270,8 @@ def parse_extra_shapes(spec, parser):
 
 def shape_label(shape):
     sid, b, hq, hkv, n, d, kind = shape
-    order = "" if PAGE_ORDER == "shuffled" else f" {PAGE_ORDER}"
+    order = ("" if PAGE_ORDER == "shuffled" else f" {PAGE_ORDER}") + (
+        f" pool x{PAGE_POOL_FACTOR}" if PAGE_POOL_FACTOR > 1 else "")
     extra = {"ragged": " ragged", "paged": f" paged{PAGE_SIZE}{order}",
              "paged-hnd": f" paged{PAGE_SIZE} HND{order}", "ragged-paged": f" ragged paged{PAGE_SIZE}{order}"}.get(kind, "")
     return f"{sid}: {b}x{hq}/{hkv}x{n}x{d}{extra}"
@@ -382,8 +399,9 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     real_tokens = int(lens.sum().item()) if lens is not None else batch * kv_len
     moved = 2 * kv_heads * head_dim * elem * real_tokens + 2 * batch * q_heads * head_dim * elem
     ref_dense, ref_fd = data["ref_dense"], data["ref"]
-    implementations = [("flashdecode", flashdecode_calls(fd, handle, decode_args_per_set(fd, data, shape)),
-                        lambda: outs[0], ref_fd)]
+    fd_args = decode_args_per_set(fd, data, shape)
+    fd_plan = fd.plan(handle, fd_args[0])
+    implementations = [("flashdecode", flashdecode_calls(fd, handle, fd_args), lambda: outs[0], ref_fd)]
     for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
         holder = {}
 
@@ -428,6 +446,8 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
                "kv_mib": kv_set_bytes / 2**20, "real_tokens": real_tokens, "bytes": moved}
         if name == "seed" and group > 1:
             row["kv_expanded"] = group  # the seed has no GQA: it reads K/V repeated per query head
+        if name == "flashdecode" and fd_plan:
+            row["plan"] = fd_plan
         try:
             calls()  # once, eagerly: the output is checked before timing
             torch.cuda.synchronize()
@@ -520,7 +540,8 @@ def report(all_rows, shapes, dtypes, plot_path):
             print(f"{head} n/a: {r['error']}")
         else:
             flag = "" if r["ok"] else " CHECK FAILED"
-            print(f"{head} {r['us']:>9.1f} {r['gbps']:>6.0f} {r['pct_of_read']:>6.1f} {r['rel_err']:>8.1e}{flag}")
+            plan = f"  [{r['plan']}]" if "plan" in r else ""
+            print(f"{head} {r['us']:>9.1f} {r['gbps']:>6.0f} {r['pct_of_read']:>6.1f} {r['rel_err']:>8.1e}{flag}{plan}")
     summary = summarise(all_rows, shapes, dtypes)
     print("=== flashdecode vs the best anchor (best anchor time / flashdecode time; > 1: flashdecode faster)")
     for dtype, shape, fd_row, best, ratio in summary:
@@ -554,6 +575,8 @@ def main():
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11, 12")
     parser.add_argument("--page-order", choices=PAGE_ORDERS, default=PAGE_ORDER,
                         help="block table of the paged shapes: shuffled pages, or in order")
+    parser.add_argument("--page-pool", type=int, default=1,
+                        help="page pools this many times the pages the table uses (shuffled: scattered over all)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
@@ -563,7 +586,7 @@ def main():
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
     set_page_size(args.page_size, parser)
-    set_page_order(args.page_order)
+    set_page_order(args.page_order, args.page_pool)
     wanted = {int(x) for x in args.shapes.split(",") if x}
     shapes = [s for s in SHAPES if s[0] in wanted] + parse_extra_shapes(args.extra, parser)
     if args.from_json:
