@@ -443,12 +443,30 @@ class CudaBackend final : public Backend {
     return hint;
   }
 
+  // Whether splits of a problem cut `splits` ways are longer than the
+  // pipeline of a kernel of this shape (stages x tile tokens), so that its
+  // CTAs refill stages while computing. A wide CTA whose split fits in its
+  // stages requests all of it at once and computes every tile after the
+  // bytes land; standard CTAs, with half the bytes a stage, overlap half of
+  // it. The wave model's per-token costs do not see this: on the H200 (fp16,
+  // graph replay, same call) 1x32/8x4096x128 ran 16 wide splits of 2 tiles
+  // in 11.0 us and 16 standard splits in 10.6, 1x16/16x4096x64 8 wide splits
+  // of 2 tiles in 10.0 and 16 standard ones in 9.6, while wide splits of 4
+  // tiles were level or 3% faster (2x32/8x4096x128 14.3 against 14.8,
+  // 4x32/8x2048x128 14.1 against 14.5, 1x32/8x8192x128 14.7 against 14.6).
+  static bool refills_pipeline(const Problem &p, const cuda::SplitKernelShape &shape, int splits) {
+    const int64_t tile = std::max(1, shape.tile_tokens);
+    const int64_t split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), std::max(1, splits)), tile) * tile;
+    return split_tokens > static_cast<int64_t>(shape.stages) * shape.tile_tokens;
+  }
+
   // The one place that decides which split kernel a problem is planned for
   // (see mma_eligible and kMhaCudaCoreMinWaves), from PlanKey fields alone.
   // Wide tensor-core tiles
   // when the device has them, for dense caches with automatic splits: with
   // one length when the wave model expects them to finish sooner (they lose
-  // where the grid cannot be sized to the multiprocessors; mma_kernel.cuh),
+  // where the grid cannot be sized to the multiprocessors; mma_kernel.cuh)
+  // and their splits are longer than their pipeline (refills_pipeline),
   // always with per-sequence lengths, whose four waves of splits the wide
   // tiles stream faster (H200, 16x32/8 ragged up to 16384 x128: fp16 151.1
   // -> 146.7 us, bf16 151.7 -> 146.3). Paged caches measured slower with them.
@@ -464,7 +482,9 @@ class CudaBackend final : public Backend {
     wide.wide = true;
     if (occupancy_.wide[p.dtype - 1][cuda::bucket_index(kernel_shape(p, wide).head_dim_bucket)] == 0) return kernel;
     if (p.has_seq_lens) return wide;  // the wave model has no lengths to compare them on
-    if (estimate_splits(p, hint_for(p, wide)).cost < estimate_splits(p, hint_for(p, kernel)).cost) return wide;
+    const SplitEstimate wide_estimate = estimate_splits(p, hint_for(p, wide));
+    if (!refills_pipeline(p, kernel_shape(p, wide), wide_estimate.splits)) return kernel;
+    if (wide_estimate.cost < estimate_splits(p, hint_for(p, kernel)).cost) return wide;
     return kernel;
   }
 

@@ -194,6 +194,7 @@ SplitKernelShape shape_of() {
   shape.threads = Traits::kThreads;
   shape.rows = Traits::kRows;
   shape.tile_tokens = Traits::kTileTokens;
+  shape.stages = Traits::kStages;
   shape.smem_bytes = Traits::kSmemBytes;
   return shape;
 }

@@ -100,6 +100,7 @@ struct SplitKernelShape {
   int threads = 0;
   int rows = 0;             // thread rows of head_dim_bucket / 8 lanes; each is one (head, token group)
   int tile_tokens = 0;      // tokens per pipeline stage
+  int stages = 0;           // tiles in flight
   int smem_bytes = 0;
 };
 
