@@ -33,7 +33,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", action="append", required=True, help="NAME=path of libflashdecode.so.0")
     parser.add_argument("--shapes", default="1,3,4,5,7,8,10")
-    parser.add_argument("--extra", default="", help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, ...)")
+    parser.add_argument("--extra", default="", help="more shapes, 'BxHq/HkvxNxD[:kind]' comma-separated (ids 101, ...)")
     parser.add_argument("--page-size", type=int, default=cs.PAGE_SIZE, help="tokens a page of the paged shapes 10, 11, 12")
     parser.add_argument("--page-order", choices=cs.PAGE_ORDERS, default=cs.PAGE_ORDER,
                         help="block table of the paged shapes: shuffled pages, or in order")

@@ -252,18 +252,28 @@ def set_page_order(order, pool_factor=1):
 BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
+SHAPE_KINDS = ("dense", "ragged", "paged", "paged-hnd", "ragged-paged")
+
+
 def parse_extra_shapes(spec, parser):
-    """--extra's 'BxHq/HkvxNxD' list as dense shapes numbered from 101."""
+    """--extra's 'BxHq/HkvxNxD[:kind]' list (kind one of SHAPE_KINDS, dense
+    by default) as shapes numbered from 101."""
     shapes = []
     for i, text in enumerate(x for x in spec.split(",") if x):
+        sizes, _, kind = text.partition(":")
+        kind = kind or "dense"
         try:
-            batch, heads, kv_len, head_dim = text.split("x")
+            batch, heads, kv_len, head_dim = sizes.split("x")
             q_heads, kv_heads = heads.split("/")
-            shape = (101 + i, int(batch), int(q_heads), int(kv_heads), int(kv_len), int(head_dim), "dense")
+            shape = (101 + i, int(batch), int(q_heads), int(kv_heads), int(kv_len), int(head_dim), kind)
         except ValueError:
-            parser.error(f"--extra: '{text}' is not BxHq/HkvxNxD")
+            parser.error(f"--extra: '{text}' is not BxHq/HkvxNxD[:kind]")
+        if kind not in SHAPE_KINDS:
+            parser.error(f"--extra: '{text}': kind must be one of {', '.join(SHAPE_KINDS)}")
         if min(shape[1:6]) < 1 or shape[2] % shape[3] != 0:
             parser.error(f"--extra: '{text}' needs positive sizes and Hq a multiple of Hkv")
+        if "paged" in kind and shape[4] % PAGE_SIZE != 0:
+            parser.error(f"--extra: '{text}': the KV length must be a multiple of the page size {PAGE_SIZE}")
         shapes.append(shape)
     return shapes
 
@@ -570,7 +580,8 @@ def main():
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11,12",
                         help="comma-separated shape ids: issue 4's 1..11, and 12 (ragged and paged)")
     parser.add_argument("--extra", default="",
-                        help="more dense shapes, 'BxHq/HkvxNxD' comma-separated (ids 101, 102, ...; "
+                        help="more shapes, 'BxHq/HkvxNxD[:kind]' comma-separated, kind dense (default), ragged, "
+                             "paged, paged-hnd or ragged-paged (ids 101, 102, ...; "
                              "'--shapes \"\"' runs only these)")
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tokens a page of the paged shapes 10, 11, 12")
     parser.add_argument("--page-order", choices=PAGE_ORDERS, default=PAGE_ORDER,
