@@ -25,12 +25,17 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Splits shorter than this cost more in partial-state traffic and pipeline
-// start-up than they win in parallelism. The CUDA-core kernel's CTA is
-// smaller (up to 4 per SM) and its tiles 32-64 tokens, so it can use shorter
-// splits: on the H200, 1x32/32x2048x128 fp16 ran 15.3 us at 16 splits against
-// 16.1 us at the 8 that 256 tokens allow.
-constexpr int64_t kMinSplitTokens = 256;
-constexpr int64_t kMinSplitTokensCudaCore = 128;
+// start-up than they win in parallelism. 128 tokens are the standard
+// tensor-core pipeline for head_dim 128 (two 64-token stages) and what lets
+// caches of a few MiB fill the GPU: on the H200 (fp16, same call, against
+// 256 tokens) 1x32/8x1024x128 ran 8 splits in 6.6 us against 4 in 7.6,
+// 1x8/4x4096x256 32 in 10.9 against 16 wide ones in 11.6, 1x32/32x1024x128
+// 9.5 against 10.1; splits it allows but the wave model does not pick cost
+// nothing (the issue's shapes and 8 more unchanged, 1x32/8x4096x128 10.6 ->
+// 10.8 at its worst). The CUDA-core kernel (up to 4 CTAs per SM, 32-64-token
+// tiles) had it first: 1x32/32x2048x128 15.3 us at 16 splits against 16.1 at
+// 8.
+constexpr int64_t kMinSplitTokens = 128;
 // The planner's wave model (core/plan.cpp): a CTA's fixed cost (pipeline
 // fill, epilogue) and the merge launch, in tokens a CTA streams meanwhile.
 constexpr int64_t kSplitOverheadTokens = 64;
@@ -431,7 +436,7 @@ class CudaBackend final : public Backend {
     // A unit of the planner is one (sequence, KV head); each takes
     // heads.chunks CTAs per split.
     hint.workers = std::max<int64_t>(1, static_cast<int64_t>(sm_count_) * resident / heads.chunks);
-    hint.min_split_tokens = kernel.mma ? kMinSplitTokens : kMinSplitTokensCudaCore;
+    hint.min_split_tokens = kMinSplitTokens;
     hint.split_granularity = shape.tile_tokens;
     hint.split_overhead_tokens = kSplitOverheadTokens;
     hint.merge_overhead_tokens = kMergeOverheadTokens;
