@@ -71,7 +71,7 @@ class FlashDecode:
             return ""
         info = FdPlanInfo(struct_size=ctypes.sizeof(FdPlanInfo))
         self.check(self.lib.fd_describe_plan(handle, ctypes.byref(args), ctypes.byref(info)), "fd_describe_plan")
-        merge = {0: "direct", 1: "merge kernel", 2: "fused", 3: "cluster"}.get(info.merge, str(info.merge))
+        merge = {0: "direct", 1: "separate", 2: "fused", 3: "cluster"}.get(info.merge, str(info.merge))
         return f"{info.kernel.decode()} {info.num_splits}x{info.split_tokens} {merge}"
 
     def check(self, status, what):

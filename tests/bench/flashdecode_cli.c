@@ -136,6 +136,20 @@ static int fail_status(const char *what, fd_status status) {
   return 1;
 }
 
+/* What fd_decode runs for args on h, as "KERNEL SPLITSxTOKENS MERGE" (e.g.
+ * "tensor-core-wide-128 16x2048 fused"), from fd_describe_plan. */
+static void describe_plan(const fd_handle *h, const fd_decode_args *args, char *text, size_t size) {
+  static const char *const merges[] = {"direct", "separate", "fused", "cluster"};
+  fd_plan_info info;
+  fd_plan_info_init(&info, sizeof info);
+  if (fd_describe_plan(h, args, &info) != FD_SUCCESS) {
+    snprintf(text, size, "?");
+    return;
+  }
+  const char *merge = (unsigned)info.merge < 4 ? merges[info.merge] : "?";
+  snprintf(text, size, "%s %dx%lld %s", info.kernel, (int)info.num_splits, (long long)info.split_tokens, merge);
+}
+
 #ifdef FD_DEMO_WITH_CUDA
 /* Copies the problem to the device (same layout), decodes there, and copies
  * the outputs back for the check. Each timed run is one fd_decode between two
@@ -152,6 +166,9 @@ static int run_cuda(fd_handle *h, fdt_problem *p, int iters, double *times) {
     fail_status("workspace", s);
     goto done;
   }
+  char plan[160];
+  describe_plan(h, &d.args, plan, sizeof plan);
+  printf("plan: %s\n", plan);
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
     fprintf(stderr, "flashdecode: cudaEventCreate failed\n");
     goto done;
@@ -183,6 +200,9 @@ done:
 #endif
 
 static int run_cpu(fd_handle *h, fdt_problem *p, int iters, double *times) {
+  char plan[160];
+  describe_plan(h, &p->args, plan, sizeof plan);
+  printf("plan: %s\n", plan);
   for (int i = -1; i < iters; ++i) { /* one warm-up run */
     const double t0 = now_seconds();
     const fd_status s = fd_decode(h, &p->args, NULL);
@@ -336,6 +356,7 @@ typedef struct bench_result {
   double host_median; /* host time of one fd_decode call: validation, plan lookup, kernel launch */
   double burst_host;  /* host time per call of back-to-back calls, as an eager decode loop issues them */
   double burst_gpu;   /* GPU time per call of those, gaps between launches included */
+  char plan[160];     /* describe_plan of the shape */
 } bench_result;
 
 /* Issues `count` fd_decode calls back to back (sets first, first + 1, ...,
@@ -414,6 +435,7 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
     fail_status("workspace", s);
     goto done;
   }
+  describe_plan(h, &args[0], r->plan, sizeof r->plan);
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&start) != cudaSuccess ||
       cudaEventCreate(&stop) != cudaSuccess)
     goto done;
@@ -503,8 +525,8 @@ static int run_bench(const demo_options *o) {
   const double ceiling = copy_ceiling_gbps();
   printf("flashdecode %s benchmark, %s; device-to-device copy %.0f GB/s (read + written)\n", fd_version_string(),
          dtype_name, ceiling);
-  printf("%-26s %8s %5s %8s %8s %8s %10s %10s %10s %8s %7s\n", "shape BxHq/HkvxNxD", "KV MiB", "sets", "host us",
-         "burst us", "eager us", "launch us", "graph us", "spread us", "GB/s", "%copy");
+  printf("%-26s %8s %5s %8s %8s %8s %10s %10s %10s %8s %7s  %s\n", "shape BxHq/HkvxNxD", "KV MiB", "sets", "host us",
+         "burst us", "eager us", "launch us", "graph us", "spread us", "GB/s", "%copy", "plan");
   FILE *json = o->json ? fopen(o->json, "w") : NULL;
   if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
   if (json) fprintf(json, "{\"dtype\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", dtype_name, ceiling);
@@ -522,19 +544,19 @@ static int run_bench(const demo_options *o) {
       continue;
     }
     const double gbps = r.bytes / r.graph_median * 1e-9;
-    printf("%-26s %8.1f %5d %8.2f %8.2f %8.1f %10.1f %10.1f %10.1f %8.0f %7.1f\n", label, r.kv_mib, r.sets,
+    printf("%-26s %8.1f %5d %8.2f %8.2f %8.1f %10.1f %10.1f %10.1f %8.0f %7.1f  %s\n", label, r.kv_mib, r.sets,
            r.host_median * 1e6, r.burst_host * 1e6, r.burst_gpu * 1e6, r.event_median * 1e6, r.graph_median * 1e6,
-           (r.graph_max - r.graph_min) * 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0);
+           (r.graph_max - r.graph_min) * 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, r.plan);
     if (json) {
       fprintf(json,
               "%s\n {\"shape\": \"%s\", \"kv_mib\": %.3f, \"sets\": %d, \"bytes\": %.0f, \"host_us\": %.3f, "
               "\"burst_host_us\": %.3f, \"burst_gpu_us\": %.3f, \"launch_us\": {\"median\": %.3f, "
               "\"min\": %.3f, \"max\": %.3f}, \"graph_us\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}, "
-              "\"gbps\": %.1f, \"pct_of_copy\": %.2f}",
+              "\"gbps\": %.1f, \"pct_of_copy\": %.2f, \"plan\": \"%s\"}",
               i ? "," : "", label, r.kv_mib, r.sets, r.bytes, r.host_median * 1e6, r.burst_host * 1e6,
               r.burst_gpu * 1e6, r.event_median * 1e6, r.event_min * 1e6, r.event_max * 1e6, r.graph_median * 1e6,
               r.graph_min * 1e6, r.graph_max * 1e6, gbps,
-              ceiling > 0 ? 100.0 * gbps / ceiling : 0.0);
+              ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, r.plan);
     }
   }
   if (json) {
