@@ -13,16 +13,16 @@
  * needed to use it.
  *
  * Reading order: version, status codes and errors, tensors, handle creation,
- * the decode call, workspace control.
+ * the decode call, workspace control, plan descriptions.
  *
  * @par Thread safety
  * - fd_version_number(), fd_version_string(), fd_status_string(),
- *   fd_options_init(), fd_decode_args_init() and fd_last_error_message() may
- *   be called from any thread at any time.
+ *   fd_options_init(), fd_decode_args_init(), fd_plan_info_init() and
+ *   fd_last_error_message() may be called from any thread at any time.
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
- * - On one handle, fd_workspace_size() and fd_get_backend() only read it and
- *   may run concurrently with each other. fd_decode(), fd_reserve_workspace(),
+ * - On one handle, fd_workspace_size(), fd_describe_plan() and
+ *   fd_get_backend() only read it and may run concurrently with each other. fd_decode(), fd_reserve_workspace(),
  *   fd_set_workspace() and fd_destroy() must not overlap with any other call
  *   on the same handle: the handle owns the workspace every fd_decode() uses.
  *   Use one handle per thread or stream (or serialise access).
@@ -498,7 +498,7 @@ typedef struct fd_plan_info {
   const char *kernel;
   fd_merge merge;          /**< How the splits' partial results are combined. */
   int32_t launches;        /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
-  int64_t blocks;          /**< CUDA: thread blocks of the split kernel; CPU: tasks of the split pass. */
+  int64_t blocks;          /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are covered by fewer, looping blocks); CPU: tasks of the split pass. */
 } fd_plan_info;
 
 /**
@@ -517,11 +517,14 @@ FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size);
  * @brief Describes what fd_decode() would run for @p args on this handle,
  *        without running it.
  *
- * Validates @p args as fd_decode() does and plans the problem the same way
- * (the same plan, kernel and merge, pointer alignment included), but
- * allocates nothing, enqueues nothing and does not change the handle. The
- * description holds for fd_decode() calls with the same shapes, split count
- * and pointer alignment on this handle.
+ * Validates @p args as fd_workspace_size() does (everything fd_decode()
+ * checks but the contents of seq_lens and block_table, which the CPU
+ * backend reads only in fd_decode()) and plans the problem the same way:
+ * the same plan, kernel and merge, pointer alignment and strides included.
+ * It allocates nothing, enqueues nothing and does not change the handle.
+ * The description holds for fd_decode() calls on this handle with the same
+ * shapes, strides, split count and pointer alignment. An empty batch runs
+ * nothing: #FD_MERGE_NONE, no launches, no blocks.
  *
  * @param handle A live handle.
  * @param args The problem, validated as fd_decode() validates it.

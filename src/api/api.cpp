@@ -280,7 +280,12 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
                caller_size);
     }
     const fd::PlannedDecode planned = fd::plan_decode(h, args);
-    const fd::LaunchSummary launch = h.backend->describe(planned.problem, planned.plan);
+    fd::LaunchSummary launch = h.backend->describe(planned.problem, planned.plan);
+    if (planned.problem.batch == 0) {  // fd_decode returns before the backend
+      launch.merge = FD_MERGE_NONE;
+      launch.launches = 0;
+      launch.blocks = 0;
+    }
     fd_plan_info described;
     std::memset(&described, 0, sizeof described);
     described.struct_size = caller_size;

@@ -588,6 +588,7 @@ static void test_describe_plan(void **state) {
   assert_int_equal(fd_describe_plan(f->handle, &a, &info), FD_SUCCESS);
   assert_int_equal(info.blocks, 0);
   assert_int_equal(info.launches, 0);
+  assert_int_equal(info.merge, FD_MERGE_NONE);
 }
 
 /* The output struct is versioned like the inputs: an older, smaller struct
@@ -609,11 +610,12 @@ static void test_describe_plan_struct_size(void **state) {
   assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, NULL), FD_ERROR_NULL_POINTER);
   assert_non_null(strstr(last_message(), "info"));
   fd_plan_info info;
-  memset(&info, 0, sizeof info);
+  memset(&info, 0xab, sizeof info);
   info.struct_size = 3;
+  fd_plan_info pristine = info;
   assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, &info), FD_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(last_message(), "fd_plan_info_init"));
-  assert_int_equal(info.num_splits, 0);
+  assert_memory_equal(&info, &pristine, sizeof info); /* nothing written, struct_size included */
   fd_plan_info_init(&info, sizeof info);
   assert_int_equal(fd_describe_plan(NULL, &f->problem.args, &info), FD_ERROR_NULL_POINTER);
   assert_int_equal(fd_describe_plan(f->handle, NULL, &info), FD_ERROR_NULL_POINTER);

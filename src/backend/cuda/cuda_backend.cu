@@ -334,10 +334,8 @@ class CudaBackend final : public Backend {
     LaunchSummary summary;
     summary.kernel = kernel_name(launch.kernel, kernel_shape(p, launch.kernel).head_dim_bucket);
     summary.merge = launch.merge;
-    if (p.batch > 0) {
-      summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
-      summary.blocks = launch.units * plan.num_splits;
-    }
+    summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
+    summary.blocks = launch.units * plan.num_splits;
     return summary;
   }
 
