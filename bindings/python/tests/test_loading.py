@@ -99,10 +99,19 @@ def test_incompatible_major_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_function_is_refused(tmp_path: Path) -> None:
-    fake = build_fake_library(tmp_path, 100, "0.1.0", [])
+    fake = build_fake_library(tmp_path, 200, "0.2.0", [])
     result = run_python(REPORT, library=fake)
     assert result.returncode != 0
     assert "does not export fd_status_string" in result.stderr
+
+
+def test_older_minor_version_is_refused_by_its_version(tmp_path: Path) -> None:
+    # A 0.1 library lacks the 0.2 functions: the message names its version.
+    functions_of_0_1 = [name for name, _, _ in _library._PROTOTYPES if name not in ("fd_plan_info_init", "fd_describe_plan")]
+    fake = build_fake_library(tmp_path, 100, "0.1.0", functions_of_0_1)
+    result = run_python(REPORT, library=fake)
+    assert result.returncode != 0
+    assert "is version 0.1.0; this binding needs 0.x with x >= 2" in result.stderr
 
 
 def test_switching_library_after_loading_is_refused() -> None:

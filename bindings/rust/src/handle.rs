@@ -22,18 +22,20 @@ pub enum Backend {
     Cuda = 2,
 }
 
-/// How a decode combines its splits' partial results (`fd_merge`). Values are pinned.
+/// How a decode combines its splits' partial results (`fd_merge`: 0, 1, 2, 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Merge {
-    /// One split: the CUDA split kernel writes the output itself.
-    None = 0,
-    /// A pass after every split: the CUDA merge kernel (a second launch), or the CPU merge pass.
-    Separate = 1,
-    /// CUDA: the last thread block of each (sequence, KV head) merges its splits in the split kernel.
-    Fused = 2,
-    /// CUDA sm_90+: each (sequence, KV head)'s splits run as one thread-block cluster.
-    Cluster = 3,
+    /// `FD_MERGE_NONE`: one split; the CUDA split kernel writes the output itself.
+    None,
+    /// `FD_MERGE_SEPARATE`: a pass after every split (the CUDA merge kernel, or the CPU merge pass).
+    Separate,
+    /// `FD_MERGE_FUSED`: the last CUDA thread block of each (sequence, KV head) merges its splits.
+    Fused,
+    /// `FD_MERGE_CLUSTER`: each (sequence, KV head)'s splits run as one thread-block cluster (sm_90+).
+    Cluster,
+    /// A value a later library added, unknown to this crate.
+    Other(i32),
 }
 
 /// What [`Handle::decode`] would run for a problem (`fd_plan_info`).
@@ -372,12 +374,7 @@ impl Handle {
             1 => Merge::Separate,
             2 => Merge::Fused,
             3 => Merge::Cluster,
-            other => {
-                return Err(Error::refused(
-                    Status::Internal,
-                    format!("fd_describe_plan: unknown merge {}", other),
-                ))
-            }
+            other => Merge::Other(other),
         };
         Ok(PlanInfo {
             backend: if info.backend == Backend::Cuda as i32 {

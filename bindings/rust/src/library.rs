@@ -1,7 +1,7 @@
 //! Loading libflashdecode with `dlopen` and checking that it is the ABI this crate speaks.
 
 use std::ffi::{CStr, CString, OsStr};
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -97,7 +97,7 @@ impl Library {
                 last_dl_error()
             )));
         }
-        let functions = match resolve_functions(dl, name) {
+        let functions = match check_version_first(dl, name).and_then(|()| resolve_functions(dl, name)) {
             Ok(functions) => functions,
             Err(error) => {
                 // SAFETY: nothing from this library is in use yet.
@@ -215,6 +215,35 @@ unsafe fn symbol<F: Copy>(dl: *mut c_void, symbol: &'static str, library: &OsStr
     Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) })
 }
 
+/// The version before the other functions: an older library lacks later
+/// ones, and its version is the useful message.
+fn check_version_first(dl: *mut c_void, library: &OsStr) -> Result<()> {
+    // SAFETY: the declarations of the two symbols; both take no arguments and
+    // return a number or a static string.
+    let (number, text) = unsafe {
+        let number: unsafe extern "C" fn() -> c_uint = symbol(dl, "fd_version_number\0", library)?;
+        let text: unsafe extern "C" fn() -> *const c_char = symbol(dl, "fd_version_string\0", library)?;
+        (number(), CStr::from_ptr(text()).to_string_lossy().into_owned())
+    };
+    check_version(Path::new(library), number, &text)
+}
+
+/// The major version must be this crate's and the minor at least the one its
+/// declarations come from.
+fn check_version(path: &Path, version_number: u32, version: &str) -> Result<()> {
+    let (major, minor) = (version_number / 10000, version_number / 100 % 100);
+    if major != sys::VERSION_MAJOR || minor < sys::VERSION_MINOR {
+        return Err(Error::load(format!(
+            "{} is version {}; this crate needs {}.x with x >= {}",
+            path.display(),
+            version,
+            sys::VERSION_MAJOR,
+            sys::VERSION_MINOR
+        )));
+    }
+    Ok(())
+}
+
 fn resolve_functions(dl: *mut c_void, library: &OsStr) -> Result<sys::Functions> {
     macro_rules! resolve {
         ($($name:ident),* $(,)?) => {
@@ -260,16 +289,8 @@ fn loaded_file(address: *const c_void) -> Option<PathBuf> {
 /// The major version must be this crate's and the minor at least the one its
 /// declarations come from; the struct sizes the library reports must match.
 fn check_compatible(loaded: &Loaded) -> Result<()> {
-    let (major, minor) = (loaded.version_number / 10000, loaded.version_number / 100 % 100);
-    if major != sys::VERSION_MAJOR || minor < sys::VERSION_MINOR {
-        return Err(Error::load(format!(
-            "{} is version {}; this crate needs {}.x with x >= {}",
-            loaded.path.display(),
-            loaded.version,
-            sys::VERSION_MAJOR,
-            sys::VERSION_MINOR
-        )));
-    }
+    check_version(&loaded.path, loaded.version_number, &loaded.version)?;
+    let minor = loaded.version_number / 100 % 100;
     // The init functions return the library's sizeof; a null struct asks
     // for nothing else.
     let sizes = unsafe {

@@ -56,6 +56,14 @@ class Merge(enum.IntEnum):
     """CUDA sm_90+: each (sequence, KV head)'s splits run as one thread-block cluster."""
 
 
+def _merge(value: int) -> Union[Merge, int]:
+    """``fd_merge`` as a :class:`Merge`, or the plain number for a value a later library added."""
+    try:
+        return Merge(value)
+    except ValueError:
+        return int(value)
+
+
 @dataclass(frozen=True)
 class PlanInfo:
     """What :meth:`Handle.decode` would run for a problem (``fd_plan_info``).
@@ -66,7 +74,7 @@ class PlanInfo:
         split_tokens: KV tokens of each split.
         workspace_bytes: as :meth:`Handle.workspace_size` reports.
         kernel: the split kernel, e.g. ``"tensor-core-wide-128"`` or ``"cpu"``; for logs.
-        merge: how the splits are combined.
+        merge: how the splits are combined (a plain int for a kind a later library added).
         launches: CUDA kernels per decode (1 or 2); 0 on the CPU.
         blocks: CUDA thread blocks of the split kernel; CPU tasks of the split pass.
     """
@@ -76,7 +84,7 @@ class PlanInfo:
     split_tokens: int
     workspace_bytes: int
     kernel: str
-    merge: Merge
+    merge: Union[Merge, int]
     launches: int
     blocks: int
 
@@ -366,7 +374,7 @@ class Handle:
             split_tokens=info.split_tokens,
             workspace_bytes=info.workspace_bytes,
             kernel=(info.kernel or b"").decode(),
-            merge=Merge(info.merge),
+            merge=_merge(info.merge),
             launches=info.launches,
             blocks=info.blocks,
         )

@@ -236,7 +236,9 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
         lib = ctypes.CDLL(name)
     except OSError as error:
         raise LibraryError(f"{where}: {error}") from None
-    declare(lib, where)
+    # The version first: an older library lacks later functions, and saying
+    # its version is the useful message.
+    declare(lib, where, only=_VERSION_FUNCTIONS)
     path = _loaded_file(lib) or name
     number = int(lib.fd_version_number())
     version = lib.fd_version_string().decode()
@@ -244,22 +246,29 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
         raise LibraryError(
             f"{path} ({source}) is version {version}; this binding needs {ABI_MAJOR}.x with x >= {ABI_MINOR}"
         )
+    declare(lib, where)
     _check_struct_sizes(lib, path, number)
     return lib, LibraryInfo(path=path, source=source, version=version, version_number=number)
 
 
-def declare(lib: ctypes.CDLL, where: str, require_all: bool = True) -> None:
+_VERSION_FUNCTIONS = ("fd_version_number", "fd_version_string")
+
+
+def declare(lib: ctypes.CDLL, where: str, require_all: bool = True, only: Sequence[str] = ()) -> None:
     """Sets the argument and result types of every exported function on ``lib``.
 
     For tools that load several builds of the library side by side (the
     benchmarks in ``tests/bench``), which :func:`load_library` does not.
     With ``require_all`` false, functions an older build lacks (e.g.
-    ``fd_describe_plan`` before 0.2) are left undeclared instead.
+    ``fd_describe_plan`` before 0.2) are left undeclared instead; ``only``
+    limits the work to the functions it names.
 
     Raises:
         LibraryError: a function is missing (``where`` names the library).
     """
     for function, restype, argtypes in _PROTOTYPES:
+        if only and function not in only:
+            continue
         try:
             declared = getattr(lib, function)
         except AttributeError:
