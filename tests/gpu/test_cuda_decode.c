@@ -818,6 +818,65 @@ static void test_batch_beyond_grid_limit(void **state) {
   }
 }
 
+/* The planner's rules, over a grid of dense shapes (fd_describe_plan reads
+ * no memory, so the tensors are shapes at a made-up, aligned address):
+ * automatic splits cover the cache and are at least 128 tokens (or one);
+ * wide tensor-core splits are longer than the wide pipeline (two stages of
+ * 256, 128 or 64 tokens for head_dim buckets 64, 128, 256:
+ * refills_pipeline in cuda_backend.cu); cluster merges have 2-8 splits;
+ * the merge decides the launches; the workspace is fd_workspace_size's.
+ * On sm_90+ some shapes must get wide tiles (they exist there). */
+static fd_tensor fake_dense(fd_dtype dtype, int64_t b, int64_t n, int64_t h, int64_t d) {
+  fd_tensor t = {(void *)(uintptr_t)0x100000000ull, dtype, 4, {b, n, h, d}, {n * h * d, h * d, d, 1}};
+  return t;
+}
+
+static void test_plan_rules(void **state) {
+  (void)state;
+  static const int64_t batches[] = {1, 2, 8, 32, 128};
+  static const int64_t heads[][2] = {{32, 8}, {32, 32}, {64, 8}, {8, 1}, {16, 16}, {8, 4}};
+  static const int64_t lengths[] = {100, 1024, 2048, 4096, 8192, 32768, 262144};
+  static const int64_t head_dims[] = {64, 128, 256};
+  int cc_major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
+  int checked = 0, wide = 0;
+  for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; ++bi)
+    for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; ++hi)
+      for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; ++li)
+        for (size_t di = 0; di < sizeof head_dims / sizeof head_dims[0]; ++di) {
+          const int64_t b = batches[bi], hq = heads[hi][0], hkv = heads[hi][1], n = lengths[li], d = head_dims[di];
+          if (b * n > (int64_t)1 << 24) continue; /* beyond any cache a test machine would hold */
+          fd_decode_args a;
+          fd_decode_args_init(&a, sizeof a);
+          a.q = fake_dense(FD_DTYPE_F16, b, 1, hq, d);
+          a.k = a.v = fake_dense(FD_DTYPE_F16, b, n, hkv, d);
+          a.out = a.q;
+          const fd_plan_info plan = describe(g_cuda, &a);
+          size_t bytes = 0;
+          assert_int_equal(fd_workspace_size(g_cuda, &a, &bytes), FD_SUCCESS);
+          const int64_t splits = plan.num_splits, tokens = plan.split_tokens;
+          const int64_t wide_tile = d <= 64 ? 256 : d <= 128 ? 128 : 64;
+          const char *broken = NULL;
+          if (splits < 1 || splits * tokens < n || (splits - 1) * tokens >= n) broken = "splits do not cover the cache";
+          else if (splits > 1 && tokens < 128) broken = "splits shorter than 128 tokens";
+          else if (starts_with(plan.kernel, "tensor-core-wide-") && tokens <= 2 * wide_tile)
+            broken = "wide splits that fit in the pipeline";
+          else if (plan.merge == FD_MERGE_CLUSTER && (splits < 2 || splits > 8 || !starts_with(plan.kernel, "tensor-core")))
+            broken = "a cluster merge outside 2-8 tensor-core splits";
+          else if ((splits == 1) != (plan.merge == FD_MERGE_NONE)) broken = "a merge that does not match the splits";
+          else if (plan.workspace_bytes != bytes) broken = "a workspace other than fd_workspace_size's";
+          if (broken) {
+            fail_msg("%lldx%lld/%lldx%lldx%lld: %s (%s, %lld splits of %lld, merge %d)", (long long)b, (long long)hq,
+                     (long long)hkv, (long long)n, (long long)d, broken, plan.kernel, (long long)splits,
+                     (long long)tokens, (int)plan.merge);
+          }
+          wide += starts_with(plan.kernel, "tensor-core-wide-");
+          ++checked;
+        }
+  print_message("plan rules held on %d shapes, %d of them on wide tiles\n", checked, wide);
+  if (cc_major >= 9 && wide == 0) fail_msg("no shape was planned on wide tiles on compute capability %d", cc_major);
+}
+
 /* MHA with head_dim 65-128 takes the CUDA-core kernel with thousands of
  * sequence-heads (16+ waves of tensor-core CTAs: 4224 on a 132-SM H200) and
  * the tensor cores below that (kMhaCudaCoreMinWaves, cuda_backend.cu): one
@@ -1002,6 +1061,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mha_128_both_kernels);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_plan_rules);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_input_rejected);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unsupported_head_dim);
   printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s)\n", count, g_quick ? " (quick)" : "",

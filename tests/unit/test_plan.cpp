@@ -42,7 +42,7 @@ fd::Problem dense(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capa
 fd::ParallelismHint h200_hint(bool wide, int64_t tile_tokens) {
   fd::ParallelismHint hint;
   hint.workers = wide ? 132 : 264;
-  hint.min_split_tokens = 256;
+  hint.min_split_tokens = 128;
   hint.split_granularity = tile_tokens;
   hint.split_overhead_tokens = 64;
   hint.merge_overhead_tokens = 128;
