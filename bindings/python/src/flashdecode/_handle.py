@@ -306,26 +306,22 @@ class Handle:
         Depends only on shapes and ``num_splits``; validates like :meth:`decode`.
         ``out`` may be omitted (nothing is allocated or written).
         """
-        with self._lock:
-            pointer = self._live_pointer()
-            call = self._prepare(
-                q,
-                k,
-                v,
-                out=out,
-                lse=lse,
-                return_lse=False,
-                seq_lens=seq_lens,
-                block_table=block_table,
-                softmax_scale=softmax_scale,
-                num_splits=num_splits,
-                layout=layout,
-                dtype=dtype,
-                stream=None,
-                size_query=True,
-            )
-            nbytes = ctypes.c_size_t()
-            check(library().fd_workspace_size(pointer, ctypes.byref(call.args), ctypes.byref(nbytes)))
+        nbytes = ctypes.c_size_t()
+        self._shape_query(
+            library().fd_workspace_size,
+            nbytes,
+            q,
+            k,
+            v,
+            out=out,
+            lse=lse,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            softmax_scale=softmax_scale,
+            num_splits=num_splits,
+            layout=layout,
+            dtype=dtype,
+        )
         return nbytes.value
 
     def describe_plan(
@@ -348,26 +344,22 @@ class Handle:
         Validates like :meth:`decode`; ``out`` may be omitted. The plan holds
         for decodes with the same shapes, split count and pointer alignment.
         """
-        with self._lock:
-            pointer = self._live_pointer()
-            call = self._prepare(
-                q,
-                k,
-                v,
-                out=out,
-                lse=lse,
-                return_lse=False,
-                seq_lens=seq_lens,
-                block_table=block_table,
-                softmax_scale=softmax_scale,
-                num_splits=num_splits,
-                layout=layout,
-                dtype=dtype,
-                stream=None,
-                size_query=True,
-            )
-            info = _library.FdPlanInfo(struct_size=ctypes.sizeof(_library.FdPlanInfo))
-            check(library().fd_describe_plan(pointer, ctypes.byref(call.args), ctypes.byref(info)))
+        info = _library.FdPlanInfo(struct_size=ctypes.sizeof(_library.FdPlanInfo))
+        self._shape_query(
+            library().fd_describe_plan,
+            info,
+            q,
+            k,
+            v,
+            out=out,
+            lse=lse,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            softmax_scale=softmax_scale,
+            num_splits=num_splits,
+            layout=layout,
+            dtype=dtype,
+        )
         return PlanInfo(
             backend=Backend(info.backend),
             num_splits=info.num_splits,
@@ -378,6 +370,14 @@ class Handle:
             launches=info.launches,
             blocks=info.blocks,
         )
+
+    def _shape_query(self, function: Any, output: Any, q: Any, k: Any, v: Any, **options: Any) -> None:
+        """Calls ``function(handle, args, &output)``, a C query that reads only
+        the shapes of the arguments (fd_workspace_size, fd_describe_plan)."""
+        with self._lock:
+            pointer = self._live_pointer()
+            call = self._prepare(q, k, v, return_lse=False, stream=None, size_query=True, **options)
+            check(function(pointer, ctypes.byref(call.args), ctypes.byref(output)))
 
     def reserve_workspace(self, nbytes: int) -> None:
         """Makes the library-owned workspace at least ``nbytes`` (e.g. from :meth:`workspace_size`).
