@@ -617,6 +617,39 @@ fn options_and_loading_errors() {
     );
 }
 
+/// A library of an older minor version lacks later functions; the loader
+/// must say its version, not that a function is missing. Built from C stubs
+/// with the system compiler (`cc`, which builds the library itself).
+#[test]
+fn older_minor_version_is_refused_by_its_version() {
+    let directory = std::env::temp_dir().join(format!("flashdecode-fake-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let source = directory.join("fake.c");
+    std::fs::write(
+        &source,
+        "unsigned fd_version_number(void) { return 100u; }\n\
+         const char *fd_version_string(void) { return \"0.1.0\"; }\n",
+    )
+    .unwrap();
+    let library = directory.join("libflashdecode.so.0");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("cc builds the fake library");
+    assert!(built.success(), "cc failed to build the fake library");
+    let error = Library::open(&library).unwrap_err();
+    let _ = std::fs::remove_dir_all(&directory);
+    assert!(
+        error
+            .message()
+            .contains("is version 0.1.0; this crate needs 0.x with x >= 2"),
+        "{}",
+        error
+    );
+}
+
 #[test]
 fn handles_move_between_threads() {
     fn assert_send<T: Send>() {}
