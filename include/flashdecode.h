@@ -169,7 +169,10 @@ typedef enum fd_dtype {
  * (`[batch, heads, seq, dim]`) and BNHD (`[batch, seq, heads, dim]`) caches, or
  * a slice of a larger cache, are all the same call with different strides.
  * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
- * elements, not bytes, and must not be negative.
+ * elements, not bytes, and must not be negative. Data must be aligned to
+ * its element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
+ * outputs (`out`, `lse`) must not overlap themselves: no two of their
+ * elements may share memory (#FD_ERROR_INVALID_STRIDE).
  *
  * Memory is host memory for the CPU backend and device memory (of the
  * handle's device) for the CUDA backend.
@@ -244,7 +247,8 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  * @param options Options, or NULL for the defaults of fd_options_init().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p handle is NULL;
  *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
- *         count (above #FD_MAX_THREADS) or negative CUDA device;
+ *         count (above #FD_MAX_THREADS), or a negative device with
+ *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
  *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
  *         device is missing, cannot run this build's kernels, or the library
  *         has no CUDA backend (#FD_BACKEND_AUTO then takes the CPU instead);
@@ -344,7 +348,7 @@ typedef struct fd_decode_args {
   fd_tensor lse;           /**< Optional log-sum-exp output (data NULL: not written). */
   fd_tensor seq_lens;      /**< Optional per-sequence KV lengths (data NULL: full capacity). */
   fd_tensor block_table;   /**< Optional paged-cache block table (data NULL: dense cache). */
-  double softmax_scale;    /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must be finite. */
+  double softmax_scale;    /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must be finite, and so must scale * log2(e) as a float (|scale| below about 2.3e38). */
   int32_t num_splits;      /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
 } fd_decode_args;
 

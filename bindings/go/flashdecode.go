@@ -311,8 +311,9 @@ func (h *Handle) run(args *DecodeArgs, stream uintptr, mode C.int, info *C.fd_pl
 
 // emptyHost stands for the data of an empty slice, which has no first
 // element: the library refuses a NULL pointer even where it reads nothing
-// (a batch of 0 is a no-op for it).
-var emptyHost [1]byte
+// (a batch of 0 is a no-op for it), and wants it aligned to the element
+// size: a uint64 suits every dtype.
+var emptyHost [1]uint64
 
 // data is the pointer handed to C: a Go pointer for host memory (pinned by
 // cgo for the call), a device address converted on the C side, NULL for an

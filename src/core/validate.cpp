@@ -3,7 +3,9 @@
 // validate_host_contents, which backends with host memory call.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/problem.h"
@@ -26,13 +28,24 @@ bool is_known_dtype(const fd_dtype &dtype) {
   return raw == FD_DTYPE_F32 || raw == FD_DTYPE_F16 || raw == FD_DTYPE_BF16 || raw == FD_DTYPE_I32;
 }
 
-// Checks rank, dtype family, extents, strides and that the furthest element
-// is addressable with a 64-bit element offset. dim_names label each
-// dimension in messages.
+size_t element_bytes(const fd_dtype &dtype) {
+  return raw_enum_value(dtype) == FD_DTYPE_F16 || raw_enum_value(dtype) == FD_DTYPE_BF16 ? 2 : 4;
+}
+
+// Checks rank, dtype family, the data's alignment to its elements, extents,
+// strides and that the furthest element is addressable with a 64-bit
+// element offset. dim_names label each dimension in messages.
 StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const char *const *dim_names,
                          bool contiguous_last_dim) {
   if (t.data == nullptr) fail(FD_ERROR_NULL_POINTER, "%s: data is NULL", name);
   if (!is_known_dtype(t.dtype)) fail(FD_ERROR_INVALID_DTYPE, "%s: unknown dtype %d", name, raw_enum_value(t.dtype));
+  // Kernels load whole elements (the CUDA backend's plain-load path too):
+  // a misaligned one is undefined behaviour on the host and a fault on the
+  // device.
+  if (reinterpret_cast<uintptr_t>(t.data) % element_bytes(t.dtype) != 0) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "%s: data %p is not aligned to its %zu-byte %s elements", name, t.data,
+         element_bytes(t.dtype), dtype_name(t.dtype));
+  }
   if (t.ndim != ndim) fail(FD_ERROR_INVALID_SHAPE, "%s: ndim must be %d, got %d", name, ndim, static_cast<int>(t.ndim));
   StridedView view;
   view.data = t.data;
@@ -61,6 +74,34 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
          static_cast<long long>(t.strides[ndim - 1]));
   }
   return view;
+}
+
+// Outputs are written by many threads at once: no two of their elements may
+// share memory (a stride of 0, or dimensions interleaved onto each other),
+// or the results race. Sufficient test: with the dimensions of extent > 1
+// in increasing stride order, each stride passes the furthest element of
+// the dimensions inside it. Empty tensors are never written.
+void require_no_overlap(const StridedView &view, int ndim, const char *name) {
+  int order[FD_MAX_DIMS];
+  int used = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (view.shape[d] == 0) return;
+    if (view.shape[d] > 1) order[used++] = d;
+  }
+  for (int i = 1; i < used; ++i) {  // insertion sort by stride: at most 4 dimensions
+    for (int j = i; j > 0 && view.strides[order[j]] < view.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
+  }
+  int64_t furthest = 0;  // element offset of the furthest element of the dimensions so far
+  for (int i = 0; i < used; ++i) {
+    const int d = order[i];
+    if (view.strides[d] <= furthest) {
+      fail(FD_ERROR_INVALID_STRIDE,
+           "%s: its strides make distinct elements share memory (stride %lld of dimension %d reaches no further "
+           "than the dimensions inside it); outputs must not overlap",
+           name, static_cast<long long>(view.strides[d]), d);
+    }
+    furthest += (view.shape[d] - 1) * view.strides[d];  // bounded by check_tensor
+  }
 }
 
 void require_float_dtype(const fd_tensor &t, const char *name) {
@@ -159,8 +200,11 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   }
   p.group_size = p.q_heads / p.kv_heads;
   if (p.q_len < 1) fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be at least 1, got %lld", static_cast<long long>(p.q_len));
+  // k against q first, so that a wrong k is not reported as a wrong v.
+  if (!paged) require_extent(p.k, 0, p.batch, "k", "batch", "q");
   for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
   for (int d = 0; d < 4; ++d) require_extent(p.out, d, p.q.shape[d], "out", kQueryDims[d], "q");
+  require_no_overlap(p.out, 4, "out");
 
   if (paged) {
     p.block_table = check_tensor(args.block_table, "block_table", 2, kBlockTableDims, false);
@@ -179,7 +223,6 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     }
     p.kv_capacity = p.max_pages * p.page_size;
   } else {
-    require_extent(p.k, 0, p.batch, "k", "batch", "q");
     p.kv_capacity = p.k.shape[1];
     if (p.kv_capacity > FD_MAX_KV_LEN) {
       fail(FD_ERROR_INVALID_LENGTH, "k: kv_capacity must be at most %d, got %lld", FD_MAX_KV_LEN,
@@ -197,6 +240,7 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     p.lse = check_tensor(args.lse, "lse", 3, kLseDims, false);
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.q.shape[d], "lse", kLseDims[d], "q");
+    require_no_overlap(p.lse, 3, "lse");
     p.has_lse = true;
   }
 
@@ -207,6 +251,11 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   p.softmax_scale = static_cast<float>(scale);
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale == 0.0f) {
     fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale %g is not representable as a non-zero float", args.softmax_scale);
+  }
+  // The backends fold log2(e) into the scale in float.
+  if (!std::isfinite(p.softmax_scale * 1.4426950408889634f)) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale %g is too large: scale * log2(e) must be a finite float",
+         args.softmax_scale);
   }
 
   if (args.num_splits < 0 || args.num_splits > FD_MAX_SPLITS) {

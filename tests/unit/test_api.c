@@ -355,6 +355,56 @@ static void test_rejects_non_contiguous_head_dim(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "out: stride of head_dim must be 1");
 }
 
+/* Outputs are written by many threads: elements that share memory would
+ * race (and break bitwise determinism). Padded layouts stay valid. */
+static void test_rejects_overlapping_outputs(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.out.strides[2] = 0; /* every head on one row */
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "out: its strides make distinct elements share memory");
+  a = f->problem.args;
+  a.out.strides[0] = a.out.strides[2]; /* sequence b's heads run into sequence b + 1's */
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "out: its strides make distinct elements share memory");
+  a = f->problem.args;
+  a.lse.strides[0] = 0;
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "lse: its strides make distinct elements share memory");
+  /* Rows further apart than they need to be are fine (checked without
+   * decoding: the fixture's buffer holds only the tight layout). */
+  a = f->problem.args;
+  a.out.strides[2] *= 3;
+  a.out.strides[0] *= 5;
+  a.lse.strides[2] = 2;
+  a.lse.strides[0] = 100;
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
+  /* Inputs may overlap (broadcast a query, a shared cache): they are only read. */
+  a = f->problem.args;
+  a.q.strides[2] = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
+}
+
+/* Kernels load whole elements: data must be aligned to its element size. */
+static void test_rejects_misaligned_data(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q.data = (char *)a.q.data + 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "q: data");
+  assert_non_null(strstr(last_message(), "not aligned to its 2-byte f16 elements"));
+  a = f->problem.args;
+  a.seq_lens.data = (char *)a.seq_lens.data + 2;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "seq_lens: data");
+  assert_non_null(strstr(last_message(), "4-byte i32"));
+}
+
+/* A k that disagrees with q is named, not the v that agrees with q. */
+static void test_names_the_tensor_at_fault(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.k.shape[0] = 3;
+  a.k.strides[0] = 0; /* addressable */
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: batch must be 2 (from q), got 3");
+}
+
 static void test_rejects_negative_stride(void **state) {
   fixture *f = *state;
   fd_decode_args a = f->problem.args;
@@ -409,12 +459,19 @@ static void test_rejects_non_finite_scale(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite");
   a.softmax_scale = 1e300; /* finite double, infinite float */
   expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale");
+  a.softmax_scale = -3e38; /* a finite float whose product with log2(e) is not */
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale -3e+38 is too large");
 }
 
 static void test_rejects_several_query_tokens(void **state) {
   fixture *f = *state;
   fd_decode_args a = f->problem.args;
   a.q.shape[1] = a.out.shape[1] = a.lse.shape[1] = 2;
+  /* Two query tokens a sequence: room for both in the (unwritten) outputs. */
+  a.out.strides[1] = a.out.strides[0];
+  a.out.strides[0] *= 2;
+  a.lse.strides[1] = a.lse.strides[0];
+  a.lse.strides[0] *= 2;
   expect_rejected(f, &a, FD_ERROR_UNSUPPORTED, "q_len must be 1");
 }
 
@@ -650,6 +707,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_head_counts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_shape_mismatch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_non_contiguous_head_dim, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_overlapping_outputs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_misaligned_data, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_names_the_tensor_at_fault, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_negative_stride, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_offset_overflow, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_oversized_capacity, setup, teardown),

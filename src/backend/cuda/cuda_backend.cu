@@ -164,10 +164,12 @@ bool paged_fits_32bit(const Problem &p) {
   constexpr int64_t kLimit = int64_t{1} << 31;
   const int64_t bytes = static_cast<int64_t>(element_size(p.dtype));
   const StridedView *caches[2] = {&p.k, &p.v};
+  // Compared by division: a dimension of extent 1 may carry any stride, so
+  // the products could overflow.
   for (const StridedView *cache : caches) {
-    if (cache->strides[0] * bytes >= kLimit || p.page_size * cache->strides[1] * bytes >= kLimit) return false;
+    if (cache->strides[0] >= kLimit / bytes || cache->strides[1] >= kLimit / bytes / p.page_size) return false;
   }
-  return p.block_table.shape[1] * p.block_table.strides[1] < kLimit;
+  return p.block_table.strides[1] == 0 || p.block_table.shape[1] < kLimit / p.block_table.strides[1];
 }
 
 class CudaBackend final : public Backend {
