@@ -250,8 +250,9 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  *         count (above #FD_MAX_THREADS), or a negative device with
  *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
  *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
- *         device is missing, cannot run this build's kernels, or the library
- *         has no CUDA backend (#FD_BACKEND_AUTO then takes the CPU instead);
+ *         device is missing, unavailable (exclusive mode, a driver too old),
+ *         cannot run this build's kernels, or the library has no CUDA
+ *         backend (#FD_BACKEND_AUTO then takes the CPU instead);
  *         #FD_ERROR_OUT_OF_MEMORY, also when the system refuses a worker
  *         thread; #FD_ERROR_CUDA for other CUDA runtime failures.
  */
@@ -384,7 +385,13 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  * until the handle's workspace changes (an fd_decode() or
  * fd_reserve_workspace() that grows it, fd_set_workspace(), fd_destroy()).
  * The handle keeps the plan of its last call and reuses it while the shapes
- * stay the same.
+ * stay the same. Decodes on one handle share its workspace (partial
+ * results, and counters that each launch leaves at zero), so they must run
+ * one after another on the device: enqueue them on one stream, or on
+ * streams ordered by events, graph replays included. Decodes that may run
+ * at the same time need one handle each. The call runs on the handle's
+ * device whatever device the calling thread has current, and leaves the
+ * thread's current context as it found it.
  * CPU backend: synchronous, on the handle's worker threads; @p stream is
  * ignored.
  *
@@ -392,7 +399,7 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  *
  * @param handle A live handle; not used concurrently by another thread.
  * @param args The problem; see #fd_decode_args.
- * @param stream CUDA stream to enqueue on (NULL: legacy default stream).
+ * @param stream CUDA stream to enqueue on (NULL: the legacy default stream of the handle's device).
  * @return #FD_SUCCESS or the status of the first problem found; see
  *         fd_last_error_message() for details.
  */

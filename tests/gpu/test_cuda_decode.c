@@ -21,6 +21,8 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
@@ -564,6 +566,92 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   }
 }
 
+/* ---- the caller's device and context --------------------------------------- */
+/* A handle on device 1 used from a thread with no current context (it never
+ * chose a device, so the runtime reports device 0) must leave the thread
+ * without one: restoring "device 0" with cudaSetDevice would create device
+ * 0's primary context in it. And from a thread with device 0 current, device
+ * 0 stays current. Needs two devices (skipped with one). */
+typedef struct context_probe {
+  PFN_cuCtxGetCurrent_v4000 get_current;
+  const fd_decode_args *args; /* on device 1 */
+  fd_status create, decode, destroy;
+  CUcontext before, after;
+} context_probe;
+
+static void *context_worker(void *arg) {
+  context_probe *c = arg;
+  c->get_current(&c->before);
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CUDA;
+  options.device = 1;
+  fd_handle *h = NULL;
+  c->create = fd_create(&h, &options);
+  if (c->create == FD_SUCCESS) {
+    c->decode = fd_decode(h, c->args, NULL);
+    c->destroy = fd_destroy(h); /* frees the workspace: waits for the decode */
+  }
+  c->get_current(&c->after);
+  return NULL;
+}
+
+static void test_callers_context_is_kept(void **state) {
+  (void)state;
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices < 2) skip();
+  void *get = NULL;
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess) fail_msg("cuCtxGetCurrent not found");
+  fdt_case c = dense_case(FD_DTYPE_F16, 3, 16, 4, 128, 700, g_seed + 800);
+  c.with_lse = 1;
+  gpu_case t;
+  CUDA_CHECK(cudaSetDevice(1));
+  open_case(&t, &c);
+  CUDA_CHECK(cudaSetDevice(0));
+
+  context_probe probe;
+  memset(&probe, 0, sizeof probe);
+  probe.get_current = (PFN_cuCtxGetCurrent_v4000)get;
+  probe.args = &t.d.args;
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, context_worker, &probe) != 0) fail_msg("pthread_create failed");
+  pthread_join(thread, NULL);
+
+  /* From this thread, with device 0 current: a second decode on device 1. */
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CUDA;
+  options.device = 1;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  int current = -1;
+  CUDA_CHECK(cudaGetDevice(&current));
+  const fd_status second = fd_decode(h, &t.d.args, NULL);
+  int after = -1;
+  CUDA_CHECK(cudaGetDevice(&after));
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+
+  CUDA_CHECK(cudaSetDevice(1));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const int bad = fdt_cuda_download(&t.d, &t.p) != 0 || fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
+  print_message("device-1 handle from a thread without a context: before %p, after %p; output %s\n",
+                (void *)probe.before, (void *)probe.after, t.report);
+  close_case(&t);
+  CUDA_CHECK(cudaSetDevice(0));
+  if (probe.create != FD_SUCCESS || probe.decode != FD_SUCCESS || probe.destroy != FD_SUCCESS) {
+    fail_msg("calls from the worker: create %d, decode %d, destroy %d", (int)probe.create, (int)probe.decode,
+             (int)probe.destroy);
+  }
+  if (probe.before != NULL) fail_msg("a new thread started with a current context");
+  if (probe.after != NULL) fail_msg("the handle left a context current in a thread that had none");
+  assert_int_equal(second, FD_SUCCESS);
+  if (current != 0 || after != 0) fail_msg("device %d current before the decode, %d after; 0 expected", current, after);
+  if (bad) fail_msg("device-1 decode: %s", t.report);
+}
+
 /* ---- two handles, two streams, two threads ---------------------------------- */
 typedef struct worker {
   fdt_case c;
@@ -1062,6 +1150,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mha_128_both_kernels);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_plan_rules);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_callers_context_is_kept);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_input_rejected);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unsupported_head_dim);
   printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s)\n", count, g_quick ? " (quick)" : "",

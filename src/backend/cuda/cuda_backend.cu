@@ -8,12 +8,15 @@
 // synchronisation, so it can be captured in a CUDA graph. The CUDA runtime
 // is linked statically and hidden, so its "last error" state is this
 // library's own: reading it cannot eat a caller's error.
+#include <cuda.h>  // the driver's context types; its calls come through the runtime (context_calls)
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <new>
 
 #include "backend/backend.h"
 #include "backend/cuda/launch.h"
@@ -94,24 +97,84 @@ void check_cuda(cudaError_t err, const char *what) {
   if (err != cudaSuccess) fail_cuda(what, err);
 }
 
-// Makes `device` current for a scope and restores the caller's device.
+// The driver's current-context calls, reached through the runtime (the
+// library does not link libcuda), so that DeviceGuard can put back the
+// caller's exact context. cudaSetDevice(previous) cannot: it makes the
+// previous device's primary context current, creating it when the caller
+// never used that device (a thread that chose none reads device 0) and
+// replacing a context of the caller's own (cuCtxCreate).
+struct ContextCalls {
+  PFN_cuCtxGetCurrent_v4000 get_current = nullptr;
+  PFN_cuCtxSetCurrent_v4000 set_current = nullptr;
+};
+
+const ContextCalls &context_calls() {
+  static const ContextCalls calls = [] {
+    ContextCalls found;
+    void *get = nullptr;
+    void *set = nullptr;
+    cudaDriverEntryPointQueryResult get_status = cudaDriverEntryPointSymbolNotFound;
+    cudaDriverEntryPointQueryResult set_status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &get_status) ==
+            cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &set_status) ==
+            cudaSuccess &&
+        get_status == cudaDriverEntryPointSuccess && set_status == cudaDriverEntryPointSuccess) {
+      found.get_current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get);
+      found.set_current = reinterpret_cast<PFN_cuCtxSetCurrent_v4000>(set);
+    }
+    cudaGetLastError();  // without them the guard falls back to cudaSetDevice
+    return found;
+  }();
+  return calls;
+}
+
+// Makes the handle's device current for a scope and then puts back the
+// context the calling thread had (none, a primary context, or one of its
+// own). `primary` is the device's primary context once known (the backend
+// records it at creation): when it is already current, nothing changes
+// hands, which is the common case and costs one driver call.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) {
-      check_cuda(cudaSetDevice(device), "cudaSetDevice");
-      switched_ = true;
-    }
+  DeviceGuard(int device, CUcontext primary) {
+    check_cuda(enter(device, primary), "making the handle's CUDA device current");
+  }
+  // For paths that must not throw (freeing): on failure the caller's
+  // context stays current.
+  DeviceGuard(int device, CUcontext primary, std::nothrow_t) noexcept {
+    if (enter(device, primary) != cudaSuccess) cudaGetLastError();
   }
   ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
+    if (!switched_) return;
+    if (restore_context_) {
+      context_calls().set_current(previous_context_);
+    } else {
+      cudaSetDevice(previous_device_);
+    }
+    cudaGetLastError();  // nothing to report from a destructor
   }
   DeviceGuard(const DeviceGuard &) = delete;
   DeviceGuard &operator=(const DeviceGuard &) = delete;
 
  private:
-  int previous_ = 0;
+  cudaError_t enter(int device, CUcontext primary) noexcept {
+    const ContextCalls &driver = context_calls();
+    if (driver.get_current != nullptr && driver.get_current(&previous_context_) == CUDA_SUCCESS) {
+      if (previous_context_ != nullptr && previous_context_ == primary) return cudaSuccess;
+      restore_context_ = true;
+    } else {
+      // Without the driver's calls: compare and restore devices.
+      cudaError_t err = cudaGetDevice(&previous_device_);
+      if (err != cudaSuccess || previous_device_ == device) return err;
+    }
+    const cudaError_t err = cudaSetDevice(device);
+    switched_ = err == cudaSuccess;
+    return err;
+  }
+
+  int previous_device_ = 0;
+  CUcontext previous_context_ = nullptr;
+  bool restore_context_ = false;
   bool switched_ = false;
 };
 
@@ -172,12 +235,39 @@ bool paged_fits_32bit(const Problem &p) {
   return p.block_table.strides[1] == 0 || p.block_table.shape[1] < kLimit / p.block_table.strides[1];
 }
 
+// Errors that say this build's kernels cannot run on the device.
+bool is_kernel_image_error(cudaError_t err) {
+  switch (err) {
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorInvalidKernelImage:
+    case cudaErrorInvalidPtx:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorJitCompilerNotFound:
+    case cudaErrorJitCompilationDisabled:
+    case cudaErrorInvalidDeviceFunction:
+    case cudaErrorSharedObjectInitFailed:
+      return true;
+    default:
+      return false;
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(device_, primary_context_);
+    // Often the first call that creates the device's context: a missing or
+    // unloadable kernel image, or a device that is busy (exclusive mode) or
+    // needs a newer driver, means this build cannot use it
+    // (FD_BACKEND_AUTO then takes the CPU); running out of memory or
+    // another failure is reported as what it is.
     const cudaError_t image = cuda::probe_kernel_image();
-    if (image != cudaSuccess) {
+    if (image == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail(FD_ERROR_OUT_OF_MEMORY, "options: creating the context of CUDA device %d: %s", device_,
+           cudaGetErrorString(image));
+    }
+    if (is_kernel_image_error(image)) {
       cudaGetLastError();
       int major = 0, minor = 0;
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
@@ -185,11 +275,20 @@ class CudaBackend final : public Backend {
       fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d (compute capability %d.%d) cannot run this build's kernels: %s",
            device_, major, minor, cudaGetErrorString(image));
     }
+    if (image == cudaErrorDevicesUnavailable || image == cudaErrorInsufficientDriver || image == cudaErrorNoDevice ||
+        image == cudaErrorInvalidDevice) {
+      cudaGetLastError();
+      fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d is not usable: %s", device_, cudaGetErrorString(image));
+    }
+    check_cuda(image, "options: loading the kernels");
     check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
                "CUDA backend: reading the multiprocessor count");
     check_cuda(cuda::prepare_kernels(&occupancy_), "CUDA backend: preparing the kernels");
     check_cuda(cuda::merge_supports_programmatic_launch(&programmatic_merge_),
                "CUDA backend: checking for programmatic dependent launch");
+    // The device's primary context, current now: later guards skip the
+    // switch when the caller has it current (DeviceGuard).
+    if (context_calls().get_current != nullptr) context_calls().get_current(&primary_context_);
   }
 
   fd_backend kind() const override { return FD_BACKEND_CUDA; }
@@ -210,7 +309,10 @@ class CudaBackend final : public Backend {
   // travels in the plan (Plan::kernel) to decode.
   ParallelismHint parallelism(const Problem &p) const override { return hint_for(p, choose_split_kernel(p)); }
 
+  // Under the handle's device: NULL is that device's legacy stream, as in
+  // decode's launch.
   bool stream_is_capturing(fd_cuda_stream stream) const override {
+    DeviceGuard guard(device_, primary_context_);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
       cudaGetLastError();
@@ -220,7 +322,7 @@ class CudaBackend final : public Backend {
   }
 
   void *allocate_workspace(size_t bytes) override {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(device_, primary_context_);
     void *memory = nullptr;
     const cudaError_t err = cudaMalloc(&memory, bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -233,17 +335,15 @@ class CudaBackend final : public Backend {
   }
 
   void free_workspace(void *workspace) noexcept override {
-    int previous = device_;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+    DeviceGuard guard(device_, primary_context_, std::nothrow);
     cudaFree(workspace);
-    if (previous != device_) cudaSetDevice(previous);
     cudaGetLastError();  // nothing to report from a destructor path
   }
 
   // The merge counters must start at zero; every launch leaves them so.
   // Waits for the memset: the decode that follows may run on any stream.
   void prepare_workspace(void *workspace, size_t bytes) override {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(device_, primary_context_);
     check_cuda(cudaMemset(workspace, 0, std::min(bytes, cuda::kMergeCounterBytes)), "workspace: clearing the counters");
     check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "workspace: clearing the counters");
   }
@@ -324,7 +424,7 @@ class CudaBackend final : public Backend {
     merge.lse_batch_stride = s.lse_batch_stride;
     merge.lse_head_stride = s.lse_head_stride;
 
-    DeviceGuard guard(device_);
+    DeviceGuard guard(device_, primary_context_);
     const bool merge_launch = launch.merge == FD_MERGE_SEPARATE;
     check_cuda(cuda::launch_decode(p.dtype, p.out_dtype, s, merge_launch ? &merge : nullptr,
                                    kernel, programmatic_merge_, reinterpret_cast<cudaStream_t>(stream)),
@@ -494,6 +594,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  CUcontext primary_context_ = nullptr;  // set at creation; compared, never used to switch
   int sm_count_ = 1;
   cuda::KernelOccupancy occupancy_;
   bool programmatic_merge_ = false;  // compute capability 9.0+ with sm_90+ merge code: overlap the merge's launch
