@@ -94,6 +94,26 @@ def test_cuda_array_interface_is_parsed_not_touched() -> None:
         _arrays.view_array(CudaArrayInterface((4, 2), "<f2", strides=(3, 2)), "q", kind="float")
 
 
+def test_empty_arrays_without_an_address_get_a_placeholder() -> None:
+    # PyTorch and CuPy give empty arrays the address 0; the library refuses
+    # NULL even where it reads nothing, so an aligned placeholder stands in.
+    from flashdecode._handle import _fill
+    from flashdecode._library import FdTensor
+
+    def described(shape: tuple) -> FdTensor:
+        view = _arrays.ArrayView(
+            pointer=0, dtype=DType.F32, itemsize=4, shape=shape, strides=(128, 128, 32, 1), location=CUDA,
+            device=0, readonly=False, array=None, capsule=None,
+        )
+        tensor = FdTensor()
+        _fill(tensor, view, (shape, view.strides))
+        return tensor
+
+    empty = described((0, 1, 4, 32))
+    assert empty.data and empty.data % 8 == 0 and empty.shape[0] == 0
+    assert not described((2, 1, 4, 32)).data  # a real array at 0 stays NULL, for the library to refuse
+
+
 def test_locations_and_default_streams() -> None:
     assert _arrays.locate(np.zeros(3)) == (HOST, None)
     assert _arrays.locate(DLPackOnly(np.zeros(3))) == (HOST, None)

@@ -205,6 +205,25 @@ def test_workspace_size_reserve_and_own_buffer(cpu, rng) -> None:
     cpu.decode(q, k, v, num_splits=8)
 
 
+def test_size_queries_take_a_broadcast_query(cpu, rng) -> None:
+    # One query row for every sequence (stride 0): decode allocates a
+    # contiguous out, and the size and plan queries describe that out, not q.
+    row = rng.standard_normal((1, 1, 8, 64)).astype(np.float32)
+    q = np.broadcast_to(row, (3, 1, 8, 64))
+    k = rng.standard_normal((3, 200, 2, 64)).astype(np.float32)
+    assert cpu.workspace_size(q, k, k, num_splits=2) == cpu.workspace_size(np.ascontiguousarray(q), k, k, num_splits=2)
+    assert cpu.describe_plan(q, k, k, num_splits=2).num_splits == 2
+    out = cpu.decode(q, k, k, num_splits=2)
+    np.testing.assert_allclose(out, cpu.decode(np.ascontiguousarray(q), k, k, num_splits=2))
+
+
+def test_lse_must_be_float32(cpu, rng) -> None:
+    q = rng.standard_normal((1, 1, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 40, 4, 32)).astype(np.float32)
+    with pytest.raises(flashdecode.InvalidDTypeError, match="lse: must be float32"):
+        cpu.decode(q, k, k, lse=np.zeros((1, 1, 4), dtype=np.uint16))
+
+
 def test_describe_plan(cpu, rng) -> None:
     q = rng.standard_normal((2, 1, 8, 64)).astype(np.float32)
     k = rng.standard_normal((2, 300, 2, 64)).astype(np.float32)

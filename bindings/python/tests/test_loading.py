@@ -107,7 +107,8 @@ def test_missing_function_is_refused(tmp_path: Path) -> None:
 
 def test_older_minor_version_is_refused_by_its_version(tmp_path: Path) -> None:
     # A 0.1 library lacks the 0.2 functions: the message names its version.
-    functions_of_0_1 = [name for name, _, _ in _library._PROTOTYPES if name not in ("fd_plan_info_init", "fd_describe_plan")]
+    added_in_0_2 = ("fd_plan_info_init", "fd_describe_plan")
+    functions_of_0_1 = [name for name, _, _ in _library._PROTOTYPES if name not in added_in_0_2]
     fake = build_fake_library(tmp_path, 100, "0.1.0", functions_of_0_1)
     result = run_python(REPORT, library=fake)
     assert result.returncode != 0

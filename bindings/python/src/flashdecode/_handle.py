@@ -256,7 +256,13 @@ class Handle:
                 ``cudaStream_t`` or a PyTorch/CuPy/Numba stream). Default: the
                 stream q's ``__cuda_array_interface__`` names, else PyTorch's
                 current stream, else the legacy default stream. The call is
-                asynchronous on it. Ignored by the CPU backend.
+                asynchronous on it: the arrays must stay alive until the
+                stream has run it. With a stream other than the one your
+                array library allocates on, a temporary argument (``k.half()``
+                inline) can go back to that library's cache and be reused
+                while the kernel still reads it: keep such arrays referenced
+                (or ``record_stream`` them, in PyTorch) until the stream is
+                done. Ignored by the CPU backend.
 
         Returns:
             ``out``, or ``(out, lse)`` with ``return_lse=True``.
@@ -484,8 +490,11 @@ class Handle:
         _fill(call.args.v, v_view, _cache_dims(v_view, layout, "v", paged))
 
         if out is None and size_query:
-            # fd_workspace_size reads shapes only; q's memory stands in for the output.
-            _fill(call.args.out, q_view, _query_dims(q_view, layout, "out"))
+            # The size and plan queries read shapes only: q's memory stands in
+            # for the output, described as the contiguous array decode would
+            # allocate (q itself may be a broadcast view, which no output may be).
+            shape, _ = _query_dims(q_view, layout, "out")
+            _fill(call.args.out, q_view, (shape, _contiguous(shape)))
         else:
             if out is None:
                 out = allocate_like(q_view.array, q_view.shape, "out")
@@ -501,6 +510,8 @@ class Handle:
             lse = allocate_like(q_view.array, q_view.shape[:-1], "lse", float32=True)
         if lse is not None:
             lse_view = view(lse, "lse", writable=True)
+            if lse_view.dtype is None:  # 16-bit integer storage: only q, k, v and out may be 16-bit floats
+                raise refuse(InvalidDTypeError, "lse: must be float32, not 16-bit integer storage")
             _fill(call.args.lse, lse_view, _lse_dims(lse_view, len(q_view.shape), layout))
             call.lse = lse
         if seq_lens is not None:
@@ -535,15 +546,33 @@ def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -
     return views[0][1].dtype
 
 
+# Stands in for the data of an empty array whose producer gives it no
+# address (PyTorch, CuPy: 0): the library refuses NULL even where it reads
+# nothing, and wants element alignment, which 8 bytes give every dtype.
+_EMPTY_DATA = ctypes.c_uint64(0)
+
+
 def _fill(tensor: FdTensor, view: ArrayView, dims: Dims) -> None:
     shape, strides = dims
     assert view.dtype is not None
-    tensor.data = view.pointer or None
+    if not view.pointer and 0 in shape:
+        tensor.data = ctypes.addressof(_EMPTY_DATA)
+    else:
+        tensor.data = view.pointer or None
     tensor.dtype = int(view.dtype)
     tensor.ndim = len(shape)
     for axis, (extent, stride) in enumerate(zip(shape, strides)):
         tensor.shape[axis] = extent
         tensor.strides[axis] = stride
+
+
+def _contiguous(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """Row-major element strides of ``shape``."""
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(1, extent)
+    return tuple(reversed(strides))
 
 
 def _c_order(view: ArrayView, layout: str) -> Dims:
