@@ -400,6 +400,9 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 		{"negative stride", func(a *flashdecode.DecodeArgs) { a.K = a.K.WithStrides(12800, 128, -64, 1) }, flashdecode.ErrInvalidStride, "k: strides [12800 128 -64 1] have a negative stride"},
 		{"rank", func(a *flashdecode.DecodeArgs) { a.Q = flashdecode.Float32(q, 1, 2, 1, 8, 64) }, flashdecode.ErrInvalidShape, "q: 5 dimensions"},
 		{"strides count", func(a *flashdecode.DecodeArgs) { a.Q = a.Q.WithStrides(1, 1) }, flashdecode.ErrInvalidStride, "q: 2 strides for 4 dimensions"},
+		{"extent sum overflow", func(a *flashdecode.DecodeArgs) {
+			a.Q = flashdecode.Float32(q, 3, 3, 3, 4).WithStrides((1<<62)/3, (1<<62)/3, (1<<62)/3, 1)
+		}, flashdecode.ErrInvalidShape, "q: shape [3 3 3 4] with strides"},
 		{"device memory", func(a *flashdecode.DecodeArgs) {
 			a.V = flashdecode.Device(0xdead0000, flashdecode.Float32Type, 2, 100, 2, 64)
 		}, flashdecode.ErrInvalidArgument, "v: is device memory, but the handle runs on the CPU backend"},

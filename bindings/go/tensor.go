@@ -5,6 +5,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 )
 
@@ -129,7 +130,8 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		}
 		empty = empty || extent == 0
 		if extent > 1 {
-			if stride > (1<<62)/extent {
+			// Each term stays below 2^62; their sum is checked too.
+			if stride > (1<<62)/extent || last > math.MaxInt64-(extent-1)*stride {
 				return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v overflows", name, t.shape, t.strides))
 			}
 			last += (extent - 1) * stride
