@@ -108,7 +108,7 @@ typedef enum fd_status {
   FD_ERROR_INVALID_HEAD_DIM = 4,      /**< head_dim is out of range for the API or for the handle's backend. */
   FD_ERROR_INVALID_HEAD_COUNT = 5,    /**< A head count is out of range, or query heads are not a multiple of KV heads. */
   FD_ERROR_INVALID_SHAPE = 6,         /**< A tensor's rank or extents are invalid, or disagree with another tensor's (batch, heads, head_dim). */
-  FD_ERROR_INVALID_STRIDE = 7,        /**< A stride is negative, or head_dim is not contiguous (stride of head_dim must be 1). */
+  FD_ERROR_INVALID_STRIDE = 7,        /**< A stride is negative, head_dim is not contiguous (stride of head_dim must be 1), or an output's strides make its elements share memory. */
   FD_ERROR_INVALID_LENGTH = 8,        /**< A length is negative or too large, or a sequence is longer than its cache. */
   FD_ERROR_INVALID_BLOCK_TABLE = 9,   /**< A paged-cache block table entry points outside the page pool. */
   FD_ERROR_INVALID_SPLITS = 10,       /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
@@ -172,7 +172,8 @@ typedef enum fd_dtype {
  * elements, not bytes, and must not be negative. Data must be aligned to
  * its element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
  * outputs (`out`, `lse`) must not overlap themselves: no two of their
- * elements may share memory (#FD_ERROR_INVALID_STRIDE).
+ * elements may share memory (#FD_ERROR_INVALID_STRIDE); nor may `out`
+ * and `lse` share memory with each other (#FD_ERROR_INVALID_ARGUMENT).
  *
  * Memory is host memory for the CPU backend and device memory (of the
  * handle's device) for the CUDA backend.

@@ -104,6 +104,24 @@ void require_no_overlap(const StridedView &view, int ndim, const char *name) {
   }
 }
 
+// The bytes from a tensor's first element to the end of its furthest one
+// ([begin, end); begin == end when it is empty).
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+};
+
+ByteRange byte_range(const StridedView &view, int ndim, size_t element) {
+  ByteRange range;
+  range.begin = range.end = reinterpret_cast<uintptr_t>(view.data);
+  int64_t furthest = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (view.shape[d] == 0) return range;
+    furthest += (view.shape[d] - 1) * view.strides[d];  // bounded by check_tensor
+  }
+  range.end = range.begin + (static_cast<uintptr_t>(furthest) + 1) * element;
+  return range;
+}
+
 void require_float_dtype(const fd_tensor &t, const char *name) {
   if (t.dtype != FD_DTYPE_F32 && t.dtype != FD_DTYPE_F16 && t.dtype != FD_DTYPE_BF16) {
     fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be f32, f16 or bf16, got %s", name, dtype_name(t.dtype));
@@ -241,6 +259,16 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.q.shape[d], "lse", kLseDims[d], "q");
     require_no_overlap(p.lse, 3, "lse");
+    // Written by the same threads as out: they must not share bytes (by
+    // address range, which also refuses lse interleaved into out's padding).
+    const ByteRange out_bytes = byte_range(p.out, 4, element_bytes(p.out_dtype));
+    const ByteRange lse_bytes = byte_range(p.lse, 3, sizeof(float));
+    if (out_bytes.begin < out_bytes.end && lse_bytes.begin < lse_bytes.end && out_bytes.begin < lse_bytes.end &&
+        lse_bytes.begin < out_bytes.end) {
+      fail(FD_ERROR_INVALID_ARGUMENT, "lse: shares memory with out (bytes %p-%p and %p-%p); outputs must not overlap",
+           reinterpret_cast<void *>(lse_bytes.begin), reinterpret_cast<void *>(lse_bytes.end),
+           reinterpret_cast<void *>(out_bytes.begin), reinterpret_cast<void *>(out_bytes.end));
+    }
     p.has_lse = true;
   }
 

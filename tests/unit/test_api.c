@@ -368,6 +368,9 @@ static void test_rejects_overlapping_outputs(void **state) {
   a = f->problem.args;
   a.lse.strides[0] = 0;
   expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "lse: its strides make distinct elements share memory");
+  a = f->problem.args;
+  a.lse.data = (char *)a.out.data + 64; /* inside out's bytes */
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "lse: shares memory with out");
   /* Rows further apart than they need to be are fine (checked without
    * decoding: the fixture's buffer holds only the tight layout). */
   a = f->problem.args;
