@@ -17,16 +17,24 @@ from reference import attention, from_bf16_bits, to_bf16_bits
 
 
 class DLPackOnly:
-    """Exposes a NumPy array through DLPack alone, as a foreign library would."""
+    """Exposes a NumPy array through DLPack alone, as a foreign library would
+    (DLPack 1.0 capsules when NumPy makes them, 2.1 and later)."""
 
     def __init__(self, array: np.ndarray) -> None:
         self._array = array
 
-    def __dlpack__(self, stream: Any = None) -> Any:
-        return self._array.__dlpack__(stream=stream)
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(stream=stream, **kwargs)
 
     def __dlpack_device__(self) -> Any:
         return self._array.__dlpack_device__()
+
+
+class DLPackUnversioned(DLPackOnly):
+    """A producer from before DLPack 1.0: no max_version, no flags."""
+
+    def __dlpack__(self, stream: Any = None) -> Any:  # type: ignore[override]
+        return self._array.__dlpack__(stream=stream)
 
 
 class CudaArrayInterface:
@@ -56,6 +64,26 @@ def test_dlpack_host_arrays_decode(cpu, rng) -> None:
     np.testing.assert_allclose(out[:, :, 0], expected, atol=2e-5)
     with pytest.raises(TypeError, match="out: cannot allocate it like a DLPackOnly; pass out= explicitly"):
         cpu.decode(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v), layout="HND")
+
+
+def test_dlpack_read_only_outputs_are_refused(cpu, rng) -> None:
+    q = rng.standard_normal((1, 2, 1, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 20, 16)).astype(np.float32)
+    out = np.zeros_like(q)
+    cpu.decode(DLPackOnly(q), DLPackOnly(k), DLPackOnly(k), out=DLPackOnly(out), layout="HND")
+    old = DLPackUnversioned
+    cpu.decode(old(q), old(k), old(k), out=old(out), layout="HND")
+    assert np.abs(out).sum() > 0
+    frozen = np.zeros_like(q)
+    frozen.flags.writeable = False
+    try:
+        capsule = frozen.__dlpack__(max_version=(1, 0))
+    except (TypeError, BufferError):
+        pytest.skip("this NumPy exports no DLPack 1.0 capsule of a read-only array")
+    del capsule
+    with pytest.raises(flashdecode.InvalidArgumentError, match="out: the array is read-only"):
+        cpu.decode(DLPackOnly(q), DLPackOnly(k), DLPackOnly(k), out=DLPackOnly(frozen), layout="HND")
+    assert not frozen.any()
 
 
 def test_dlpack_view_of_bfloat16_bits(cpu, rng) -> None:

@@ -13,7 +13,7 @@ import ctypes
 import enum
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -400,11 +400,48 @@ class _DLManagedTensor(ctypes.Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    """DLPack 1.0's capsule content: it carries flags, read-only among them."""
+
+    _fields_ = [
+        ("version", _DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+_DLPACK_FLAG_READ_ONLY = 1
+
+
 # A private handle on the C API, so that these argtypes do not clash with
 # anyone else's use of ctypes.pythonapi.
 _capsule_pointer = ctypes.PyDLL(None).PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_name = ctypes.PyDLL(None).PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+
+
+def _export_dlpack(obj: Any, stream: Optional[int]) -> Any:
+    """The producer's capsule: DLPack 1.0 (with its read-only flag) when it
+    offers it, else the older unversioned one; on ``stream`` (CUDA) when the
+    producer takes the argument."""
+    attempts: List[Dict[str, Any]] = [{"max_version": (1, 0)}, {}]
+    if stream is not None:
+        attempts = [{"stream": stream, "max_version": (1, 0)}, {"stream": stream}, {}]
+    for kwargs in attempts[:-1]:
+        try:
+            return obj.__dlpack__(**kwargs)
+        except TypeError:  # a producer predating the argument
+            pass
+    return obj.__dlpack__(**attempts[-1])
 
 
 def _dlpack_device(obj: Any) -> Optional[Tuple[int, int]]:
@@ -425,21 +462,27 @@ def _from_dlpack(obj: Any, name: str, kind: str, cuda_stream: Optional[int]) -> 
     device_type, device_id = device
     if device_type in _DLPACK_DEVICE_TYPES:
         # The DLPack stream protocol: 1 names the legacy default stream (0 is ambiguous).
-        stream = 1 if not cuda_stream else cuda_stream
-        try:
-            capsule = obj.__dlpack__(stream=stream)
-        except TypeError:  # a producer predating the stream argument
-            capsule = obj.__dlpack__()
+        capsule = _export_dlpack(obj, 1 if not cuda_stream else cuda_stream)
         location = CUDA
     elif device_type in (_DL_CPU, _DL_CUDA_HOST):
-        capsule = obj.__dlpack__()
+        capsule = _export_dlpack(obj, None)
         location = HOST
     else:
         raise refuse(InvalidArgumentError, f"{name}: DLPack device type {device_type} is neither CPU nor CUDA memory")
     # Reading the capsule does not consume it: when it is released, its
     # destructor calls the producer's deleter, as DLPack specifies.
-    managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    tensor = managed.dl_tensor
+    capsule_name = _capsule_name(capsule)
+    readonly = False  # an unversioned capsule cannot say
+    if capsule_name == b"dltensor_versioned":
+        versioned = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, capsule_name))
+        if versioned.version.major != 1:
+            raise refuse(
+                InvalidArgumentError, f"{name}: DLPack {versioned.version.major}.x capsule; this binding reads 1.x"
+            )
+        readonly = bool(versioned.flags & _DLPACK_FLAG_READ_ONLY)
+        tensor = versioned.dl_tensor
+    else:
+        tensor = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor")).dl_tensor
     code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
     if lanes != 1:
         raise refuse(InvalidDTypeError, f"{name}: vector dtypes ({lanes} lanes) are not supported")
@@ -463,7 +506,7 @@ def _from_dlpack(obj: Any, name: str, kind: str, cuda_stream: Optional[int]) -> 
         strides=strides,
         location=location,
         device=device_id if location == CUDA else None,
-        readonly=False,
+        readonly=readonly,
         array=obj,
         capsule=capsule,
     )
