@@ -2,11 +2,15 @@
 // in the form backends consume. Backends never see fd_decode_args.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "flashdecode.h"
 
 namespace fd {
+
+// Bytes of one element: 2 for f16 and bf16, 4 for f32 and i32.
+inline size_t dtype_bytes(fd_dtype dtype) { return dtype == FD_DTYPE_F16 || dtype == FD_DTYPE_BF16 ? 2 : 4; }
 
 // A validated strided view. Dimension meaning depends on the role; the last
 // dimension (head_dim) is contiguous for every 4-d tensor.

@@ -28,10 +28,6 @@ bool is_known_dtype(const fd_dtype &dtype) {
   return raw == FD_DTYPE_F32 || raw == FD_DTYPE_F16 || raw == FD_DTYPE_BF16 || raw == FD_DTYPE_I32;
 }
 
-size_t element_bytes(const fd_dtype &dtype) {
-  return raw_enum_value(dtype) == FD_DTYPE_F16 || raw_enum_value(dtype) == FD_DTYPE_BF16 ? 2 : 4;
-}
-
 // Checks rank, dtype family, the data's alignment to its elements, extents,
 // strides and that the furthest element is addressable with a 64-bit
 // element offset. dim_names label each dimension in messages.
@@ -42,9 +38,9 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
   // Kernels load whole elements (the CUDA backend's plain-load path too):
   // a misaligned one is undefined behaviour on the host and a fault on the
   // device.
-  if (reinterpret_cast<uintptr_t>(t.data) % element_bytes(t.dtype) != 0) {
+  if (reinterpret_cast<uintptr_t>(t.data) % dtype_bytes(t.dtype) != 0) {
     fail(FD_ERROR_INVALID_ARGUMENT, "%s: data %p is not aligned to its %zu-byte %s elements", name, t.data,
-         element_bytes(t.dtype), dtype_name(t.dtype));
+         dtype_bytes(t.dtype), dtype_name(t.dtype));
   }
   if (t.ndim != ndim) fail(FD_ERROR_INVALID_SHAPE, "%s: ndim must be %d, got %d", name, ndim, static_cast<int>(t.ndim));
   StridedView view;
@@ -261,7 +257,7 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_no_overlap(p.lse, 3, "lse");
     // Written by the same threads as out: they must not share bytes (by
     // address range, which also refuses lse interleaved into out's padding).
-    const ByteRange out_bytes = byte_range(p.out, 4, element_bytes(p.out_dtype));
+    const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
     const ByteRange lse_bytes = byte_range(p.lse, 3, sizeof(float));
     if (out_bytes.begin < out_bytes.end && lse_bytes.begin < lse_bytes.end && out_bytes.begin < lse_bytes.end &&
         lse_bytes.begin < out_bytes.end) {

@@ -216,8 +216,6 @@ bool rows_aligned(const StridedView &view, size_t element_bytes) {
   return true;
 }
 
-size_t element_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 ? 4 : 2; }
-
 // Whether the tensor-core kernel's paged loader (32-bit page and slot byte
 // offsets, widened once; mma_kernel.cuh) can address this pool and table:
 // a page's byte stride, the bytes of a page's slots and the block table's
@@ -225,7 +223,7 @@ size_t element_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 ? 4 : 2; }
 // [page, slot, head, dim] or [page, head, slot, dim] with pages under 2 GiB.
 bool paged_fits_32bit(const Problem &p) {
   constexpr int64_t kLimit = int64_t{1} << 31;
-  const int64_t bytes = static_cast<int64_t>(element_size(p.dtype));
+  const int64_t bytes = static_cast<int64_t>(dtype_bytes(p.dtype));
   const StridedView *caches[2] = {&p.k, &p.v};
   // Compared by division: a dimension of extent 1 may carry any stride, so
   // the products could overflow.
@@ -460,7 +458,7 @@ class CudaBackend final : public Backend {
   LaunchChoice choose_launch(const Problem &p, const Plan &plan) const {
     LaunchChoice launch;
     launch.kernel = from_tag(plan.kernel);
-    launch.aligned = rows_aligned(p.k, element_size(p.dtype)) && rows_aligned(p.v, element_size(p.dtype));
+    launch.aligned = rows_aligned(p.k, dtype_bytes(p.dtype)) && rows_aligned(p.v, dtype_bytes(p.dtype));
     if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.kernel = cuda::SplitKernelChoice{};
     const cuda::SplitKernelShape shape = kernel_shape(p, launch.kernel);
     launch.heads = tile_heads(p.group_size, shape.rows);
