@@ -5,8 +5,8 @@
  * (0, 1, 63, 64, 65, full) and split counts (automatic, 1 .. 1024). Fresh
  * random data per case; outputs poisoned with NaN; NaN in every cache slot a
  * sequence does not own. Then: determinism, CUDA graph capture and replay
- * with new data and lengths, both merge paths on a caller-provided
- * workspace, two handles on two streams in two threads,
+ * with new data and lengths, the merge paths on a caller-provided
+ * workspace, ragged batches of many shapes, two handles on two streams in two threads,
  * element offsets past 2^31, unaligned caches, length clamping, a batch past
  * the grid's y limit, rejected input leaving the output untouched.
  *
@@ -435,15 +435,9 @@ static void test_capture_without_reserve(void **state) {
 }
 
 /* A captured fd_decode replayed after overwriting q, K, V, seq_lens and the
- * block table in place. */
-static void test_graph_replay(void **state) {
-  (void)state;
-  /* batch 12: sequences 6.. get random lengths, new ones each round */
-  fdt_case c = dense_case(FD_DTYPE_F16, 12, 28, 4, 128, g_quick ? 400 : 3000, g_seed + 500);
-  c.layout = FDT_PAGED_NHD;
-  c.page_size = 16;
-  c.ragged = 1;
-  c.with_lse = 1;
+ * block table in place: a paged ragged batch, and a dense one (on sm_90+ the
+ * wide tiles). */
+static void graph_replay_case(fdt_case c, const char *what) {
   gpu_case t;
   open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
@@ -468,13 +462,73 @@ static void test_graph_replay(void **state) {
     }
     replay_poisoned(&t, exec, stream);
     const int bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
-    print_message("graph replay %d (lens[6..8] %lld %lld %lld): %s\n", round, (long long)t.p.lens[6],
+    print_message("graph replay, %s, %d (lens[6..8] %lld %lld %lld): %s\n", what, round, (long long)t.p.lens[6],
                   (long long)t.p.lens[7], (long long)t.p.lens[8], t.report);
-    if (bad) fail_msg("graph replay %d: %s", round, t.report);
+    if (bad) fail_msg("graph replay, %s, %d: %s", what, round, t.report);
   }
   destroy_graph(exec, graph, stream);
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   close_case(&t);
+}
+
+static void test_graph_replay(void **state) {
+  (void)state;
+  /* batch 12: sequences 6.. get random lengths, new ones each round */
+  fdt_case c = dense_case(FD_DTYPE_F16, 12, 28, 4, 128, g_quick ? 400 : 3000, g_seed + 500);
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  graph_replay_case(c, "paged");
+  c.layout = FDT_BHND;
+  c.seed = g_seed + 510;
+  graph_replay_case(c, "dense");
+}
+
+/* ---- ragged batches of many shapes ----------------------------------------- */
+/* Dense ragged batches with automatic splits (on sm_90+ the wide tiles,
+ * fused merges of splits planned on the capacity), lengths 0, full, 1, 63,
+ * 64, 65, then random: a serving batch, one long sequence among five short
+ * ones, groups of 5 (head_dim 96) and 64 (four chunks of 16), MHA with
+ * head_dim 64 and 256, 130 and 600 sequences; each against the reference
+ * and twice bitwise equal. */
+static void test_ragged_batches(void **state) {
+  (void)state;
+  static const struct {
+    fd_dtype dtype;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len;
+  } spec[] = {
+      {FD_DTYPE_F16, 16, 32, 8, 128, 4000},  {FD_DTYPE_BF16, 6, 8, 1, 128, 20000}, {FD_DTYPE_F16, 37, 40, 8, 96, 2500},
+      {FD_DTYPE_BF16, 5, 64, 1, 128, 3000},  {FD_DTYPE_F16, 64, 8, 8, 64, 1500},   {FD_DTYPE_BF16, 3, 16, 16, 256, 5000},
+      {FD_DTYPE_F16, 130, 16, 2, 128, 2000}, {FD_DTYPE_BF16, 600, 8, 8, 128, 300},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
+                            g_quick ? spec[i].kv_len / 4 : spec[i].kv_len, g_seed + 1100 + (uint64_t)i);
+    c.layout = i % 2 ? FDT_BNHD : FDT_BHND;
+    c.ragged = 1;
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    unsigned char *first = malloc(t.p.out_bytes);
+    if (first == NULL) fail_msg("out of host memory");
+    int bad = 0, same = 1;
+    for (int run = 0; run < 2 && !bad; ++run) {
+      if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
+      bad = check_case(&t);
+      if (run == 0) memcpy(first, t.p.out, t.p.out_bytes);
+      else same = memcmp(first, t.p.out, t.p.out_bytes) == 0;
+    }
+    print_message("ragged batch %zu: %lldx%lld/%lldx%lldx%lld (%s, %d x %lld, merge %d): %s\n", i,
+                  (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len,
+                  (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
+                  (int)plan.merge, t.report);
+    free(first);
+    close_case(&t);
+    if (bad) fail_msg("ragged batch %zu: %s", i, t.report);
+    if (!same) fail_msg("ragged batch %zu: two runs differ", i);
+  }
 }
 
 /* ---- the merge paths and the workspace's counters ---------------------------- */
@@ -485,12 +539,14 @@ static void test_graph_replay(void **state) {
  * splits itself when their partials fit its shared memory, counting
  * finished CTAs in counters at the start of the workspace that every launch
  * leaves at zero; larger merges run the merge kernel. Here, on a
- * caller-provided workspace filled with garbage before fd_set_workspace
- * (which must clear the counters): cluster merges (8 splits, 2 splits,
- * empty trailing splits), fused merges on both split kernels (odd row and
- * split counts, more splits than a warp has lanes, empty trailing splits),
- * a merge-kernel case, and the first case again after the others wrote
- * their partials, each against the reference. */
+ * caller-provided workspace filled with garbage
+ * (NaN) before fd_set_workspace (which must clear the counters): cluster
+ * merges (8 splits, 2 splits, empty trailing splits), merge-kernel cases
+ * (one unit of 8 rows, units of 12 rows in two chunks of a group, 640
+ * one-row units, the CUDA-core kernel, ragged with empty splits), then
+ * fused merges on both split kernels (odd row and split counts, more splits
+ * than a warp has lanes, empty trailing splits), each against the
+ * reference, and the counters read back as zero after every case. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
   /* kClusterOnSm90: FD_MERGE_CLUSTER on compute capability 9.0+, else FD_MERGE_FUSED. */
@@ -510,6 +566,14 @@ static void test_merge_paths_on_caller_workspace(void **state) {
        kClusterOnSm90},
       {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64,
        FD_MERGE_SEPARATE},
+      {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000,
+       40, FD_MERGE_SEPARATE},
+      {"merge kernel, MHA, 640 units of 1 row x 80 splits", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 128, 2600, 80,
+       FD_MERGE_SEPARATE},
+      {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000,
+       64, FD_MERGE_SEPARATE},
+      {"merge kernel, ragged (16 rows x 33 splits, trailing ones empty)", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 32, 2, 128,
+       3300, 33, FD_MERGE_SEPARATE},
       {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED},
       {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16,
        FD_MERGE_FUSED},
@@ -518,6 +582,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
        FD_MERGE_FUSED},
       {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED},
   };
+  enum { kRaggedMergeKernel = 7 }; /* index of the ragged merge-kernel case (the last case is ragged too) */
   enum { kCases = sizeof spec / sizeof spec[0] };
   int cc_major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -529,7 +594,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
                             g_quick ? spec[i].kv_len / 4 : spec[i].kv_len, g_seed + 700 + (uint64_t)i);
     c.out_dtype = spec[i].out_dtype;
     c.layout = FDT_BHND;
-    c.ragged = i == kCases - 1;
+    c.ragged = i == kCases - 1 || i == kRaggedMergeKernel;
     c.with_lse = 1;
     c.num_splits = spec[i].splits;
     open_case(&cases[i], &c);
@@ -542,7 +607,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   CUDA_CHECK(cudaMemset(workspace, 0xff, bytes));
   CUDA_CHECK(cudaDeviceSynchronize());
   assert_int_equal(fd_set_workspace(h, workspace, bytes), FD_SUCCESS);
-  int failed = -1, wrong_path = -1;
+  int failed = -1, wrong_path = -1, counters_left = -1;
   fd_merge planned[kCases];
   for (int i = 0; i < kCases; ++i) {
     const fd_plan_info plan = describe(h, &cases[i].d.args);
@@ -555,6 +620,13 @@ static void test_merge_paths_on_caller_workspace(void **state) {
     print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge,
                   cases[i].report);
     if (bad && failed < 0) failed = i;
+    /* Every launch leaves the counters (the workspace's first 64 KiB,
+     * cuda::kMergeCounterBytes) at zero, whichever merge counted in them. */
+    static unsigned counters[16384];
+    CUDA_CHECK(cudaMemcpy(counters, workspace, sizeof counters, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < 16384 && counters_left < 0; ++j) {
+      if (counters[j] != 0) counters_left = i;
+    }
   }
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   CUDA_CHECK(cudaFree(workspace));
@@ -564,6 +636,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
     fail_msg("merge path %s: planned merge %d, expected %d", spec[wrong_path].what, (int)planned[wrong_path],
              spec[wrong_path].merge);
   }
+  if (counters_left >= 0) fail_msg("merge path %s left a merge counter nonzero", spec[counters_left].what);
 }
 
 /* ---- the caller's device and context --------------------------------------- */
@@ -1141,6 +1214,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_capture_without_reserve);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_paths_on_caller_workspace);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_batches);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);
