@@ -6,9 +6,10 @@
  * random data per case; outputs poisoned with NaN; NaN in every cache slot a
  * sequence does not own. Then: determinism, CUDA graph capture and replay
  * with new data and lengths, the merge paths on a caller-provided
- * workspace, ragged batches of many shapes, two handles on two streams in two threads,
- * element offsets past 2^31, unaligned caches, length clamping, a batch past
- * the grid's y limit, rejected input leaving the output untouched.
+ * workspace, ragged batches of many shapes, two handles on two streams in
+ * two threads, element offsets past 2^31, unaligned caches, length
+ * clamping, a batch past the grid's y limit, rejected input leaving the
+ * output untouched.
  *
  * Exits 77 (CTest: skipped) without a CUDA device.
  * FD_GPU_TEST_QUICK=1 shrinks the matrix (for compute-sanitizer) and skips
@@ -498,9 +499,10 @@ static void test_ragged_batches(void **state) {
     fd_dtype dtype;
     int64_t batch, q_heads, kv_heads, head_dim, kv_len;
   } spec[] = {
-      {FD_DTYPE_F16, 16, 32, 8, 128, 4000},  {FD_DTYPE_BF16, 6, 8, 1, 128, 20000}, {FD_DTYPE_F16, 37, 40, 8, 96, 2500},
-      {FD_DTYPE_BF16, 5, 64, 1, 128, 3000},  {FD_DTYPE_F16, 64, 8, 8, 64, 1500},   {FD_DTYPE_BF16, 3, 16, 16, 256, 5000},
-      {FD_DTYPE_F16, 130, 16, 2, 128, 2000}, {FD_DTYPE_BF16, 600, 8, 8, 128, 300},
+      {FD_DTYPE_F16, 16, 32, 8, 128, 4000},   {FD_DTYPE_BF16, 6, 8, 1, 128, 20000},
+      {FD_DTYPE_F16, 37, 40, 8, 96, 2500},    {FD_DTYPE_BF16, 5, 64, 1, 128, 3000},
+      {FD_DTYPE_F16, 64, 8, 8, 64, 1500},     {FD_DTYPE_BF16, 3, 16, 16, 256, 5000},
+      {FD_DTYPE_F16, 130, 16, 2, 128, 2000},  {FD_DTYPE_BF16, 600, 8, 8, 128, 300},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
@@ -556,33 +558,33 @@ static void test_merge_paths_on_caller_workspace(void **state) {
     fd_dtype dtype, out_dtype;
     int64_t batch, q_heads, kv_heads, head_dim, kv_len;
     int32_t splits;
-    int merge; /* the fd_merge fd_describe_plan must report */
+    int merge;  /* the fd_merge fd_describe_plan must report */
+    int ragged; /* per-sequence lengths */
   } spec[] = {
       {"cluster (sm_90+; else fused), tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       3000, 8, kClusterOnSm90},
+       3000, 8, kClusterOnSm90, 0},
       {"cluster (sm_90+; else fused), 8 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       300, 8, kClusterOnSm90},
+       300, 8, kClusterOnSm90, 0},
       {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2,
-       kClusterOnSm90},
+       kClusterOnSm90, 0},
       {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64,
-       FD_MERGE_SEPARATE},
+       FD_MERGE_SEPARATE, 0},
       {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000,
-       40, FD_MERGE_SEPARATE},
+       40, FD_MERGE_SEPARATE, 0},
       {"merge kernel, MHA, 640 units of 1 row x 80 splits", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 128, 2600, 80,
-       FD_MERGE_SEPARATE},
+       FD_MERGE_SEPARATE, 0},
       {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000,
-       64, FD_MERGE_SEPARATE},
+       64, FD_MERGE_SEPARATE, 0},
       {"merge kernel, ragged (16 rows x 33 splits, trailing ones empty)", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 32, 2, 128,
-       3300, 33, FD_MERGE_SEPARATE},
-      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED},
+       3300, 33, FD_MERGE_SEPARATE, 1},
+      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED, 0},
       {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16,
-       FD_MERGE_FUSED},
-      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13, FD_MERGE_FUSED},
+       FD_MERGE_FUSED, 0},
+      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13, FD_MERGE_FUSED, 0},
       {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48,
-       FD_MERGE_FUSED},
-      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED},
+       FD_MERGE_FUSED, 0},
+      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED, 1},
   };
-  enum { kRaggedMergeKernel = 7 }; /* index of the ragged merge-kernel case (the last case is ragged too) */
   enum { kCases = sizeof spec / sizeof spec[0] };
   int cc_major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -594,7 +596,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
                             g_quick ? spec[i].kv_len / 4 : spec[i].kv_len, g_seed + 700 + (uint64_t)i);
     c.out_dtype = spec[i].out_dtype;
     c.layout = FDT_BHND;
-    c.ragged = i == kCases - 1 || i == kRaggedMergeKernel;
+    c.ragged = spec[i].ragged;
     c.with_lse = 1;
     c.num_splits = spec[i].splits;
     open_case(&cases[i], &c);
@@ -620,11 +622,12 @@ static void test_merge_paths_on_caller_workspace(void **state) {
     print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge,
                   cases[i].report);
     if (bad && failed < 0) failed = i;
-    /* Every launch leaves the counters (the workspace's first 64 KiB,
-     * cuda::kMergeCounterBytes) at zero, whichever merge counted in them. */
-    static unsigned counters[16384];
+    /* Every launch leaves the counters (the workspace's first
+     * cuda::kMergeCounterSlots words) at zero, whichever merge counted in them. */
+    enum { kCounterSlots = 16384 };
+    static unsigned counters[kCounterSlots];
     CUDA_CHECK(cudaMemcpy(counters, workspace, sizeof counters, cudaMemcpyDeviceToHost));
-    for (int j = 0; j < 16384 && counters_left < 0; ++j) {
+    for (int j = 0; j < kCounterSlots && counters_left < 0; ++j) {
       if (counters[j] != 0) counters_left = i;
     }
   }
