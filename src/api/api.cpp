@@ -113,7 +113,7 @@ struct PlannedDecode {
 };
 
 Plan plan_for(const fd_handle &h, const Problem &problem) {
-  return make_plan(problem, h.backend->parallelism(problem));
+  return h.backend->plan(problem);
 }
 
 PlannedDecode plan_decode(const fd_handle &h, const fd_decode_args *args) {

@@ -34,9 +34,11 @@ class Backend {
   // where this backend can read them without synchronising.
   virtual void check_contents(const Problem &problem) const = 0;
 
-  // May depend only on the fields of PlanKey (core/plan.h): handles reuse
-  // plans across problems with equal keys.
-  virtual ParallelismHint parallelism(const Problem &problem) const = 0;
+  // How this backend runs a supported problem: its kernel variant and split
+  // count, and the workspace layout (core/plan.h's helpers). May depend only
+  // on the fields of PlanKey: handles reuse plans across problems with equal
+  // keys.
+  virtual Plan plan(const Problem &problem) const = 0;
 
   // Whether work enqueued on `stream` now would be captured into a CUDA
   // graph (or the stream cannot tell): then the workspace must not grow,
@@ -48,8 +50,8 @@ class Backend {
   virtual void free_workspace(void *workspace) noexcept = 0;
 
   // Called when memory becomes a handle's workspace (allocated here or handed
-  // over by the caller), before any decode uses it: sets up the header that
-  // ParallelismHint::workspace_header_bytes reserves (the CUDA backend zeroes
+  // over by the caller), before any decode uses it: sets up the header its
+  // plans reserve at the start of the workspace (the CUDA backend zeroes
   // its merge counters and waits for that). `bytes` may be smaller than the
   // header; decodes then fail for a too-small workspace before using it.
   virtual void prepare_workspace(void * /*workspace*/, size_t /*bytes*/) {}

@@ -15,12 +15,13 @@ size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAli
 // Enough splits that every worker has about two units of work, but none
 // shorter than min_split_tokens: a GQA group of one sequence is one unit
 // before splitting.
-SplitEstimate estimate_splits(const Problem &p, const ParallelismHint &hint) {
+SplitEstimate estimate_splits(const Problem &p, const SplitCostModel &model) {
   const int64_t units = std::max<int64_t>(1, p.batch * p.kv_heads);
-  const int64_t most_useful = std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, hint.min_split_tokens)));
-  const int64_t workers = std::max<int64_t>(1, hint.workers);
+  const int64_t most_useful =
+      std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, model.min_split_tokens)));
+  const int64_t workers = std::max<int64_t>(1, model.workers);
   SplitEstimate estimate;
-  if (hint.split_overhead_tokens <= 0) {
+  if (model.split_overhead_tokens <= 0) {
     const int64_t wanted = ceil_div(2 * workers, units);
     estimate.splits = static_cast<int32_t>(std::clamp<int64_t>(std::min(wanted, most_useful), 1, FD_MAX_SPLITS));
     return estimate;
@@ -35,14 +36,14 @@ SplitEstimate estimate_splits(const Problem &p, const ParallelismHint &hint) {
   // Every split has the same length: minimise waves x (split length + fixed
   // cost) x the time a worker takes per token, plus the merge pass when there
   // is more than one split.
-  const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
+  const int64_t granularity = std::max<int64_t>(1, model.split_granularity);
   const int64_t capacity = std::max<int64_t>(1, p.kv_capacity);
   for (int64_t s = 1; s <= limit; ++s) {
     const int64_t split_tokens = ceil_div(ceil_div(capacity, s), granularity) * granularity;
     const int64_t splits = ceil_div(capacity, split_tokens);
     const double waves = static_cast<double>(ceil_div(units * splits, workers));
-    const double cost = waves * static_cast<double>(split_tokens + hint.split_overhead_tokens) * hint.time_per_token +
-                        (splits > 1 ? static_cast<double>(hint.merge_overhead_tokens) : 0.0);
+    const double cost = waves * static_cast<double>(split_tokens + model.split_overhead_tokens) * model.time_per_token +
+                        (splits > 1 ? static_cast<double>(model.merge_overhead_tokens) : 0.0);
     if (s == 1 || cost < estimate.cost) {
       estimate.splits = static_cast<int32_t>(splits);
       estimate.cost = cost;
@@ -53,7 +54,8 @@ SplitEstimate estimate_splits(const Problem &p, const ParallelismHint &hint) {
 
 PlanKey plan_key(const Problem &p) {
   PlanKey key;
-  key.dtype = p.dtype;
+  key.q_dtype = p.q_dtype;
+  key.kv_dtype = p.kv_dtype;
   key.out_dtype = p.out_dtype;
   key.batch = p.batch;
   key.q_len = p.q_len;
@@ -68,10 +70,11 @@ PlanKey plan_key(const Problem &p) {
   return key;
 }
 
-Plan make_plan(const Problem &p, const ParallelismHint &hint) {
+Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity, size_t header_bytes) {
   Plan plan;
-  const int64_t granularity = std::max<int64_t>(1, hint.split_granularity);
-  const int32_t splits = p.requested_splits > 0 ? p.requested_splits : estimate_splits(p, hint).splits;
+  granularity = std::max<int64_t>(1, granularity);
+  const int32_t splits =
+      p.requested_splits > 0 ? p.requested_splits : std::clamp<int32_t>(automatic_splits, 1, FD_MAX_SPLITS);
   plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
   // A manual count is kept exactly (trailing splits may be empty); an
   // automatic one drops splits that rounding left empty.
@@ -80,7 +83,6 @@ Plan make_plan(const Problem &p, const ParallelismHint &hint) {
                         : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
 
   plan.rows = p.batch * p.q_len * p.q_heads;
-  plan.kernel = hint.kernel;
   size_t states = 0;
   size_t acc_bytes = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) ||
@@ -89,7 +91,7 @@ Plan make_plan(const Problem &p, const ParallelismHint &hint) {
     fail(FD_ERROR_INVALID_SHAPE, "q: batch %lld x q_heads %lld x %d splits needs a workspace beyond the address space",
          static_cast<long long>(p.batch), static_cast<long long>(p.q_heads), static_cast<int>(plan.num_splits));
   }
-  plan.m_offset = align_up(hint.workspace_header_bytes);
+  plan.m_offset = align_up(header_bytes);
   plan.l_offset = align_up(plan.m_offset + states * sizeof(float));
   plan.acc_offset = align_up(plan.l_offset + states * sizeof(float));
   plan.workspace_bytes = align_up(plan.acc_offset + acc_bytes);

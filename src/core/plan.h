@@ -1,7 +1,9 @@
-// Planning: how a validated problem is split along the KV sequence and where
-// the per-split partial results live in the workspace. Backend-independent;
-// a backend only describes its parallelism. Depends on shapes alone, never on
-// tensor contents, so planning needs no read of device memory.
+// Planning helpers that every backend uses as a library: the automatic split
+// count from a cost model of the backend's kernel, and the workspace layout
+// of the per-split partial results. A backend's plan() chooses its kernel,
+// asks estimate_splits, and lays the plan out with layout_plan. Plans depend
+// on shapes alone, never on tensor contents, so planning reads no device
+// memory.
 #pragma once
 
 #include <cstddef>
@@ -11,43 +13,34 @@
 
 namespace fd {
 
-// What a backend tells the planner about itself.
-struct ParallelismHint {
+// How a backend's kernel spends time, for the automatic split count.
+struct SplitCostModel {
   int64_t workers = 1;            // work units that run at once (CPU threads; CUDA SMs x blocks per SM)
   int64_t min_split_tokens = 1;   // automatic splits are at least this long (a partial has a fixed cost)
   int64_t split_granularity = 1;  // split lengths are multiples of this (a kernel's KV tile)
-  // Backend state at the start of every workspace, kept between calls (the
-  // CUDA backend's merge counters): the same for every problem of a backend,
-  // so that the partials of one problem never overwrite it for the next.
-  size_t workspace_header_bytes = 0;
   // Non-zero: pick automatic splits with a wave model (workers units run at
   // once, each costing its split length plus this many tokens; a merge pass
   // costs merge_overhead_tokens). Zero: about two units per worker.
   int64_t split_overhead_tokens = 0;
   int64_t merge_overhead_tokens = 0;
   // Relative time one worker takes per token, in the units of the overhead
-  // fields (a CUDA CTA with twice the loads in flight streams about twice as
-  // fast): makes the wave model's costs comparable between kernels of one
-  // backend.
+  // fields: makes the wave model's costs comparable between kernels.
   double time_per_token = 1.0;
-  // The backend's tag for the kernel this hint describes; copied into the
-  // plan, so that decode runs the kernel the plan was made for without
-  // deciding again.
-  int32_t kernel = 0;
 };
 
 // The automatic split count and, with the wave model, its estimated cost
-// (time units of the hint; 0 without the wave model or with per-sequence
+// (time units of the model; 0 without the wave model or with per-sequence
 // lengths). A backend may compare the estimates of several kernels.
 struct SplitEstimate {
   int32_t splits = 1;
   double cost = 0.0;
 };
-SplitEstimate estimate_splits(const Problem &problem, const ParallelismHint &hint);
+SplitEstimate estimate_splits(const Problem &problem, const SplitCostModel &model);
 
-// The workspace starts with the backend's header (ParallelismHint), then
-// holds, for every query row r = (b * q_len + t) * q_heads + h
-// and split s, the online-softmax state of that split in base 2:
+// A planned decode. The workspace starts with the backend's header
+// (header_bytes of layout_plan), then holds, for every query row
+// r = (b * q_len + t) * q_heads + h and split s, the online-softmax state of
+// that split in base 2:
 //   m[r * num_splits + s]                 running max of log2-scaled scores (-inf: empty split)
 //   l[r * num_splits + s]                 sum of exp2(score - m)
 //   acc[(r * num_splits + s) * head_dim + d]   sum of exp2(score - m) * v[d], unnormalised
@@ -56,7 +49,9 @@ struct Plan {
   int32_t num_splits = 1;
   int64_t split_tokens = 0;  // split s covers tokens [s * split_tokens, (s + 1) * split_tokens)
   int64_t rows = 0;          // batch * q_len * q_heads
-  int32_t kernel = 0;        // ParallelismHint::kernel
+  // The planning backend's kernel variant: an index into that backend's own
+  // variant table, set by its plan() and read back only by it (checked).
+  uint8_t kernel_variant = 0;
   size_t m_offset = 0;
   size_t l_offset = 0;
   size_t acc_offset = 0;
@@ -65,14 +60,21 @@ struct Plan {
 
 constexpr size_t kWorkspaceAlignment = 256;
 
-Plan make_plan(const Problem &problem, const ParallelismHint &hint);
+// A plan with the caller's split count when it asked for one (kept exactly:
+// trailing splits may be empty), else automatic_splits (splits that rounding
+// leaves empty are dropped); split lengths are multiples of granularity.
+// header_bytes of backend state come first in the workspace: the same for
+// every problem of a backend, so that no plan's partials overwrite it.
+// Throws FD_ERROR_INVALID_SHAPE when the workspace would not fit the address
+// space.
+Plan layout_plan(const Problem &problem, int32_t automatic_splits, int64_t granularity, size_t header_bytes);
 
-// Everything a plan depends on (with the backend's ParallelismHint, which
-// may depend only on these fields too): problems with equal keys get equal
-// plans, so a handle reuses its last plan instead of searching again on
-// every decode of the same shape.
+// Everything a plan depends on: problems with equal keys get equal plans
+// (Backend::plan may read only these fields), so a handle reuses its last
+// plan instead of searching again on every decode of the same shape.
 struct PlanKey {
-  fd_dtype dtype = FD_DTYPE_F32;
+  fd_dtype q_dtype = FD_DTYPE_F32;
+  fd_dtype kv_dtype = FD_DTYPE_F32;
   fd_dtype out_dtype = FD_DTYPE_F32;
   int64_t batch = 0, q_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, kv_capacity = 0, page_size = 0;
   bool paged = false;
@@ -80,10 +82,10 @@ struct PlanKey {
   int32_t requested_splits = 0;
 
   bool operator==(const PlanKey &o) const {
-    return dtype == o.dtype && out_dtype == o.out_dtype && batch == o.batch && q_len == o.q_len &&
-           q_heads == o.q_heads && kv_heads == o.kv_heads && head_dim == o.head_dim && kv_capacity == o.kv_capacity &&
-           page_size == o.page_size && paged == o.paged && has_seq_lens == o.has_seq_lens &&
-           requested_splits == o.requested_splits;
+    return q_dtype == o.q_dtype && kv_dtype == o.kv_dtype && out_dtype == o.out_dtype && batch == o.batch &&
+           q_len == o.q_len && q_heads == o.q_heads && kv_heads == o.kv_heads && head_dim == o.head_dim &&
+           kv_capacity == o.kv_capacity && page_size == o.page_size && paged == o.paged &&
+           has_seq_lens == o.has_seq_lens && requested_splits == o.requested_splits;
   }
 };
 

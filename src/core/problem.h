@@ -5,12 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "flashdecode.h"
 
 namespace fd {
-
-// Bytes of one element: 2 for f16 and bf16, 4 for f32 and i32.
-inline size_t dtype_bytes(fd_dtype dtype) { return dtype == FD_DTYPE_F16 || dtype == FD_DTYPE_BF16 ? 2 : 4; }
 
 // A validated strided view. Dimension meaning depends on the role; the last
 // dimension (head_dim) is contiguous for every 4-d tensor.
@@ -21,11 +19,14 @@ struct StridedView {
 };
 
 struct Problem {
-  fd_dtype dtype = FD_DTYPE_F32;      // of q, k and v
-  fd_dtype out_dtype = FD_DTYPE_F32;  // dtype or FD_DTYPE_F32
+  // Per tensor role. In this version k and v share q's dtype, and out is
+  // q's dtype or f32 (validate_decode_args); backends check what they take.
+  fd_dtype q_dtype = FD_DTYPE_F32;
+  fd_dtype kv_dtype = FD_DTYPE_F32;  // of k and v
+  fd_dtype out_dtype = FD_DTYPE_F32;
 
   int64_t batch = 0;
-  int64_t q_len = 0;       // query tokens per sequence (1 in this version)
+  int64_t q_len = 0;  // query tokens per sequence (1 in this version)
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t group_size = 0;  // q_heads / kv_heads
@@ -49,8 +50,8 @@ struct Problem {
   bool has_lse = false;
   bool has_seq_lens = false;
 
-  float softmax_scale = 0.0f;     // resolved: never 0
-  int32_t requested_splits = 0;   // 0 = automatic
+  float softmax_scale = 0.0f;    // resolved: never 0
+  int32_t requested_splits = 0;  // 0 = automatic
 };
 
 // Checks every argument (shapes, dtypes, strides, ranges; not tensor

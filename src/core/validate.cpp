@@ -13,21 +13,6 @@
 namespace fd {
 namespace {
 
-const char *dtype_name(const fd_dtype &dtype) {
-  switch (raw_enum_value(dtype)) {
-    case FD_DTYPE_F32: return "f32";
-    case FD_DTYPE_F16: return "f16";
-    case FD_DTYPE_BF16: return "bf16";
-    case FD_DTYPE_I32: return "i32";
-  }
-  return "unknown";
-}
-
-bool is_known_dtype(const fd_dtype &dtype) {
-  const int raw = raw_enum_value(dtype);
-  return raw == FD_DTYPE_F32 || raw == FD_DTYPE_F16 || raw == FD_DTYPE_BF16 || raw == FD_DTYPE_I32;
-}
-
 // Checks rank, dtype family, the data's alignment to its elements, extents,
 // strides and that the furthest element is addressable with a 64-bit
 // element offset. dim_names label each dimension in messages.
@@ -85,7 +70,8 @@ void require_no_overlap(const StridedView &view, int ndim, const char *name) {
     if (view.shape[d] > 1) order[used++] = d;
   }
   for (int i = 1; i < used; ++i) {  // insertion sort by stride: at most 4 dimensions
-    for (int j = i; j > 0 && view.strides[order[j]] < view.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
+    for (int j = i; j > 0 && view.strides[order[j]] < view.strides[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
   }
   int64_t furthest = 0;  // element offset of the furthest element of the dimensions so far
   for (int i = 0; i < used; ++i) {
@@ -145,14 +131,15 @@ const char *const kLseDims[] = {"batch", "q_len", "q_heads"};
 const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
 
-// Reads the caller's struct, honouring its struct_size: fields a older
+// Reads the caller's struct, honouring its struct_size: fields an older
 // caller does not know keep their defaults.
 fd_decode_args read_args(const fd_decode_args *args) {
   if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
   const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
   if (args->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT, "args: struct_size is %zu, expected at least %zu (initialise it with fd_decode_args_init)",
-         args->struct_size, required);
+    fail(FD_ERROR_INVALID_ARGUMENT,
+         "args: struct_size is %zu, expected at least %zu (initialise it with fd_decode_args_init)", args->struct_size,
+         required);
   }
   fd_decode_args copy;
   fd_decode_args_init(&copy, sizeof copy);
@@ -174,11 +161,12 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   p.out = check_tensor(args.out, "out", 4, kQueryDims, true);
 
   require_float_dtype(args.q, "q");
-  p.dtype = args.q.dtype;
-  require_dtype(args.k, "k", p.dtype);
-  require_dtype(args.v, "v", p.dtype);
-  if (args.out.dtype != p.dtype && args.out.dtype != FD_DTYPE_F32) {
-    fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q) or f32, got %s", dtype_name(p.dtype),
+  p.q_dtype = args.q.dtype;
+  require_dtype(args.k, "k", p.q_dtype);
+  require_dtype(args.v, "v", p.q_dtype);
+  p.kv_dtype = args.k.dtype;
+  if (args.out.dtype != p.q_dtype && args.out.dtype != FD_DTYPE_F32) {
+    fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q) or f32, got %s", dtype_name(p.q_dtype),
          dtype_name(args.out.dtype));
   }
   p.out_dtype = args.out.dtype;
@@ -195,7 +183,8 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   // Bounded so that sequence x head products (rows, planner units) cannot
   // overflow, whatever strides make the tensors' extents addressable.
   if (p.batch > FD_MAX_BATCH) {
-    fail(FD_ERROR_INVALID_SHAPE, "q: batch must be at most %d, got %lld", FD_MAX_BATCH, static_cast<long long>(p.batch));
+    fail(FD_ERROR_INVALID_SHAPE, "q: batch must be at most %d, got %lld", FD_MAX_BATCH,
+         static_cast<long long>(p.batch));
   }
   p.q_len = p.q.shape[1];
   p.q_heads = p.q.shape[2];
@@ -213,7 +202,8 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
          static_cast<long long>(p.q_heads), static_cast<long long>(p.kv_heads));
   }
   p.group_size = p.q_heads / p.kv_heads;
-  if (p.q_len < 1) fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be at least 1, got %lld", static_cast<long long>(p.q_len));
+  if (p.q_len < 1)
+    fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be at least 1, got %lld", static_cast<long long>(p.q_len));
   // k against q first, so that a wrong k is not reported as a wrong v.
   if (!paged) require_extent(p.k, 0, p.batch, "k", "batch", "q");
   for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
@@ -271,7 +261,8 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   if (!std::isfinite(args.softmax_scale)) {
     fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite, got %g", args.softmax_scale);
   }
-  const double scale = args.softmax_scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(p.head_dim)) : args.softmax_scale;
+  const double scale =
+      args.softmax_scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(p.head_dim)) : args.softmax_scale;
   p.softmax_scale = static_cast<float>(scale);
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale == 0.0f) {
     fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale %g is not representable as a non-zero float", args.softmax_scale);

@@ -3,7 +3,7 @@
 // - the layout: the backend's header comes first and no problem's partials
 //   reach into it (the CUDA backend keeps its fused-merge counters there
 //   between calls, and relies on every plan leaving them alone);
-// - the wave model's choices for the issue-4 shapes on an H200-like hint
+// - the wave model's choices for the benchmark shapes on an H200-like cost model
 //   (132 SMs), for standard and wide tensor-core tiles, which the CUDA
 //   backend compares by cost;
 // - manual split counts kept exactly, per-sequence lengths, overflow.
@@ -24,7 +24,7 @@ namespace {
 
 fd::Problem dense(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capacity, int64_t head_dim) {
   fd::Problem p;
-  p.dtype = p.out_dtype = FD_DTYPE_F16;
+  p.q_dtype = p.kv_dtype = p.out_dtype = FD_DTYPE_F16;
   p.batch = batch;
   p.q_len = 1;
   p.q_heads = q_heads;
@@ -35,27 +35,32 @@ fd::Problem dense(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capa
   return p;
 }
 
-// What the CUDA backend tells the planner on a 132-SM H200 for the
-// tensor-core kernel with standard tiles (2 CTAs a multiprocessor, 64-token
-// tiles for head_dim 128) or wide ones (1 CTA, 128 tokens, twice as fast a
-// token), with the backend's 64 KiB counter header.
-fd::ParallelismHint h200_hint(bool wide, int64_t tile_tokens) {
-  fd::ParallelismHint hint;
-  hint.workers = wide ? 132 : 264;
-  hint.min_split_tokens = 128;
-  hint.split_granularity = tile_tokens;
-  hint.split_overhead_tokens = 64;
-  hint.merge_overhead_tokens = 128;
-  hint.time_per_token = wide ? 0.5 : 1.0;
-  hint.workspace_header_bytes = 65536;
-  hint.kernel = wide ? 3 : 1;
-  return hint;
+// The CUDA backend's cost model on a 132-SM H200 for the tensor-core kernel
+// with standard tiles (2 CTAs a multiprocessor, 64-token tiles for head_dim
+// 128) or wide ones (1 CTA, 128 tokens, twice as fast a token).
+fd::SplitCostModel h200_model(bool wide, int64_t tile_tokens) {
+  fd::SplitCostModel model;
+  model.workers = wide ? 132 : 264;
+  model.min_split_tokens = 128;
+  model.split_granularity = tile_tokens;
+  model.split_overhead_tokens = 64;
+  model.merge_overhead_tokens = 128;
+  model.time_per_token = wide ? 0.5 : 1.0;
+  return model;
 }
 
-void check_layout(const fd::Problem &p, const fd::ParallelismHint &hint) {
-  const fd::Plan plan = fd::make_plan(p, hint);
+// The backend's 64 KiB counter header.
+constexpr size_t kHeaderBytes = 65536;
+
+// A backend's plan, as CUDA's plan() makes it: the estimate, laid out.
+fd::Plan plan_with(const fd::Problem &p, const fd::SplitCostModel &model, size_t header = kHeaderBytes) {
+  return fd::layout_plan(p, fd::estimate_splits(p, model).splits, model.split_granularity, header);
+}
+
+void check_layout(const fd::Problem &p, const fd::SplitCostModel &model) {
+  const fd::Plan plan = plan_with(p, model);
   const size_t states = static_cast<size_t>(plan.rows) * static_cast<size_t>(plan.num_splits);
-  assert_true(plan.m_offset >= hint.workspace_header_bytes);
+  assert_true(plan.m_offset >= kHeaderBytes);
   assert_true(plan.l_offset >= plan.m_offset + states * sizeof(float));
   assert_true(plan.acc_offset >= plan.l_offset + states * sizeof(float));
   assert_true(plan.workspace_bytes >= plan.acc_offset + states * static_cast<size_t>(p.head_dim) * sizeof(float));
@@ -64,8 +69,9 @@ void check_layout(const fd::Problem &p, const fd::ParallelismHint &hint) {
   assert_int_equal(plan.acc_offset % fd::kWorkspaceAlignment, 0);
   assert_int_equal(plan.workspace_bytes % fd::kWorkspaceAlignment, 0);
   assert_int_equal(plan.rows, p.batch * p.q_len * p.q_heads);
-  assert_int_equal(plan.kernel, hint.kernel);
   assert_true(plan.num_splits >= 1 && plan.num_splits <= FD_MAX_SPLITS);
+  assert_int_equal(plan.split_tokens % model.split_granularity, 0);
+  if (p.requested_splits > 0) assert_int_equal(plan.num_splits, p.requested_splits);
   // Every token belongs to a split.
   assert_true(plan.split_tokens * plan.num_splits >= p.kv_capacity);
 }
@@ -80,15 +86,15 @@ void test_header_never_overlapped(void **) {
         for (bool wide : {false, true}) {
           fd::Problem p = dense(batch, 32, 8, 5000, dim);
           p.requested_splits = s;
-          check_layout(p, h200_hint(wide, 64));
+          check_layout(p, h200_model(wide, 64));
         }
       }
     }
   }
   // Without a header (the CPU backend) the partials start at 0.
-  fd::ParallelismHint cpu;
+  fd::SplitCostModel cpu;
   cpu.workers = 2;
-  assert_int_equal(fd::make_plan(dense(2, 8, 2, 1000, 64), cpu).m_offset, 0);
+  assert_int_equal(plan_with(dense(2, 8, 2, 1000, 64), cpu, 0).m_offset, 0);
 }
 
 struct Expected {
@@ -97,7 +103,7 @@ struct Expected {
   bool wide_cheaper;
 };
 
-void test_wave_model_on_issue_shapes(void **) {
+void test_wave_model_on_benchmark_shapes(void **) {
   // Splits per the wave model; whether the wide tiles' estimate is lower
   // (the CUDA backend then plans for them). Measured on the H200, the wide
   // tiles won on shapes 1, 3, 6, 7, 8 and lost on shape 2, where the costs
@@ -110,26 +116,26 @@ void test_wave_model_on_issue_shapes(void **) {
   };
   for (const Expected &e : shapes) {
     const fd::Problem p = dense(e.batch, e.q_heads, e.kv_heads, e.capacity, e.head_dim);
-    const fd::SplitEstimate standard = fd::estimate_splits(p, h200_hint(false, 64));
-    const fd::SplitEstimate wide = fd::estimate_splits(p, h200_hint(true, 128));
+    const fd::SplitEstimate standard = fd::estimate_splits(p, h200_model(false, 64));
+    const fd::SplitEstimate wide = fd::estimate_splits(p, h200_model(true, 128));
     assert_int_equal(standard.splits, e.standard_splits);
     assert_int_equal(wide.splits, e.wide_splits);
     assert_int_equal(wide.cost < standard.cost, e.wide_cheaper);
-    assert_int_equal(fd::make_plan(p, h200_hint(false, 64)).num_splits, e.standard_splits);
+    assert_int_equal(plan_with(p, h200_model(false, 64)).num_splits, e.standard_splits);
   }
 }
 
 void test_manual_and_ragged_splits(void **) {
   fd::Problem p = dense(1, 8, 1, 1000, 128);
   p.requested_splits = 64;  // more than 1000 tokens fill at 64-token tiles: kept, trailing splits empty
-  fd::Plan plan = fd::make_plan(p, h200_hint(false, 64));
+  fd::Plan plan = plan_with(p, h200_model(false, 64));
   assert_int_equal(plan.num_splits, 64);
   assert_int_equal(plan.split_tokens, 64);
 
   // Per-sequence lengths: about four waves of splits over the units.
   fd::Problem ragged = dense(16, 32, 8, 16384, 128);
   ragged.has_seq_lens = true;
-  const fd::SplitEstimate estimate = fd::estimate_splits(ragged, h200_hint(false, 64));
+  const fd::SplitEstimate estimate = fd::estimate_splits(ragged, h200_model(false, 64));
   assert_int_equal(estimate.splits, (4 * 264 + 16 * 8 - 1) / (16 * 8));
 }
 
@@ -138,7 +144,7 @@ void test_workspace_overflow_rejected(void **) {
   p.requested_splits = 1024;
   bool thrown = false;
   try {
-    fd::make_plan(p, h200_hint(false, 64));
+    plan_with(p, h200_model(false, 64));
   } catch (const fd::Error &error) {
     thrown = error.status() == FD_ERROR_INVALID_SHAPE;
   }
@@ -150,7 +156,7 @@ void test_workspace_overflow_rejected(void **) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_header_never_overlapped),
-      cmocka_unit_test(test_wave_model_on_issue_shapes),
+      cmocka_unit_test(test_wave_model_on_benchmark_shapes),
       cmocka_unit_test(test_manual_and_ragged_splits),
       cmocka_unit_test(test_workspace_overflow_rejected),
   };

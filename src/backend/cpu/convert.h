@@ -42,9 +42,10 @@ inline uint16_t float_to_half(float f) {
   const uint32_t bits = float_to_bits(f);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs >= 0x38800000u) {  // normal half
+  // A normal half.
+  if (abs >= 0x38800000u) {
     const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
     return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
   }
@@ -69,8 +70,10 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 // Element access by storage type, for kernels templated on fd_dtype.
-template <fd_dtype D> struct Storage;
-template <> struct Storage<FD_DTYPE_F32> {
+template <fd_dtype D>
+struct Storage;
+template <>
+struct Storage<FD_DTYPE_F32> {
   using type = float;
   static float load(const float *p) { return *p; }
   static void load_row(const float *src, float *dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
@@ -88,7 +91,8 @@ inline const HalfTable &half_table() {
   return *table;
 }
 
-template <> struct Storage<FD_DTYPE_F16> {
+template <>
+struct Storage<FD_DTYPE_F16> {
   using type = uint16_t;
   static float load(const uint16_t *p) { return half_table().values[*p]; }
   static void load_row(const uint16_t *src, float *dst, int64_t n) {
@@ -97,7 +101,8 @@ template <> struct Storage<FD_DTYPE_F16> {
   }
   static void store(uint16_t *p, float x) { *p = float_to_half(x); }
 };
-template <> struct Storage<FD_DTYPE_BF16> {
+template <>
+struct Storage<FD_DTYPE_BF16> {
   using type = uint16_t;
   static float load(const uint16_t *p) { return bf16_to_float(*p); }
   static void load_row(const uint16_t *src, float *dst, int64_t n) {

@@ -67,8 +67,8 @@ constexpr int64_t kTokenBlock = 32;
 // Phase 1 for one (sequence, KV head, split): every query head of the GQA
 // group runs an online softmax over the split's tokens, block by block.
 template <fd_dtype D>
-void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head,
-                    int32_t split, std::vector<float> &scratch) {
+void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head, int32_t split,
+                    std::vector<float> &scratch) {
   using T = typename Storage<D>::type;
   const int64_t dim = p.head_dim;
   const int64_t group = p.group_size;
@@ -77,8 +77,8 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
   const int64_t end = std::min<int64_t>(len, begin + plan.split_tokens);
 
   scratch.resize(static_cast<size_t>((group + 2 * kTokenBlock) * dim + kTokenBlock));
-  float *q = scratch.data();                  // [group][dim], pre-scaled into log2 units
-  float *k_block = q + group * dim;           // [kTokenBlock][dim]
+  float *q = scratch.data();         // [group][dim], pre-scaled into log2 units
+  float *k_block = q + group * dim;  // [kTokenBlock][dim]
   float *v_block = k_block + kTokenBlock * dim;
   float *scores = v_block + kTokenBlock * dim;  // [kTokenBlock]
   const float q_scale = p.softmax_scale * kLog2e;
@@ -172,11 +172,12 @@ class CpuBackend final : public Backend {
   void check_supported(const Problem &) const override {}
   void check_contents(const Problem &problem) const override { validate_host_contents(problem); }
 
-  ParallelismHint parallelism(const Problem &) const override {
-    ParallelismHint hint;
-    hint.workers = pool_.size();
-    hint.min_split_tokens = 256;
-    return hint;
+  // One kernel; about two tasks per thread, none shorter than 256 tokens.
+  Plan plan(const Problem &p) const override {
+    SplitCostModel model;
+    model.workers = pool_.size();
+    model.min_split_tokens = 256;
+    return layout_plan(p, estimate_splits(p, model).splits, model.split_granularity, 0);
   }
 
   void *allocate_workspace(size_t bytes) override {
@@ -187,11 +188,14 @@ class CpuBackend final : public Backend {
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream) override {
-    switch (p.dtype) {
+    if (p.q_dtype != p.kv_dtype) {
+      fail(FD_ERROR_INTERNAL, "cpu backend: q of %s with a cache of %s", dtype_name(p.q_dtype), dtype_name(p.kv_dtype));
+    }
+    switch (p.kv_dtype) {
       case FD_DTYPE_F32: run<FD_DTYPE_F32>(p, plan, workspace); break;
       case FD_DTYPE_F16: run<FD_DTYPE_F16>(p, plan, workspace); break;
       case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, workspace); break;
-      default: fail(FD_ERROR_INTERNAL, "cpu backend: unexpected dtype %d", static_cast<int>(p.dtype));
+      default: fail(FD_ERROR_INTERNAL, "cpu backend: no kernel for dtype %s", dtype_name(p.kv_dtype));
     }
   }
 
@@ -234,7 +238,8 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
   if (num_threads <= 0) {
-    num_threads = static_cast<int>(std::min<unsigned>(FD_MAX_THREADS, std::max(1u, std::thread::hardware_concurrency())));
+    num_threads =
+        static_cast<int>(std::min<unsigned>(FD_MAX_THREADS, std::max(1u, std::thread::hardware_concurrency())));
   }
   return std::make_unique<CpuBackend>(num_threads);
 }

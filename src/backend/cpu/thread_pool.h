@@ -42,8 +42,8 @@ class ThreadPool {
   std::condition_variable work_done_;
   const std::function<void(int64_t)> *task_ = nullptr;
   int64_t count_ = 0;
-  int64_t next_ = 0;         // next task index to hand out (guarded by mutex_)
-  int64_t generation_ = 0;   // bumped per parallel_for so sleeping workers notice
+  int64_t next_ = 0;        // next task index to hand out (guarded by mutex_)
+  int64_t generation_ = 0;  // bumped per parallel_for so sleeping workers notice
   int busy_workers_ = 0;
   bool stopping_ = false;
   std::exception_ptr failure_;  // the first task exception of this parallel_for (guarded by mutex_)

@@ -1,75 +1,104 @@
-// The one place where runtime choices become template parameters: the
-// storage dtype, the head-dim bucket and the tile shape pick the split
-// kernel, the output dtype picks the merge kernel. Every kernel
-// instantiation of the library is here: 3 dtypes x 3 buckets CUDA-core split
-// kernels, 2 dtypes x 3 buckets x 2 tile shapes x 2 merges (fused or
-// through the workspace; in clusters) tensor-core split kernels and 3 merge
-// kernels.
-#include "backend/cuda/launch.h"
-#include "backend/cuda/merge_kernel.cuh"
-#include "backend/cuda/mma_kernel.cuh"
-#include "backend/cuda/split_kernel.cuh"
+// The one place where runtime choices become template parameters, and the
+// table of split-kernel variants: each row names a variant and holds what
+// the host needs of it (names, shapes, preparation, launch), built from its
+// kernel family. Every kernel instantiation of the library is here; every
+// switch fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
+#include "backend/cuda/dispatch.h"
+#include "backend/cuda/kernels/merge_kernel.cuh"
+#include "backend/cuda/kernels/split_cuda_core.cuh"
+#include "backend/cuda/kernels/split_tensor_core.cuh"
+#include "core/error.h"
 
 namespace fd {
 namespace cuda {
+
+// A kernel family: a kernel template, the storage types it is built for,
+// whether it has a cluster-merge instantiation, and the shared memory a
+// block must be able to opt into for the family to be used at all.
+struct CudaCoreFamily {
+  template <class T>
+  static constexpr bool kTakes = true;
+  static constexpr bool kHasClusters = false;
+  static constexpr int kMinSmemOptin = 0;
+  template <class T, int kBucket, bool kCluster>
+  struct Kernel {
+    using Traits = SplitTraits<T, kBucket>;
+    static constexpr auto function = split_kernel<T, kBucket>;
+  };
+};
+
+// Wide tiles only where a block gets 200+ KiB of shared memory (sm_90 and
+// sm_100: 227 KiB), where they were measured; their 128 KiB would also fit
+// sm_80's 164 KiB, where nobody has timed them against the standard tiles.
+template <bool kWide>
+struct TensorCoreFamily {
+  template <class T>
+  static constexpr bool kTakes = sizeof(T) == 2;
+  static constexpr bool kHasClusters = true;
+  static constexpr int kMinSmemOptin = kWide ? 200 * 1024 : 0;
+  template <class T, int kBucket, bool kCluster>
+  struct Kernel {
+    using Traits = MmaTraits<T, kBucket, kWide>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster>;
+  };
+};
+
 namespace {
 
-// A split kernel as a value: its traits and its function.
-template <class T, int kBucket>
-struct SplitKernel {
-  using Traits = SplitTraits<T, kBucket>;
-  static constexpr auto function = split_kernel<T, kBucket>;
-};
-
-// A tensor-core split kernel as a value.
-template <class T, int kBucket, bool kWide, bool kCluster>
-struct MmaKernel {
-  using Traits = MmaTraits<kBucket, kWide>;
-  static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster>;
-};
-
-int head_dim_bucket(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
-
-template <class T, class Body>
+template <class Family, class T, bool kCluster, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
-    case 64: return body(SplitKernel<T, 64>{});
-    case 128: return body(SplitKernel<T, 128>{});
-    default: return body(SplitKernel<T, 256>{});
+    case 64: return body(typename Family::template Kernel<T, 64, kCluster>{});
+    case 128: return body(typename Family::template Kernel<T, 128, kCluster>{});
+    case 256: return body(typename Family::template Kernel<T, 256, kCluster>{});
+    default: break;
   }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for head-dim bucket %d", bucket);
 }
 
-// Calls body(SplitKernel<T, bucket>{}) for the storage type of dtype.
-template <class Body>
-auto with_split_kernel(fd_dtype dtype, int bucket, Body &&body) {
+template <class Family, class T, class Body>
+auto with_cluster(int bucket, bool cluster, Body &&body) {
+  if constexpr (Family::kHasClusters) {
+    if (cluster) return with_bucket<Family, T, true>(bucket, body);
+  } else if (cluster) {
+    fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
+  }
+  return with_bucket<Family, T, false>(bucket, body);
+}
+
+// Calls body(Family::Kernel<T, bucket, cluster>{}) for the storage type T of
+// dtype.
+template <class Family, class Body>
+auto with_kernel(fd_dtype dtype, int bucket, bool cluster, Body &&body) {
   switch (dtype) {
-    case FD_DTYPE_F16: return with_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, body);
-    case FD_DTYPE_BF16: return with_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, body);
-    default: return with_bucket<StorageOf<FD_DTYPE_F32>::type>(bucket, body);
+    case FD_DTYPE_F32:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, body);
+      }
+      break;
+    case FD_DTYPE_F16:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type>(bucket, cluster, body);
+      }
+      break;
+    case FD_DTYPE_BF16:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type>(bucket, cluster, body);
+      }
+      break;
+    default: break;
   }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for dtype %d", static_cast<int>(dtype));
 }
 
-template <class T, int kBucket, class Body>
-auto with_mma_tiles(bool wide, bool cluster, Body &&body) {
-  if (wide) return cluster ? body(MmaKernel<T, kBucket, true, true>{}) : body(MmaKernel<T, kBucket, true, false>{});
-  return cluster ? body(MmaKernel<T, kBucket, false, true>{}) : body(MmaKernel<T, kBucket, false, false>{});
-}
-
-template <class T, class Body>
-auto with_mma_bucket(int bucket, bool wide, bool cluster, Body &&body) {
-  switch (bucket) {
-    case 64: return with_mma_tiles<T, 64>(wide, cluster, body);
-    case 128: return with_mma_tiles<T, 128>(wide, cluster, body);
-    default: return with_mma_tiles<T, 256>(wide, cluster, body);
+template <class Family>
+bool family_takes(fd_dtype dtype) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>;
+    case FD_DTYPE_F16: return Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>;
+    case FD_DTYPE_BF16: return Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>;
+    default: return false;
   }
-}
-
-// Calls body(MmaKernel<T, bucket, wide, cluster>{}) for the storage type of
-// dtype (f16 or bf16).
-template <class Body>
-auto with_mma_kernel(fd_dtype dtype, int bucket, bool wide, bool cluster, Body &&body) {
-  if (dtype == FD_DTYPE_BF16) return with_mma_bucket<StorageOf<FD_DTYPE_BF16>::type>(bucket, wide, cluster, body);
-  return with_mma_bucket<StorageOf<FD_DTYPE_F16>::type>(bucket, wide, cluster, body);
 }
 
 // Programmatic stream serialization (sm_90+, see launch_decode): the kernel
@@ -104,8 +133,8 @@ cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream
   using Traits = typename Kernel::Traits;
   cudaLaunchConfig_t config = {};
   const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
-  config.gridDim = dim3(static_cast<unsigned>(ctas_per_sequence),
-                        static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
+  config.gridDim =
+      dim3(static_cast<unsigned>(ctas_per_sequence), static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
@@ -169,22 +198,11 @@ cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
   return cudaSuccess;
 }
 
-template <class OutT>
-cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
-  MergeParams p = merge;
-  p.groups = merge_groups(p.num_splits, p.head_dim);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
-  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  // Programmatic dependent launch: the merge's CTAs may be scheduled once
-  // every split CTA has started, and wait in grid_dependency_wait for the
-  // split grid to finish; this takes the launch gap off the critical path.
-  cudaLaunchAttribute attribute;
-  if (programmatic) allow_programmatic_launch(config, attribute);
-  return cudaLaunchKernelEx(&config, merge_kernel<OutT>, p);
-}
+// What prepare_variant needs to know of the device.
+struct DeviceLimits {
+  int smem_optin = 0;  // shared memory a block may opt into
+  bool cluster_launch = false;
+};
 
 // What the host needs to know about a split kernel, from its traits.
 template <class Traits>
@@ -199,70 +217,162 @@ SplitKernelShape shape_of() {
   return shape;
 }
 
-constexpr fd_dtype kDtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
-constexpr int kWideTilesMinSmemOptin = 200 * 1024;
-constexpr int kBuckets[3] = {64, 128, 256};
+template <class Family>
+SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
+  return with_kernel<Family>(dtype, bucket, false,
+                             [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
+}
+
+// Prepares the family's kernels for one dtype and bucket: resident CTAs and
+// clusters, or 0 where the device cannot run them.
+template <class Family>
+cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &device, int &ctas,
+                           int (&clusters)[kMaxClusterSplits + 1]) {
+  if (Family::kMinSmemOptin > 0 && (device.smem_optin < Family::kMinSmemOptin ||
+                                    family_shape<Family>(dtype, bucket).smem_bytes > device.smem_optin)) {
+    return cudaSuccess;
+  }
+  cudaError_t err =
+      with_kernel<Family>(dtype, bucket, false, [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
+  if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {
+    err = with_kernel<Family>(dtype, bucket, true,
+                              [&](auto kernel) { return prepare_clusters<decltype(kernel)>(clusters); });
+  }
+  return err;
+}
+
+template <class Family>
+cudaError_t launch_family(fd_dtype dtype, int bucket, const SplitParams &split, bool programmatic,
+                          cudaStream_t stream) {
+  return with_kernel<Family>(dtype, bucket, split.cluster_merge,
+                             [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
+}
+
+// A variant: its names per head-dim bucket, and its family's functions.
+struct SplitVariantRow {
+  SplitVariant variant;
+  const char *names[kBucketCount];
+  bool (*takes)(fd_dtype);
+  SplitKernelShape (*shape)(fd_dtype, int bucket);
+  cudaError_t (*prepare)(fd_dtype, int bucket, const DeviceLimits &, int &ctas, int (&clusters)[kMaxClusterSplits + 1]);
+  cudaError_t (*launch)(fd_dtype, int bucket, const SplitParams &, bool programmatic, cudaStream_t);
+};
+
+template <class Family>
+constexpr SplitVariantRow row(SplitVariant variant, const char *name_64, const char *name_128, const char *name_256) {
+  return {variant,
+          {name_64, name_128, name_256},
+          family_takes<Family>,
+          family_shape<Family>,
+          prepare_family<Family>,
+          launch_family<Family>};
+}
+
+// In SplitVariant order (row_of checks).
+const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
+    row<CudaCoreFamily>(SplitVariant::cuda_core, "cuda-core-64", "cuda-core-128", "cuda-core-256"),
+    row<TensorCoreFamily<false>>(SplitVariant::tensor_core, "tensor-core-64", "tensor-core-128", "tensor-core-256"),
+    row<TensorCoreFamily<true>>(SplitVariant::tensor_core_wide, "tensor-core-wide-64", "tensor-core-wide-128",
+                                "tensor-core-wide-256"),
+};
+
+const SplitVariantRow &row_of(SplitVariant variant) {
+  const int index = index_of(variant);
+  if (index < 0 || index >= kSplitVariantCount || kSplitVariants[index].variant != variant) {
+    fail(FD_ERROR_INTERNAL, "CUDA backend: unknown split variant %d", index);
+  }
+  return kSplitVariants[index];
+}
+
+constexpr fd_dtype kStorageDtypes[kDtypeSlotCount] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+
+template <class OutT>
+struct MergeKernel;
+
+template <class OutT>
+cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
+  MergeParams p = merge;
+  p.groups = merge_groups(p.num_splits, p.head_dim);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
+  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  // Programmatic dependent launch: the merge's CTAs may be scheduled once
+  // every split CTA has started, and wait in grid_dependency_wait for the
+  // split grid to finish; this takes the launch gap off the critical path.
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
+  return cudaLaunchKernelEx(&config, MergeKernel<OutT>::function, p);
+}
+
+// The merge kernel for one output type, as a value.
+template <class OutT>
+struct MergeKernel {
+  using Out = OutT;
+  static constexpr auto function = merge_kernel<OutT>;
+};
+
+// Calls body(MergeKernel<OutT>{}) for the output type of dtype.
+template <class Body>
+auto with_merge_kernel(fd_dtype out_dtype, Body &&body) {
+  switch (out_dtype) {
+    case FD_DTYPE_F32: return body(MergeKernel<StorageOf<FD_DTYPE_F32>::type>{});
+    case FD_DTYPE_F16: return body(MergeKernel<StorageOf<FD_DTYPE_F16>::type>{});
+    case FD_DTYPE_BF16: return body(MergeKernel<StorageOf<FD_DTYPE_BF16>::type>{});
+    default: break;
+  }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no merge kernel for output dtype %d", static_cast<int>(out_dtype));
+}
 
 }  // namespace
 
-int bucket_index(int head_dim_bucket) { return head_dim_bucket == 64 ? 0 : head_dim_bucket == 128 ? 1 : 2; }
-
-SplitKernelShape split_kernel_shape(fd_dtype dtype, int64_t head_dim) {
-  return with_split_kernel(dtype, head_dim_bucket(head_dim),
-                           [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
+SplitVariant split_variant_at(int index) {
+  if (index < 0 || index >= kSplitVariantCount) fail(FD_ERROR_INTERNAL, "CUDA backend: no split variant %d", index);
+  return row_of(static_cast<SplitVariant>(index)).variant;
 }
 
-SplitKernelShape mma_kernel_shape(int64_t head_dim, bool wide) {
-  return with_mma_kernel(FD_DTYPE_F16, head_dim_bucket(head_dim), wide, false,
-                         [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
+const char *split_variant_name(SplitVariant variant, int head_dim_bucket) {
+  return row_of(variant).names[bucket_slot(head_dim_bucket)];
+}
+
+bool split_variant_takes(SplitVariant variant, fd_dtype kv_dtype) { return row_of(variant).takes(kv_dtype); }
+
+SplitKernelShape split_kernel_shape(SplitVariant variant, fd_dtype kv_dtype, int64_t head_dim) {
+  return row_of(variant).shape(kv_dtype, head_dim_bucket(head_dim));
 }
 
 cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
-  // Touching every kernel here also loads it now: with lazy loading, a first
-  // load inside fd_decode could synchronise the context or land in a graph
-  // capture.
   cudaFuncAttributes attributes;
-  cudaError_t merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<float>);
-  if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__half>);
-  if (merge_err == cudaSuccess) merge_err = cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>);
-  if (merge_err != cudaSuccess) return merge_err;
-  int device = 0, smem_optin = 0, cluster_launch = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  for (fd_dtype dtype : kStorageDtypes) {
+    const cudaError_t err =
+        with_merge_kernel(dtype, [&](auto kernel) { return cudaFuncGetAttributes(&attributes, kernel.function); });
+    if (err != cudaSuccess) return err;
+  }
+  int device_index = 0, smem_optin = 0, cluster_launch = 0;
+  cudaError_t err = cudaGetDevice(&device_index);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index);
+  }
   if (err != cudaSuccess) return err;
-  if (cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess) {
+  if (cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device_index) != cudaSuccess) {
     cudaGetLastError();  // no cluster merge (prepare_clusters), not a failed handle
     cluster_launch = 0;
   }
+  DeviceLimits device;
+  device.smem_optin = smem_optin;
+  device.cluster_launch = cluster_launch != 0;
   *occupancy = KernelOccupancy{};
-  for (int d = 0; d < 3; ++d) {
-    for (int b = 0; b < 3; ++b) {
-      err = with_split_kernel(kDtypes[d], kBuckets[b],
-                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->cuda_core[d][b]); });
-      if (err == cudaSuccess && d > 0) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b], false, false,
-                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->mma[d - 1][b]); });
+  for (const SplitVariantRow &variant : kSplitVariants) {
+    for (fd_dtype dtype : kStorageDtypes) {
+      if (!variant.takes(dtype)) continue;
+      for (int bucket : kBuckets) {
+        const int d = dtype_slot(dtype);
+        const int b = bucket_slot(bucket);
+        err = variant.prepare(dtype, bucket, device, occupancy->ctas_at(variant.variant, d, b),
+                              occupancy->clusters_at(variant.variant, d, b));
+        if (err != cudaSuccess) return err;
       }
-      if (err == cudaSuccess && d > 0 && cluster_launch) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b], false, true, [&](auto kernel) {
-          return prepare_clusters<decltype(kernel)>(occupancy->mma_clusters[d - 1][b]);
-        });
-      }
-      // Wide tiles on GPUs that give a block 200+ KiB of shared memory
-      // (sm_90 and sm_100: 227 KiB), where they were measured; 0 = none.
-      // Their 128 KiB would also fit sm_80's 164 KiB, where nobody has
-      // timed them against the standard tiles.
-      if (err == cudaSuccess && d > 0 && smem_optin >= kWideTilesMinSmemOptin &&
-          mma_kernel_shape(kBuckets[b], true).smem_bytes <= smem_optin) {
-        err = with_mma_kernel(kDtypes[d], kBuckets[b], true, false,
-                              [&](auto kernel) { return prepare<decltype(kernel)>(occupancy->wide[d - 1][b]); });
-        if (err == cudaSuccess && cluster_launch) {
-          err = with_mma_kernel(kDtypes[d], kBuckets[b], true, true, [&](auto kernel) {
-            return prepare_clusters<decltype(kernel)>(occupancy->wide_clusters[d - 1][b]);
-          });
-        }
-      }
-      if (err != cudaSuccess) return err;
     }
   }
   return cudaSuccess;
@@ -276,12 +386,9 @@ cudaError_t merge_supports_programmatic_launch(bool *supported) {
   if (err != cudaSuccess || major < 9) return err;
   // The image the device runs must have been compiled for sm_90 or later
   // (an sm_80 PTX JIT-compiled here would not wait on the split grid).
-  const void *kernels[3] = {reinterpret_cast<const void *>(merge_kernel<float>),
-                            reinterpret_cast<const void *>(merge_kernel<__half>),
-                            reinterpret_cast<const void *>(merge_kernel<__nv_bfloat16>)};
-  for (const void *kernel : kernels) {
+  for (fd_dtype dtype : kStorageDtypes) {
     cudaFuncAttributes attributes;
-    err = cudaFuncGetAttributes(&attributes, kernel);
+    err = with_merge_kernel(dtype, [&](auto kernel) { return cudaFuncGetAttributes(&attributes, kernel.function); });
     if (err != cudaSuccess) return err;
     if (!built_for_sm90(attributes)) return cudaSuccess;
   }
@@ -294,21 +401,14 @@ cudaError_t probe_kernel_image() {
   return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
 }
 
-cudaError_t launch_decode(fd_dtype dtype, fd_dtype out_dtype, const SplitParams &split, const MergeParams *merge,
-                          SplitKernelChoice kernel, bool programmatic, cudaStream_t stream) {
-  const int bucket = head_dim_bucket(split.head_dim);
-  cudaError_t err =
-      kernel.mma && dtype != FD_DTYPE_F32
-          ? with_mma_kernel(dtype, bucket, kernel.wide, split.cluster_merge,
-                            [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); })
-          : with_split_kernel(dtype, bucket,
-                              [&](auto chosen) { return launch_split<decltype(chosen)>(split, programmatic, stream); });
+cudaError_t launch_decode(SplitVariant variant, fd_dtype kv_dtype, fd_dtype out_dtype, const SplitParams &split,
+                          const MergeParams *merge, bool programmatic, cudaStream_t stream) {
+  const cudaError_t err =
+      row_of(variant).launch(kv_dtype, head_dim_bucket(split.head_dim), split, programmatic, stream);
   if (err != cudaSuccess || merge == nullptr) return err;
-  switch (out_dtype) {
-    case FD_DTYPE_F16: return launch_merge<StorageOf<FD_DTYPE_F16>::type>(*merge, programmatic, stream);
-    case FD_DTYPE_BF16: return launch_merge<StorageOf<FD_DTYPE_BF16>::type>(*merge, programmatic, stream);
-    default: return launch_merge<float>(*merge, programmatic, stream);
-  }
+  return with_merge_kernel(out_dtype, [&](auto kernel) {
+    return launch_merge<typename decltype(kernel)::Out>(*merge, programmatic, stream);
+  });
 }
 
 }  // namespace cuda

@@ -17,54 +17,49 @@
 // registers and doubles the warps that hide latency. At the end the token
 // groups' states are merged in group order in shared memory (deterministic),
 // and the result goes to out/lse (one split) or to the workspace as a partial
-// state, exactly as split_kernel does; with a fused merge, the last CTA of a
+// state, exactly as split_cuda_core.cuh does; with a fused merge, the last CTA of a
 // (sequence, KV head, chunk) merges its splits, and with the cluster merge
 // (kCluster) the unit's splits merge from each other's shared memory
-// (merge_kernel.cuh).
+// (fused_merge.cuh, cluster_merge.cuh).
 //
-// K/V tiles move with 16-byte cp.async (.cg: past L1) into a two-stage
-// pipeline. A stage is refilled right after the CTA is done with it (a
-// second barrier per tile), so both stages are loading while the CTA waits.
-// On the H200 that beat three stages refilled one tile later (the same loads
-// in flight, half again the shared memory) on every shape but head_dim 256,
-// and three stages refilled the same way on most
-// (docs/performance-history.md, "Run 9"). Built with CUDA 13.4 or newer,
-// the copies carry an L2 evict-first policy (FD_KV_EVICT_FIRST, load.cuh):
-// 0.1-0.9% faster on the H200 ("Run 13"); the CUDA-core kernel's copies do
-// not (0.5% slower with it, in noise). Rows are XOR-swizzled in 16-byte
-// chunks so that ldmatrix reads 8 rows without bank conflicts. Tokens at or
-// past the sequence's end are zero-filled without a read and masked to -inf.
+// K/V tiles move with 16-byte cp.async (.cg: past L1; TileLoader in
+// prims/load.cuh) into a two-stage pipeline. A stage is refilled right after
+// the CTA is done with it (a second barrier per tile), so both stages are
+// loading while the CTA waits (docs/performance.md, "Tensor-core pipeline").
+// Rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads 8 rows
+// without bank conflicts. Tokens at or past the sequence's end are
+// zero-filled without a read and masked to -inf.
 #pragma once
 
 #include <cstdint>
 
-#include "backend/cuda/element.cuh"
-#include "backend/cuda/launch.h"
-#include "backend/cuda/load.cuh"
-#include "backend/cuda/merge_kernel.cuh"
-#include "backend/cuda/state.cuh"
-#include "backend/cuda/timeline.cuh"
+#include "backend/cuda/kernels/cluster_merge.cuh"
+#include "backend/cuda/kernels/fused_merge.cuh"
+#include "backend/cuda/params.h"
+#include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/grid_dependency.cuh"
+#include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/mma.cuh"
+#include "backend/cuda/prims/softmax.cuh"
+#include "backend/cuda/prims/timeline.cuh"
 
 namespace fd {
 namespace cuda {
 
-// Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages,
-// 64 KiB, two CTAs per multiprocessor (by registers); runs everywhere. Wide
-// (on GPUs with 200+ KiB of shared memory per block, where it was
-// measured): 8 warps, 64 KiB stages (256, 128 or 64 tokens for head_dim
-// buckets 64, 128, 256), 128 KiB, one CTA per multiprocessor. On the H200
-// the wide tiles stream a long split faster (fp16: 1x32/8x32768x128 42.3 ->
-// 41.2 us, 8x64/8x16384x128 138.4 -> 133.2, 2x8/1x262144x128 74.3 -> 71.1;
-// ragged batches 3% since run 8) but lose where the grid cannot be sized to
-// the multiprocessors (32x32/8x2048x128, one split per sequence: 70.5 ->
-// 75.2) and on paged caches; the CUDA backend picks them
-// (choose_split_kernel in cuda_backend.cu).
-template <int Bucket, bool Wide = false>
+// Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages
+// (for 16-bit elements), two stages, two CTAs per multiprocessor (by
+// registers); runs everywhere. Wide (on GPUs with 200+ KiB of shared memory
+// per block): 8 warps, 64 KiB stages (256, 128 or 64 tokens for head_dim
+// buckets 64, 128, 256), one CTA per multiprocessor: it streams long splits
+// faster and loses where the grid cannot be sized to the multiprocessors
+// (docs/performance.md, "Wide tensor-core tiles"; policy.cpp picks).
+template <class T, int Bucket, bool Wide = false>
 struct MmaTraits {
+  static constexpr int kElementBytes = static_cast<int>(sizeof(T));
   static constexpr int kBucket = Bucket;
   static constexpr bool kWide = Wide;
-  static constexpr int kHeads = kMmaHeads;  // head slots: the MMA's M
-  static constexpr int kRows = kHeads;      // head slots of a CTA (SplitKernelShape::rows)
+  static constexpr int kHeads = kMmaHeads;                            // head slots: the MMA's M
+  static constexpr int kRows = kHeads;                                // head slots of a CTA (SplitKernelShape::rows)
   static constexpr int kTokenGroups = Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
   static constexpr int kDSplits = 2;  // warps along head_dim for P V (S is computed by each)
   static constexpr int kWarps = kTokenGroups * kDSplits;
@@ -72,9 +67,9 @@ struct MmaTraits {
   // Tokens per warp per tile.
   static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
   static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64)
-  static constexpr int kRowBytes = Bucket * 2;
-  static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32
-  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB)
+  static constexpr int kRowBytes = Bucket * kElementBytes;
+  static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;    // 8, 16, 32 for 16-bit elements
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB) for 16-bit elements
   static constexpr int kStages = 2;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
@@ -89,16 +84,15 @@ struct MmaTraits {
   static constexpr int kClusterPartialBytes = ClusterPartial<kHeads, Bucket>::kFloats * 4;
   static constexpr int kSmemBytes =
       kPipelineBytes + kTableBytes > kCombineBytes ? kPipelineBytes + kTableBytes : kCombineBytes;
-  static constexpr int kSTiles = kWarpTokens / 8;    // n-tiles of S per warp
-  static constexpr int kDSteps = Bucket / 16;        // k-steps of S
-  static constexpr int kDWidth = Bucket / kDSplits;  // output columns per warp
-  static constexpr int kOTiles = kDWidth / 8;        // n-tiles of O per warp
-  static constexpr int kPSteps = kWarpTokens / 16;   // k-steps of P V
+  static constexpr int kSTiles = kWarpTokens / 8;                // n-tiles of S per warp
+  static constexpr int kDSteps = Bucket / 16;                    // k-steps of S
+  static constexpr int kDWidth = Bucket / kDSplits;              // output columns per warp
+  static constexpr int kOTiles = kDWidth / 8;                    // n-tiles of O per warp
+  static constexpr int kPSteps = kWarpTokens / 16;               // k-steps of P V
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
-  // 128 bucket is near that limit, at 125 with no spill; small edits have
-  // moved ptxas's spill between 0 and 32 bytes: read -Xptxas -v after each).
+  // 128 bucket is near that limit: read -Xptxas -v after each edit for spills).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
@@ -107,229 +101,7 @@ struct MmaTraits {
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
   static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
   static_assert(kTableSlots > kStages, "a slot is refilled only after its tile's copies were issued");
-};
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
-template <int kRowBytes>
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-
-template <class T>
-struct Mma;
-
-template <>
-struct Mma<__half> {
-  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16> {
-  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ static uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-  }
-};
-
-// Issues the copies of one tile (tokens [tile_begin, tile_begin + kTileTokens)
-// of one sequence and KV head) into a swizzled stage: K rows, then V rows.
-// Each thread keeps one 16-byte chunk column and takes every kRowsPerPass-th
-// row. A dense cache advances a pointer by a fixed stride. A paged one
-// finds its first row's page and slot once per tile (a shift when the page
-// size is a power of two, else one division) and steps both from pass to
-// pass without dividing; with pages of up to 8 tokens it reads the block
-// table entries from a shared-memory ring that the copies of the tile
-// kStages loads before filled (fetch_table). Byte offsets within the pool are 32-bit products
-// widened once (the host routes caches whose page or slot strides do not fit
-// in 31 bits to the CUDA-core kernel: paged_fits_32bit in cuda_backend.cu).
-template <class Traits>
-struct TileLoader {
-  const SplitParams &p;
-  const unsigned char *k_base;  // dense: this sequence and head; paged: this head; + this thread's column
-  const unsigned char *v_base;
-  const int32_t *table_row;     // paged: this sequence's block table row
-  int32_t *table_ring;          // paged, small pages: Traits::kTableSlots slots in shared memory
-  int first_row;
-  int column;
-  bool column_valid;
-  // Paged: byte strides of a page and a slot, the block table's column
-  // stride, and a pass's step (kRowsPerPass tokens) in whole pages and slots.
-  int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
-  int32_t pass_pages, pass_slots;
-  uint64_t l2_policy;  // kv_stream_policy()
-
-  __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
-    column = threadIdx.x % Traits::kChunksPerRow;
-    first_row = threadIdx.x / Traits::kChunksPerRow;
-    column_valid = column * (kChunkBytes / 2) < p.head_dim;
-    l2_policy = kv_stream_policy();
-    int64_t k_offset = kv_head * p.k_strides[2];
-    int64_t v_offset = kv_head * p.v_strides[2];
-    table_row = nullptr;
-    table_ring = p.block_table != nullptr && p.page_size <= kRingMaxPageSize ? ring : nullptr;
-    if (p.block_table == nullptr) {
-      k_offset += b * p.k_strides[0];
-      v_offset += b * p.v_strides[0];
-    } else {
-      table_row = p.block_table + b * p.block_table_strides[0];
-      k_page_bytes = static_cast<int32_t>(p.k_strides[0] * 2);
-      v_page_bytes = static_cast<int32_t>(p.v_strides[0] * 2);
-      k_slot_bytes = static_cast<int32_t>(p.k_strides[1] * 2);
-      v_slot_bytes = static_cast<int32_t>(p.v_strides[1] * 2);
-      table_stride = static_cast<int32_t>(p.block_table_strides[1]);
-      pass_pages = Traits::kRowsPerPass / p.page_size;
-      pass_slots = Traits::kRowsPerPass - pass_pages * p.page_size;
-    }
-    k_base = static_cast<const unsigned char *>(p.k) + k_offset * 2 + column * kChunkBytes;
-    v_base = static_cast<const unsigned char *>(p.v) + v_offset * 2 + column * kChunkBytes;
-  }
-
-  // Tile `tile` of a split that starts at token `begin`.
-  __device__ __forceinline__ void load(unsigned char *stage, int64_t begin, int64_t tile, int64_t end) const {
-    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
-    unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowBytes;
-    const int64_t first_token = tile_begin + first_row;
-    const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
-    if (p.block_table == nullptr) {
-      const int64_t k_step = Traits::kRowsPerPass * p.k_strides[1] * 2;
-      const int64_t v_step = Traits::kRowsPerPass * p.v_strides[1] * 2;
-      const unsigned char *k_src = k_base + first_token * p.k_strides[1] * 2;
-      const unsigned char *v_src = v_base + first_token * p.v_strides[1] * 2;
-#pragma unroll
-      for (int i = 0; i < Traits::kPasses; ++i) {
-        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
-        // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
-        cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
-        cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
-        k_src += k_step;
-        v_src += v_step;
-      }
-    } else {
-      // Every row's page number first, all loads in flight together, then the
-      // copies back to back: a copy must not wait on its own table load
-      // (the copies' memory clobber keeps the compiler from hoisting loads
-      // past them). Tokens are below INT32_MAX (validation).
-      const int32_t token = static_cast<int32_t>(first_token);
-      int32_t page = page_of(token);
-      int32_t slot = token - page * p.page_size;
-      // The tiles before kStages read the table; later ones the ring slot
-      // that the copies of tile - kStages filled (complete and visible: the
-      // main loop waited for that group and synchronised since).
-      const int32_t *ring_slot = nullptr;
-      int32_t ring_first_page = 0;
-      if (table_ring != nullptr && tile >= Traits::kStages) {
-        ring_slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
-        ring_first_page = page_of(static_cast<int32_t>(tile_begin));
-      }
-      int32_t pages[Traits::kPasses];
-      int32_t slots[Traits::kPasses];
-      if (ring_slot != nullptr) {
-        step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return ring_slot[pg - ring_first_page]; });
-      } else {
-        step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return __ldg(table_row + pg * table_stride); });
-      }
-#pragma unroll
-      for (int i = 0; i < Traits::kPasses; ++i) {
-        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
-        const void *k_src = p.k;
-        const void *v_src = p.v;
-        if (valid) {
-          k_src = k_base + static_cast<int64_t>(pages[i]) * k_page_bytes + slots[i] * k_slot_bytes;
-          v_src = v_base + static_cast<int64_t>(pages[i]) * v_page_bytes + slots[i] * v_slot_bytes;
-        }
-        cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
-        cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
-      }
-      if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
-    }
-  }
-
-  // This thread's rows of a tile, from the first one's page and slot: each
-  // row's slot, and its page through `lookup` (a block table entry), the
-  // lookups of all rows before any copy. One loop a lookup kind, so the
-  // table loads are not split by a branch.
-  template <class Lookup>
-  __device__ __forceinline__ void step_rows(int32_t page, int32_t slot, int32_t (&pages)[Traits::kPasses],
-                                            int32_t (&slots)[Traits::kPasses], int64_t remaining,
-                                            Lookup lookup) const {
-#pragma unroll
-    for (int i = 0; i < Traits::kPasses; ++i) {
-      const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-      slots[i] = slot;
-      pages[i] = valid ? lookup(page) : 0;
-      page += pass_pages;
-      slot += pass_slots;
-      if (slot >= p.page_size) {
-        slot -= p.page_size;
-        ++page;
-      }
-    }
-  }
-
-  // A token's page within its sequence: a shift when the page size is a
-  // power of two, else a division.
-  __device__ __forceinline__ int32_t page_of(int32_t token) const {
-    return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
-  }
-
-  // Copies into ring slot tile % kTableSlots the block table entries of
-  // tile `tile` (kStages loads ahead), one entry a thread, in this load's
-  // commit group, for pages of up to kRingMaxPageSize tokens. With small
-  // pages a tile's entries are new cache lines, and a lookup from global
-  // memory in front of its copies stalls the pipeline; from the ring it is
-  // a shared-memory read. On the H200 (32x32/8x2048x128, shuffled table,
-  // fp16; docs/performance-history.md, "Run 13") page size 1 ran 69.5 us
-  // with entries read from the table (after an L2 prefetch of them) and
-  // 67.6 with the ring, page size 4 73.0 -> 68.8, page size 8 67.9 ->
-  // 67.4; page size 16 was 0.3 us slower with it and 64 0.9, hence the
-  // gate.
-  static constexpr int kRingMaxPageSize = 8;
-
-  __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
-    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
-    if (tile_begin >= end) return;
-    const int32_t first_page = page_of(static_cast<int32_t>(tile_begin));
-    const int32_t last_page = page_of(static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
-    int32_t *slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
-    for (int i = threadIdx.x; i <= last_page - first_page; i += Traits::kThreads) {
-      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
-      const int32_t *src = table_row + static_cast<int64_t>(first_page + i) * table_stride;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-    }
-  }
+  static_assert(kElementBytes == 2, "the MMA (prims/mma.cuh) takes 16-bit K, V and P");
 };
 
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
@@ -351,7 +123,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // code lets the compiler overlap the ldmatrix loads with the MMAs. With 8
   // or more k-steps each n-tile has two accumulators (even and odd k-steps),
   // two chains of dependent MMAs instead of one (a branch per k-step and one
-  // chain had the tensor-core kernel issue-bound: see docs/performance.md).
+  // chain left the kernel issue-bound).
   constexpr int kChains = Traits::kDSteps >= 8 ? 2 : 1;
   float s_chain[kChains][Traits::kSTiles][4];
 #pragma unroll
@@ -367,13 +139,13 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
     for (int j = 0; j < Traits::kSTiles / 2; ++j) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8,
-                                                           kk * 2 + (matrix & 1)));
+      ldmatrix_x4(kb,
+                  k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
       Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
       Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
     }
   }
-  float (&s)[Traits::kSTiles][4] = s_chain[0];
+  auto &s = s_chain[0];  // float[kSTiles][4]
 #pragma unroll
   for (int c = 1; c < kChains; ++c) {
 #pragma unroll
@@ -404,7 +176,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
     const float m_new = fmaxf(m[r], block_max[r]);
     base[r] = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
-    alpha[r] = exp2f(m[r] - base[r]);                        // 0 when m was -inf
+    alpha[r] = exp2f(m[r] - base[r]);                       // 0 when m was -inf
     m[r] = m_new;
     l[r] *= alpha[r];
   }
@@ -434,9 +206,9 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
     for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
-                                                                 d_part * (Traits::kDWidth / 8) + c * 2 +
-                                                                     (matrix >> 1)));
+      ldmatrix_x4_trans(vb,
+                        v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
+                                                             d_part * (Traits::kDWidth / 8) + c * 2 + (matrix >> 1)));
       Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
       Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
     }
@@ -445,12 +217,13 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 
 // kCluster: launched in clusters of a unit's splits, which merge through
 // distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
-// A template parameter rather than a runtime flag: the flag's branches cost
-// the other launches 0.3-0.4 us on the H200.
+// A template parameter rather than a runtime flag, whose branches cost the
+// other launches time (docs/performance.md, "Kernel variants as template
+// parameters").
 template <class T, int kBucket, bool kWide, bool kCluster>
-__global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits<kBucket, kWide>::kMinBlocks)
+__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTraits<T, kBucket, kWide>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<kBucket, kWide>;
+  using Traits = MmaTraits<T, kBucket, kWide>;
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
@@ -497,13 +270,15 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
     for (int i = threadIdx.x; i < Traits::kHeads * Traits::kChunksPerRow; i += Traits::kThreads) {
       const int row = i / Traits::kChunksPerRow;
       const int column = i % Traits::kChunksPerRow;
-      uint16_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (row < heads_here && column * 8 < p.head_dim) {
-        const uint16_t *src = static_cast<const uint16_t *>(p.q) + b * p.q_batch_stride +
-                              static_cast<int64_t>(kv_head * p.group_size + first_head + row) * p.q_head_stride +
-                              column * 8;
+      using Word = typename RawElement<Traits::kElementBytes>::type;
+      constexpr int kWords = kChunkBytes / Traits::kElementBytes;
+      Word words[kWords] = {};
+      if (row < heads_here && column * kWords < p.head_dim) {
+        const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride +
+                          static_cast<int64_t>(kv_head * p.group_size + first_head + row) * p.q_head_stride +
+                          column * kWords;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
+        for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
       }
       *reinterpret_cast<uint4 *>(q_stage + swizzled<Traits::kRowBytes>(row, column)) =
           *reinterpret_cast<const uint4 *>(words);
@@ -619,15 +394,11 @@ __global__ void __launch_bounds__(MmaTraits<kBucket, kWide>::kThreads, MmaTraits
       const float l_sum = row_l[row];
       const int q_head = kv_head * p.group_size + first_head + row;
       if (p.write_output) {
-        const float inv_l = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;  // empty: acc is 0, so out is 0
-        const int64_t offset = b * p.out_batch_stride + q_head * p.out_head_stride + d;
+        const float merged[1] = {acc};
         if (p.out_f32) {
-          static_cast<float *>(p.out)[offset] = acc * inv_l;
+          write_output<float>(p.output, b, q_head, d, merged, m_max, l_sum, d == 0);
         } else {
-          static_cast<T *>(p.out)[offset] = Element<T>::from_float(acc * inv_l);
-        }
-        if (p.lse != nullptr && d == 0) {
-          p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(m_max, l_sum);
+          write_output<T>(p.output, b, q_head, d, merged, m_max, l_sum, d == 0);
         }
       } else if (kCluster) {
         using Partial = ClusterPartial<Traits::kHeads, kBucket>;

@@ -14,17 +14,18 @@
 // accumulation. At the end the token groups of a head are merged in a fixed
 // order (deterministic), and the result goes either straight to out/lse
 // (one split) or to the workspace as a partial state for the merge (fused:
-// the last CTA of a unit merges it; see merge_kernel.cuh).
+// the last CTA of a unit merges it; see fused_merge.cuh).
 #pragma once
 
 #include <cstdint>
 
-#include "backend/cuda/element.cuh"
-#include "backend/cuda/launch.h"
-#include "backend/cuda/load.cuh"
-#include "backend/cuda/merge_kernel.cuh"
-#include "backend/cuda/state.cuh"
-#include "backend/cuda/timeline.cuh"
+#include "backend/cuda/kernels/fused_merge.cuh"
+#include "backend/cuda/params.h"
+#include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/grid_dependency.cuh"
+#include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/softmax.cuh"
+#include "backend/cuda/prims/timeline.cuh"
 
 namespace fd {
 namespace cuda {
@@ -46,9 +47,9 @@ struct SplitTraits {
   // the merge of token groups.
   static constexpr int kCombineBytes = (2 * kRows + kRows * kBucket) * static_cast<int>(sizeof(float));
   static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
-  // CTAs a multiprocessor holds (by shared memory on the H200: 4 x 48 KiB at
-  // 128 threads): stated so that ptxas budgets registers for that many and
-  // no more (without it, it chose 72 registers and spilled).
+  // CTAs a multiprocessor holds (by shared memory: 4 x 48 KiB at 128
+  // threads): stated so that ptxas budgets registers for that many and no
+  // more (without it, it spilled).
   static constexpr int kMinBlocks = kThreads == 256 ? 2 : 4;
   // 96 KiB at most: fits one CTA on every targeted GPU (99 KiB on sm_86/89/120).
   static_assert(kSmemBytes <= 96 * 1024, "split kernel shared memory budget");
@@ -205,19 +206,10 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     if (token_group == 0 && head_real && lane_real) {
       const int64_t query_row = b * p.q_heads + q_head;
       if (p.write_output) {
-        const float inv_l = state.l > 0.0f ? 1.0f / state.l : 0.0f;  // empty: acc is 0, so out is 0
-        const int64_t offset = b * p.out_batch_stride + q_head * p.out_head_stride + lane * kVector;
         if (p.out_f32) {
-          float *out = static_cast<float *>(p.out) + offset;
-#pragma unroll
-          for (int i = 0; i < kVector; ++i) out[i] = state.acc[i] * inv_l;
+          write_output<float>(p.output, b, q_head, lane * kVector, state.acc, state.m, state.l, lane == 0);
         } else {
-          T *out = static_cast<T *>(p.out) + offset;
-#pragma unroll
-          for (int i = 0; i < kVector; ++i) out[i] = Element<T>::from_float(state.acc[i] * inv_l);
-        }
-        if (p.lse != nullptr && lane == 0) {
-          p.lse[b * p.lse_batch_stride + q_head * p.lse_head_stride] = natural_lse(state.m, state.l);
+          write_output<T>(p.output, b, q_head, lane * kVector, state.acc, state.m, state.l, lane == 0);
         }
       } else {
         const int64_t index = query_row * p.num_splits + split;

@@ -1,5 +1,5 @@
 // Per-CTA timestamps, for finding where one call's time goes (how they were
-// read: docs/performance-history.md, "Run 8"). Only in a build configured with
+// read: tests/bench/history/performance-history.md, "Run 8"). Only in a build configured with
 // -DFLASHDECODE_TIMELINE=ON (never for production: every CTA prints a line):
 // each CTA of the split and merge kernels records %globaltimer at fixed
 // points, and its thread 0 prints them at exit as
@@ -45,8 +45,8 @@ __device__ __forceinline__ void timeline_print(const Timeline &tl, const char *k
 }  // namespace cuda
 }  // namespace fd
 
-#define FD_TIMELINE_BEGIN(tl) \
-  ::fd::cuda::Timeline tl = {};   \
+#define FD_TIMELINE_BEGIN(tl)   \
+  ::fd::cuda::Timeline tl = {}; \
   tl.t[0] = ::fd::cuda::timeline_now()
 #define FD_TIMELINE_MARK(tl, i) tl.t[i] = ::fd::cuda::timeline_now()
 #define FD_TIMELINE_MARK_IF(tl, i, condition) \

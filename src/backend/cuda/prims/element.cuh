@@ -1,11 +1,13 @@
-// Storage element types and their conversion to and from float. A thread
-// always works on 8 consecutive elements of a row (one "vector"): 16 bytes of
-// a 16-bit type, 32 of float. An fp8 KV format would add a type here whose
-// to_float8 also takes its scale.
+// Storage element types and their conversion to and from float. The
+// CUDA-core kernel works on 8 consecutive elements of a row per thread (one
+// "vector"). A new storage type is an Element specialisation and a StorageOf
+// entry here, then a case in dispatch.cu's dtype switch.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstdint>
 
 #include "flashdecode.h"
 
@@ -60,6 +62,22 @@ struct Element<__nv_bfloat16> {
       dst[2 * i + 1] = f.y;
     }
   }
+};
+
+// The unsigned integer of an element's size, for moving elements as raw bits.
+template <int kBytes>
+struct RawElement;
+template <>
+struct RawElement<1> {
+  using type = uint8_t;
+};
+template <>
+struct RawElement<2> {
+  using type = uint16_t;
+};
+template <>
+struct RawElement<4> {
+  using type = uint32_t;
 };
 
 // The storage type of an fd_dtype, for the dispatch switch.

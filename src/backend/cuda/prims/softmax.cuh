@@ -1,10 +1,13 @@
-// The per-split softmax state and the arithmetic that merges states. All in
-// base 2: scores arrive already multiplied by softmax_scale * log2(e) (folded
-// into q), so exp2 replaces exp. A state with m = -inf is empty: it has seen
-// no key and contributes nothing to a merge.
+// The online-softmax state, the arithmetic that merges states, and the one
+// output epilogue. All in base 2: scores arrive already multiplied by
+// softmax_scale * log2(e) (folded into q), so exp2 replaces exp. A state with
+// m = -inf is empty: it has seen no key and contributes nothing to a merge.
 #pragma once
 
-#include "backend/cuda/element.cuh"
+#include <cstdint>
+
+#include "backend/cuda/params.h"
+#include "backend/cuda/prims/element.cuh"
 
 namespace fd {
 namespace cuda {
@@ -58,39 +61,31 @@ __device__ inline float merge_weight(float m_part, float m_max) {
   return m_part == negative_infinity() ? 0.0f : exp2f(m_part - m_max);
 }
 
-// Programmatic dependent launch (sm_90 and later; no-ops in code built for
-// older architectures, where the host never asks for it). Every kernel of
-// this library is launched so that it may be scheduled while the previous
-// kernel on the stream finishes, and waits here, before its first memory
-// access, until that grid has finished and its writes are visible; each
-// then lets the next kernel be scheduled. Without the launch attribute both
-// return at once.
-__device__ __forceinline__ void grid_dependency_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// The first statement of both split kernels. Launched programmatically
-// after the previous kernel on the stream (sm_90+), a split kernel waits for
-// it to finish, and its writes to be visible, before touching any memory (q
-// may be its output; its merge may still read this workspace). Then the
-// merge, or the next decode's split kernel, may be scheduled once every CTA
-// of this grid has got here; they wait in turn for this grid to finish.
-__device__ __forceinline__ void split_kernel_prologue() {
-  grid_dependency_wait();
-  grid_dependency_launch_dependents();
+// sum += w * a, element by element (merges of float4 accumulator columns).
+__device__ __forceinline__ void add_weighted(float4 &sum, float w, const float4 &a) {
+  sum.x = fmaf(w, a.x, sum.x);
+  sum.y = fmaf(w, a.y, sum.y);
+  sum.z = fmaf(w, a.z, sum.z);
+  sum.w = fmaf(w, a.w, sum.w);
 }
 
 // Natural-log log-sum-exp of a merged state; -inf when it is empty.
 __device__ inline float natural_lse(float m, float l) {
   return m == negative_infinity() ? negative_infinity() : (m + log2f(l)) * kLn2;
+}
+
+// The output epilogue, shared by every kernel that finishes a query row:
+// elements [first_d, first_d + N) of row (b, q_head) become acc / l in OutT,
+// and with_lse, where the caller asks for the LSE, the natural-log LSE. An
+// empty state (l = 0, acc = 0) gives zeros and LSE -inf.
+template <class OutT, int N>
+__device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, int q_head, int first_d,
+                                             const float (&acc)[N], float m, float l, bool with_lse) {
+  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+  OutT *out = static_cast<OutT *>(o.out) + b * o.out_batch_stride + q_head * o.out_head_stride + first_d;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = Element<OutT>::from_float(acc[i] * inv_l);
+  if (with_lse && o.lse != nullptr) o.lse[b * o.lse_batch_stride + q_head * o.lse_head_stride] = natural_lse(m, l);
 }
 
 }  // namespace cuda

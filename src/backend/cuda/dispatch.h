@@ -1,0 +1,39 @@
+// The host's handle on the kernels: loading and sizing them on a device, and
+// one launch call. dispatch.cu, behind it, is the one place where runtime
+// choices (variant, dtype, head-dim bucket, merge) become template
+// parameters; every switch there fails closed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/params.h"
+#include "backend/cuda/variants.h"
+#include "flashdecode.h"
+
+namespace fd {
+namespace cuda {
+
+// On the current device: loads every kernel (so that no lazy load lands in
+// fd_decode or a graph capture), raises the shared-memory limit of every
+// split kernel and reports their occupancy.
+cudaError_t prepare_kernels(KernelOccupancy *occupancy);
+
+// Checks that this binary has code the current device can run.
+cudaError_t probe_kernel_image();
+
+// Whether the merge kernels loaded for the current device wait on their
+// grid dependency (griddepcontrol: compiled for sm_90 or later), so that they
+// may be launched with programmatic stream serialization.
+cudaError_t merge_supports_programmatic_launch(bool *supported);
+
+// Enqueues the split kernel of `variant` for K/V of kv_dtype and, when merge
+// is not null, the merge kernel writing out_dtype; with programmatic set (see
+// merge_supports_programmatic_launch), each may be scheduled while the kernel
+// before it on the stream finishes (it waits for it before touching memory).
+// Returns the first launch error; throws FD_ERROR_INTERNAL for a combination
+// no kernel was built for.
+cudaError_t launch_decode(SplitVariant variant, fd_dtype kv_dtype, fd_dtype out_dtype, const SplitParams &split,
+                          const MergeParams *merge, bool programmatic, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace fd

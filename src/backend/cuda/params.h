@@ -1,0 +1,130 @@
+// The kernels' parameter structs: what the backend (cuda_backend.cu) fills
+// from a Problem and a Plan and the kernels read. Plain data, no CUDA types,
+// so host code of any compiler can fill them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashdecode.h"
+
+namespace fd {
+namespace cuda {
+
+// Where final results go: out [batch, q_heads, head_dim] and the optional
+// natural-log LSE [batch, q_heads]. Every kernel that writes results writes
+// them through prims/softmax.cuh's write_output, the one epilogue.
+struct OutputParams {
+  void *out = nullptr;
+  int64_t out_batch_stride = 0, out_head_stride = 0;
+  float *lse = nullptr;  // null: no LSE
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+};
+
+// Phase 1, per (sequence, KV head, split, chunk of the GQA group): the
+// online softmax of the chunk's query heads over the split's tokens. With one
+// split it writes out/lse directly; otherwise the partial state (base-2 m, l,
+// unnormalised acc) in the workspace layout of core/plan.h.
+struct SplitParams {
+  // q: [batch, q_heads, head_dim] (q_len is 1).
+  const void *q = nullptr;
+  int64_t q_batch_stride = 0, q_head_stride = 0;
+  // k, v: dense [batch, token, kv_head] strides, or paged [page, slot, kv_head].
+  const void *k = nullptr;
+  const void *v = nullptr;
+  int64_t k_strides[3] = {0, 0, 0};
+  int64_t v_strides[3] = {0, 0, 0};
+  bool kv_aligned = false;  // every K/V row starts on 16 bytes: cp.async path; else plain loads
+
+  const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
+  int64_t seq_lens_stride = 0;
+  const int32_t *block_table = nullptr;  // null: dense cache
+  int64_t block_table_strides[2] = {0, 0};
+  int32_t page_size = 1;
+  int32_t page_shift = -1;  // log2(page_size) when it is a power of two, else -1
+
+  int64_t batch = 0;
+  int32_t kv_capacity = 0;
+  int32_t head_dim = 0;
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t group_size = 0;       // q_heads / kv_heads
+  int32_t head_chunks = 1;      // a group is processed in this many chunks (CTAs)
+  int32_t heads_per_chunk = 1;  // real query heads per chunk (the last one may have fewer)
+  int32_t heads_per_cta = 1;    // head slots per CTA: heads_per_chunk rounded up to a power of two
+  float q_scale = 0.0f;         // softmax_scale * log2(e), folded into q
+
+  int32_t num_splits = 1;
+  int64_t split_tokens = 0;
+
+  // Partial results (num_splits > 1).
+  float *m = nullptr;
+  float *l = nullptr;
+  float *acc = nullptr;
+
+  // Not null: the merge is fused into this kernel (kernels/fused_merge.cuh):
+  // one counter per (sequence, KV head, chunk), zero before the launch and
+  // zero again after it; the last CTA of a unit to finish merges the unit's
+  // query rows. Null with num_splits > 1: the merge kernel follows.
+  unsigned *merge_counters = nullptr;
+
+  // num_splits == 1: the split kernel writes out and lse itself.
+  bool write_output = false;
+  // num_splits > 1: the splits of a (sequence, KV head, chunk) are one
+  // thread-block cluster (sm_90+, tensor-core kernel, num_splits <=
+  // kMaxClusterSplits) and merge through distributed shared memory
+  // (kernels/cluster_merge.cuh); m, l, acc and merge_counters are unused.
+  bool cluster_merge = false;
+  bool out_f32 = false;  // out is float; else the storage type of q
+  OutputParams output;
+};
+
+// Phase 2, per query row: the partial states of all splits merged in split
+// order into out and lse.
+struct MergeParams {
+  const float *m = nullptr;
+  const float *l = nullptr;
+  const float *acc = nullptr;
+  int64_t rows = 0;  // batch * q_heads
+  int32_t num_splits = 1;
+  int32_t head_dim = 0;
+  int32_t q_heads = 0;
+  int32_t groups = 1;  // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  OutputParams output;
+};
+
+constexpr int kMinHeadDim = 16;
+constexpr int kMaxHeadDim = 256;
+constexpr int kHeadDimMultiple = 8;
+constexpr int kMaxMergeSplits = FD_MAX_SPLITS;
+// The largest cluster the cluster merge uses (the portable cluster size).
+constexpr int kMaxClusterSplits = 8;
+
+// Query-head slots of one CTA of the tensor-core split kernel: the MMA's M.
+constexpr int kMmaHeads = 16;
+
+// The fused merge's counters, at the start of every CUDA workspace (the
+// header of core/plan.h): problems with more (sequence, KV head, chunk)
+// units than this use another merge.
+constexpr int kMergeCounterSlots = 16384;
+constexpr size_t kMergeCounterBytes = kMergeCounterSlots * sizeof(unsigned);
+
+// Callable from host and device code; plain inline for the host compiler.
+#ifdef __CUDACC__
+#define FD_HOST_DEVICE __host__ __device__
+#else
+#define FD_HOST_DEVICE
+#endif
+
+// Shared memory of the fused merge of `states` (rows x splits) partial
+// states: acc [states][head_dim], m and l [states], then one
+// FusedMergePartial (32 bytes) per thread, 16-byte aligned.
+FD_HOST_DEVICE inline int64_t fused_merge_partials_offset(int64_t states, int64_t head_dim) {
+  return (states * (head_dim + 2) * 4 + 15) / 16 * 16;
+}
+FD_HOST_DEVICE inline int64_t fused_merge_smem_bytes(int64_t states, int64_t head_dim, int threads) {
+  return fused_merge_partials_offset(states, head_dim) + threads * 32;
+}
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,239 @@
+#include "backend/cuda/policy.h"
+
+#include <algorithm>
+
+namespace fd {
+namespace cuda {
+namespace {
+
+// Splits shorter than this cost more in partial-state traffic and pipeline
+// start-up than they win in parallelism ("Minimum split length").
+constexpr int64_t kMinSplitTokens = 128;
+// The planner's wave model (core/plan.cpp): a CTA's fixed cost (pipeline
+// fill, epilogue) and the merge launch, in tokens a CTA streams meanwhile
+// ("The wave model").
+constexpr int64_t kSplitOverheadTokens = 64;
+constexpr int64_t kMergeOverheadTokens = 128;
+
+// The merge is fused into the split kernel (the last CTA of a unit merges
+// it) when a unit's partials fit in the split kernel's shared memory and are
+// at most this many bytes; larger units go to the merge kernel, which
+// spreads each row over its own CTA ("Fused merge size"). Overridable at
+// build time for A/B measurements (0: never fused).
+#ifndef FD_FUSED_MERGE_MAX_BYTES
+#define FD_FUSED_MERGE_MAX_BYTES (32 * 1024)
+#endif
+constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
+
+// The cluster merge (cluster_merge_fits); 0 at build time turns it off for
+// A/B measurements ("Cluster merge").
+#ifndef FD_CLUSTER_MERGE
+#define FD_CLUSTER_MERGE 1
+#endif
+
+// MHA (one query head per KV head) with head_dim 65-128 and at least this
+// many waves of tensor-core CTAs runs the CUDA-core kernel: the tensor-core
+// CTA fills 1 of its 16 head slots and has the larger fixed cost, which many
+// short CTAs pay over and over ("MHA on CUDA cores").
+constexpr int64_t kMhaCudaCoreMinWaves = 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int next_power_of_two(int64_t n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+HeadTiling tile_heads(int64_t group_size, int rows) {
+  HeadTiling t;
+  t.chunks = static_cast<int>(ceil_div(group_size, rows));
+  t.heads_per_chunk = static_cast<int>(ceil_div(group_size, t.chunks));
+  t.heads_per_cta = next_power_of_two(t.heads_per_chunk);
+  return t;
+}
+
+// Whether the tensor cores can run a problem: 16-bit K/V with q and out of
+// the same type. P is rounded to 16 bits before P V, which a float output's
+// 1e-5 bound would not absorb, so float outputs stay on the CUDA cores.
+bool tensor_cores_take(const Problem &p) {
+  return p.q_dtype == p.kv_dtype && p.out_dtype == p.kv_dtype &&
+         split_variant_takes(SplitVariant::tensor_core, p.kv_dtype);
+}
+
+bool mha_bucket_128(const Problem &p) { return p.group_size == 1 && p.head_dim > 64 && p.head_dim <= 128; }
+
+SplitKernelShape shape_of(const Problem &p, SplitVariant variant) {
+  return split_kernel_shape(variant, p.kv_dtype, p.head_dim);
+}
+
+int resident_ctas(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  return std::max(1, device.occupancy.ctas(variant, p.kv_dtype, head_dim_bucket(p.head_dim)));
+}
+
+// What the wave model needs to know about running p on `variant`.
+SplitCostModel cost_model(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  const SplitKernelShape shape = shape_of(p, variant);
+  const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+  SplitCostModel model;
+  // A unit of the planner is one (sequence, KV head); each takes
+  // heads.chunks CTAs per split.
+  model.workers =
+      std::max<int64_t>(1, static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device) / heads.chunks);
+  model.min_split_tokens = kMinSplitTokens;
+  model.split_granularity = shape.tile_tokens;
+  model.split_overhead_tokens = kSplitOverheadTokens;
+  model.merge_overhead_tokens = kMergeOverheadTokens;
+  // A wide CTA holds twice the loads in flight of a standard one (128 KiB
+  // of stages against 64) and streams a split about twice as fast.
+  model.time_per_token = variant == SplitVariant::tensor_core_wide ? 0.5 : 1.0;
+  return model;
+}
+
+// Whether splits of a problem cut `splits` ways are longer than the
+// pipeline of a kernel of this shape (stages x tile tokens), so that its
+// CTAs refill stages while computing; the wave model's per-token costs do
+// not see this ("Wide tensor-core tiles").
+bool refills_pipeline(const Problem &p, const SplitKernelShape &shape, int splits) {
+  const int64_t tile = std::max(1, shape.tile_tokens);
+  const int64_t split_tokens =
+      ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), std::max(1, splits)), tile) * tile;
+  return split_tokens > static_cast<int64_t>(shape.stages) * shape.tile_tokens;
+}
+
+// A variant and, when choosing it took one, its automatic split estimate.
+struct VariantChoice {
+  SplitVariant variant = SplitVariant::cuda_core;
+  bool estimated = false;
+  SplitEstimate estimate;
+};
+
+// Which split kernel a problem is planned for, from PlanKey fields alone.
+// The tensor cores where they take the problem (but see
+// kMhaCudaCoreMinWaves). Wide tiles where the device has them, for dense
+// caches with automatic splits: with one length when the wave model expects
+// them to finish sooner and their splits outgrow their pipeline, always with
+// per-sequence lengths, whose waves of splits they stream faster. Paged
+// caches measured slower with them ("Wide tensor-core tiles").
+VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device) {
+  VariantChoice choice;
+  if (!tensor_cores_take(p)) return choice;
+  choice.variant = SplitVariant::tensor_core;
+  if (mha_bucket_128(p)) {
+    const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
+    if (p.batch * p.kv_heads >= kMhaCudaCoreMinWaves * slots) {
+      choice.variant = SplitVariant::cuda_core;
+      return choice;
+    }
+  }
+  if (p.paged || p.requested_splits > 0) return choice;
+  const SplitVariant wide = SplitVariant::tensor_core_wide;
+  if (device.occupancy.ctas(wide, p.kv_dtype, head_dim_bucket(p.head_dim)) == 0) return choice;
+  if (p.has_seq_lens) {  // the wave model has no lengths to compare them on
+    choice.variant = wide;
+    return choice;
+  }
+  const SplitEstimate wide_estimate = estimate_splits(p, cost_model(p, wide, device));
+  if (!refills_pipeline(p, shape_of(p, wide), wide_estimate.splits)) return choice;
+  const SplitEstimate standard_estimate = estimate_splits(p, cost_model(p, choice.variant, device));
+  choice.estimated = true;
+  if (wide_estimate.cost < standard_estimate.cost) {
+    choice.variant = wide;
+    choice.estimate = wide_estimate;
+  } else {
+    choice.estimate = standard_estimate;
+  }
+  return choice;
+}
+
+// Whether the splits of each unit can merge as one thread-block cluster
+// (SplitParams::cluster_merge): a variant with cluster kernels on this
+// device, 2..kMaxClusterSplits splits, every sequence as long as the cache
+// (a cluster holds its multiprocessors until its longest split is done: with
+// per-sequence lengths, the empty and short splits would wait there), and
+// the grid of `ctas` needs no more waves in clusters than without them (a
+// cluster's CTAs share one GPC, which can leave multiprocessors idle).
+bool cluster_merge_fits(const Problem &p, SplitVariant variant, int splits, int64_t ctas, const DeviceProfile &device) {
+  if (!FD_CLUSTER_MERGE || p.has_seq_lens) return false;
+  if (splits < 2 || splits > kMaxClusterSplits) return false;
+  const int clusters = device.occupancy.clusters(variant, p.kv_dtype, head_dim_bucket(p.head_dim), splits);
+  if (clusters == 0) return false;
+  const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device);
+  return ceil_div(ctas, static_cast<int64_t>(clusters) * splits) <= ceil_div(ctas, slots);
+}
+
+// Whether every K/V row the kernel reads starts on a 16-byte boundary, so
+// that it can use 16-byte cp.async copies.
+bool rows_aligned(const StridedView &view, size_t element_bytes) {
+  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Whether the tensor-core kernel's paged loader (32-bit page and slot byte
+// offsets, widened once; TileLoader in prims/load.cuh) can address this pool
+// and table: a page's byte stride, the bytes of a page's slots and the block
+// table's column offsets all below 2^31. Always true for pools laid out as
+// [page, slot, head, dim] or [page, head, slot, dim] with pages under 2 GiB.
+bool paged_fits_32bit(const Problem &p) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  const int64_t bytes = static_cast<int64_t>(dtype_bytes(p.kv_dtype));
+  const StridedView *caches[2] = {&p.k, &p.v};
+  // Compared by division: a dimension of extent 1 may carry any stride, so
+  // the products could overflow.
+  for (const StridedView *cache : caches) {
+    if (cache->strides[0] >= kLimit / bytes || cache->strides[1] >= kLimit / bytes / p.page_size) return false;
+  }
+  return p.block_table.strides[1] == 0 || p.block_table.shape[1] < kLimit / p.block_table.strides[1];
+}
+
+}  // namespace
+
+Plan plan_decode(const Problem &p, const DeviceProfile &device) {
+  const VariantChoice choice = choose_split_variant(p, device);
+  const SplitCostModel model = cost_model(p, choice.variant, device);
+  const int32_t automatic = p.requested_splits > 0 ? 0
+                            : choice.estimated     ? choice.estimate.splits
+                                                   : estimate_splits(p, model).splits;
+  Plan plan = layout_plan(p, automatic, model.split_granularity, kMergeCounterBytes);
+  plan.kernel_variant = static_cast<uint8_t>(index_of(choice.variant));
+  return plan;
+}
+
+LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfile &device) {
+  LaunchChoice launch;
+  launch.variant = split_variant_at(plan.kernel_variant);
+  const size_t element_bytes = dtype_bytes(p.kv_dtype);
+  launch.aligned = rows_aligned(p.k, element_bytes) && rows_aligned(p.v, element_bytes);
+  if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = SplitVariant::cuda_core;
+  const SplitKernelShape shape = shape_of(p, launch.variant);
+  launch.heads = tile_heads(p.group_size, shape.rows);
+  launch.units = p.batch * p.kv_heads * launch.heads.chunks;
+  if (plan.num_splits == 1) return launch;
+  // In clusters where they fit, else fused into the split kernel where a
+  // unit's partials fit, else the merge kernel.
+  const int64_t unit_states = static_cast<int64_t>(launch.heads.heads_per_chunk) * plan.num_splits;
+  const bool fused = launch.units <= kMergeCounterSlots &&
+                     unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
+                     fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
+  if (cluster_merge_fits(p, launch.variant, plan.num_splits, launch.units * plan.num_splits, device)) {
+    launch.merge = FD_MERGE_CLUSTER;
+  } else {
+    launch.merge = fused ? FD_MERGE_FUSED : FD_MERGE_SEPARATE;
+  }
+  return launch;
+}
+
+LaunchSummary summarize(const Problem &p, const Plan &plan, const LaunchChoice &launch) {
+  LaunchSummary summary;
+  summary.kernel = split_variant_name(launch.variant, head_dim_bucket(p.head_dim));
+  summary.merge = launch.merge;
+  summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
+  summary.blocks = launch.units * plan.num_splits;
+  return summary;
+}
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,56 @@
+// The CUDA backend's policy: which split kernel a problem is planned for,
+// how many splits, which merge runs, and why. Decided from shapes and the
+// device's occupancy alone (and, at launch, the alignment of K/V), so plans
+// and workspace sizes never depend on tensor contents. Every threshold's
+// measurement is in docs/performance.md, "Why the CUDA backend's policy is
+// what it is".
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda/variants.h"
+#include "core/plan.h"
+#include "core/problem.h"
+
+namespace fd {
+namespace cuda {
+
+// What policy needs to know about the device, read once per handle.
+struct DeviceProfile {
+  int sm_count = 1;
+  KernelOccupancy occupancy;
+};
+
+// How a GQA group maps onto CTAs: at most `rows` head slots per CTA, the
+// group cut into equal chunks when it is larger; slots are a power of two.
+struct HeadTiling {
+  int chunks = 1;
+  int heads_per_chunk = 1;
+  int heads_per_cta = 1;
+};
+
+// The plan: split kernel variant, split count, workspace layout (with the
+// merge counters' header). The one planning path of the backend.
+Plan plan_decode(const Problem &problem, const DeviceProfile &device);
+
+// Everything a launch decides about a planned problem beyond the plan.
+struct LaunchChoice {
+  SplitVariant variant = SplitVariant::cuda_core;
+  HeadTiling heads;
+  bool aligned = false;  // every K/V row on 16 bytes (SplitParams::kv_aligned)
+  int64_t units = 0;     // (sequence, KV head, chunk) units; each runs plan.num_splits CTAs
+  fd_merge merge = FD_MERGE_NONE;
+};
+
+// The plan's variant, unless these K/V rows are not 16-byte aligned or a
+// paged pool's strides are too large for the tensor-core loader: then the
+// CUDA-core kernel runs the same plan (it takes any split length). Then the
+// merge. decode and describe both ask this.
+LaunchChoice choose_launch(const Problem &problem, const Plan &plan, const DeviceProfile &device);
+
+// fd_plan_info for a launch choice.
+LaunchSummary summarize(const Problem &problem, const Plan &plan, const LaunchChoice &launch);
+
+}  // namespace cuda
+}  // namespace fd

@@ -1,0 +1,339 @@
+// Moving K/V from global to shared memory. A pipeline stage holds one tile of
+// consecutive tokens of one sequence and KV head, K rows then V rows, each
+// row padded to the head-dim bucket. Loaders work in 16-byte chunks of raw
+// storage bytes and know of the element type only its size.
+//
+// Two loaders, one per way of addressing rows: load_kv_tile finds every
+// row's address on its own with 64-bit arithmetic (any stride, any page
+// size, unaligned rows: the CUDA-core kernel, which runs every problem), and
+// TileLoader steps 32-bit page and slot offsets from row to row into a
+// swizzled stage (the tensor-core kernel, for caches whose offsets fit).
+//
+// Chunks past the head dim or past the sequence's end are zero-filled without
+// touching global memory: data beyond a sequence's length is never read, and
+// the compute side may multiply by what is in shared memory without masking.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/params.h"
+#include "backend/cuda/prims/element.cuh"
+
+namespace fd {
+namespace cuda {
+
+constexpr int kChunkBytes = 16;
+
+// Asynchronous 16-byte copy, global -> shared, bypassing L1 (.cg). With
+// valid false it writes 16 zero bytes and reads nothing (src-size 0).
+__device__ inline void cp_async_chunk(void *smem, const void *gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? kChunkBytes : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+// The K/V stream is read once per call: with FD_KV_EVICT_FIRST the
+// tensor-core kernel's copies carry an L2 evict-first policy, so they leave
+// alone the lines that are reused (block table, partials, q;
+// docs/performance.md, "L2 evict-first"). On by default from CUDA 13.4;
+// -DFD_KV_EVICT_FIRST=0 or 1 overrides (1 only with a ptxas of 13.4.59 or
+// newer). Older ptxas drop the createpolicy and keep the copies that read
+// its register: an illegal instruction at run time (triton-lang/triton#11660
+// and #11848 met the same). tests/tools/check_sass_descriptors.py finds such
+// kernels in a built library (CTest sass_descriptors).
+#ifndef FD_KV_EVICT_FIRST
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 13 || (__CUDACC_VER_MAJOR__ == 13 && __CUDACC_VER_MINOR__ >= 4))
+#define FD_KV_EVICT_FIRST 1
+#else
+#define FD_KV_EVICT_FIRST 0
+#endif
+#endif
+
+// The L2 policy for K/V copies (unused when FD_KV_EVICT_FIRST is 0).
+__device__ inline uint64_t kv_stream_policy() {
+  uint64_t policy = 0;
+#if FD_KV_EVICT_FIRST
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+// cp_async_chunk for K/V rows, under kv_stream_policy().
+__device__ inline void cp_async_kv_chunk(void *smem, const void *gmem, bool valid, uint64_t policy) {
+#if FD_KV_EVICT_FIRST
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? kChunkBytes : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+#else
+  (void)policy;
+  cp_async_chunk(smem, gmem, valid);
+#endif
+}
+
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `pending` of this thread's committed groups are in flight.
+template <int pending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+// The same copy for rows that are not 16-byte aligned (an odd slice of a
+// bigger cache): element-sized loads, then one 16-byte shared store. Slower,
+// but it keeps any stride the API accepts working.
+template <int kElementBytes>
+__device__ inline void copy_chunk_unaligned(void *smem, const void *gmem, bool valid) {
+  using Word = typename RawElement<kElementBytes>::type;
+  constexpr int kWords = kChunkBytes / kElementBytes;
+  Word words[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) words[i] = valid ? __ldg(static_cast<const Word *>(gmem) + i) : Word(0);
+  *static_cast<uint4 *>(smem) = *reinterpret_cast<const uint4 *>(words);
+}
+
+// Element offsets of one token's K and V rows.
+struct KvRowOffsets {
+  int64_t k;
+  int64_t v;
+};
+
+// Where token `token` of sequence b, KV head h lives: a dense cache is
+// [batch, token, head] strides; a paged one looks the page up in the block
+// table and uses [page, slot, head] strides. 64-bit throughout: offsets pass
+// 2^31 elements in large caches.
+__device__ inline KvRowOffsets kv_row_offsets(const SplitParams &p, int64_t b, int64_t token, int kv_head) {
+  int64_t outer, slot;
+  if (p.block_table == nullptr) {
+    outer = b;
+    slot = token;
+  } else {
+    const int32_t token32 = static_cast<int32_t>(token);  // tokens < kv_capacity <= INT32_MAX
+    const int32_t page_in_sequence = token32 / p.page_size;
+    outer = __ldg(p.block_table + b * p.block_table_strides[0] + page_in_sequence * p.block_table_strides[1]);
+    slot = token32 - page_in_sequence * p.page_size;
+  }
+  return {outer * p.k_strides[0] + slot * p.k_strides[1] + kv_head * p.k_strides[2],
+          outer * p.v_strides[0] + slot * p.v_strides[1] + kv_head * p.v_strides[2]};
+}
+
+// Issues the copies of one tile: tokens [tile_begin, tile_begin + kTileTokens)
+// of sequence b, KV head kv_head, into `stage` (K rows, then V rows). Tokens
+// at or past `end` are zero-filled. Every thread of the CTA takes part; with
+// the cp.async path the copies complete at a later cp_async_wait.
+template <class T, int kThreads, int kTileTokens, int kRowBytes>
+__device__ void load_kv_tile(const SplitParams &p, unsigned char *stage, int64_t b, int kv_head, int64_t tile_begin,
+                             int64_t end) {
+  constexpr int kChunksPerRow = kRowBytes / kChunkBytes;
+  static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one chunk column");
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kTileTokens % kRowsPerPass == 0, "the tile is loaded in whole passes");
+
+  const int column = threadIdx.x % kChunksPerRow;
+  const int first_row = threadIdx.x / kChunksPerRow;
+  const bool column_valid = column * kChunkBytes < p.head_dim * static_cast<int>(sizeof(T));
+  const unsigned char *k_base = static_cast<const unsigned char *>(p.k) + column * kChunkBytes;
+  const unsigned char *v_base = static_cast<const unsigned char *>(p.v) + column * kChunkBytes;
+  unsigned char *k_stage = stage + column * kChunkBytes;
+  unsigned char *v_stage = stage + kTileTokens * kRowBytes + column * kChunkBytes;
+
+#pragma unroll
+  for (int row = first_row; row < kTileTokens; row += kRowsPerPass) {
+    const int64_t token = tile_begin + row;
+    const bool valid = column_valid && token < end;
+    // A zero-filled chunk still names an address: the tensor's first byte,
+    // which exists, though nothing is read from it.
+    const void *k_src = p.k;
+    const void *v_src = p.v;
+    if (valid) {
+      const KvRowOffsets offsets = kv_row_offsets(p, b, token, kv_head);
+      k_src = k_base + offsets.k * static_cast<int64_t>(sizeof(T));
+      v_src = v_base + offsets.v * static_cast<int64_t>(sizeof(T));
+    }
+    if (p.kv_aligned) {
+      cp_async_chunk(k_stage + row * kRowBytes, k_src, valid);
+      cp_async_chunk(v_stage + row * kRowBytes, v_src, valid);
+    } else {
+      copy_chunk_unaligned<sizeof(T)>(k_stage + row * kRowBytes, k_src, valid);
+      copy_chunk_unaligned<sizeof(T)>(v_stage + row * kRowBytes, v_src, valid);
+    }
+  }
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// The tensor-core kernel's loader. Issues the copies of one tile (tokens
+// [tile_begin, tile_begin + kTileTokens) of one sequence and KV head) into a
+// swizzled stage: K rows, then V rows; row bytes come from the storage type
+// (Traits::kElementBytes).
+// Each thread keeps one 16-byte chunk column and takes every kRowsPerPass-th
+// row. A dense cache advances a pointer by a fixed stride. A paged one
+// finds its first row's page and slot once per tile (a shift when the page
+// size is a power of two, else one division) and steps both from pass to
+// pass without dividing; with pages of up to 8 tokens it reads the block
+// table entries from a shared-memory ring that the copies of the tile
+// kStages loads before filled (fetch_table). Byte offsets within the pool are 32-bit products
+// widened once (the host routes caches whose page or slot strides do not fit
+// in 31 bits to the CUDA-core kernel: paged_fits_32bit in policy.cpp).
+template <class Traits>
+struct TileLoader {
+  const SplitParams &p;
+  const unsigned char *k_base;  // dense: this sequence and head; paged: this head; + this thread's column
+  const unsigned char *v_base;
+  const int32_t *table_row;  // paged: this sequence's block table row
+  int32_t *table_ring;       // paged, small pages: Traits::kTableSlots slots in shared memory
+  int first_row;
+  int column;
+  bool column_valid;
+  // Paged: byte strides of a page and a slot, the block table's column
+  // stride, and a pass's step (kRowsPerPass tokens) in whole pages and slots.
+  int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
+  int32_t pass_pages, pass_slots;
+  uint64_t l2_policy;  // kv_stream_policy()
+
+  __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
+    column = threadIdx.x % Traits::kChunksPerRow;
+    first_row = threadIdx.x / Traits::kChunksPerRow;
+    column_valid = column * (kChunkBytes / Traits::kElementBytes) < p.head_dim;
+    l2_policy = kv_stream_policy();
+    int64_t k_offset = kv_head * p.k_strides[2];
+    int64_t v_offset = kv_head * p.v_strides[2];
+    table_row = nullptr;
+    table_ring = p.block_table != nullptr && p.page_size <= kRingMaxPageSize ? ring : nullptr;
+    if (p.block_table == nullptr) {
+      k_offset += b * p.k_strides[0];
+      v_offset += b * p.v_strides[0];
+    } else {
+      table_row = p.block_table + b * p.block_table_strides[0];
+      k_page_bytes = static_cast<int32_t>(p.k_strides[0] * Traits::kElementBytes);
+      v_page_bytes = static_cast<int32_t>(p.v_strides[0] * Traits::kElementBytes);
+      k_slot_bytes = static_cast<int32_t>(p.k_strides[1] * Traits::kElementBytes);
+      v_slot_bytes = static_cast<int32_t>(p.v_strides[1] * Traits::kElementBytes);
+      table_stride = static_cast<int32_t>(p.block_table_strides[1]);
+      pass_pages = Traits::kRowsPerPass / p.page_size;
+      pass_slots = Traits::kRowsPerPass - pass_pages * p.page_size;
+    }
+    k_base = static_cast<const unsigned char *>(p.k) + k_offset * Traits::kElementBytes + column * kChunkBytes;
+    v_base = static_cast<const unsigned char *>(p.v) + v_offset * Traits::kElementBytes + column * kChunkBytes;
+  }
+
+  // Tile `tile` of a split that starts at token `begin`.
+  __device__ __forceinline__ void load(unsigned char *stage, int64_t begin, int64_t tile, int64_t end) const {
+    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
+    unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowBytes;
+    const int64_t first_token = tile_begin + first_row;
+    const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
+    if (p.block_table == nullptr) {
+      const int64_t k_step = Traits::kRowsPerPass * p.k_strides[1] * Traits::kElementBytes;
+      const int64_t v_step = Traits::kRowsPerPass * p.v_strides[1] * Traits::kElementBytes;
+      const unsigned char *k_src = k_base + first_token * p.k_strides[1] * Traits::kElementBytes;
+      const unsigned char *v_src = v_base + first_token * p.v_strides[1] * Traits::kElementBytes;
+#pragma unroll
+      for (int i = 0; i < Traits::kPasses; ++i) {
+        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
+        cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
+        cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
+        k_src += k_step;
+        v_src += v_step;
+      }
+    } else {
+      // Every row's page number first, all loads in flight together, then the
+      // copies back to back: a copy must not wait on its own table load
+      // (the copies' memory clobber keeps the compiler from hoisting loads
+      // past them). Tokens are below INT32_MAX (validation).
+      const int32_t token = static_cast<int32_t>(first_token);
+      int32_t page = page_of(token);
+      int32_t slot = token - page * p.page_size;
+      // The tiles before kStages read the table; later ones the ring slot
+      // that the copies of tile - kStages filled (complete and visible: the
+      // main loop waited for that group and synchronised since).
+      const int32_t *ring_slot = nullptr;
+      int32_t ring_first_page = 0;
+      if (table_ring != nullptr && tile >= Traits::kStages) {
+        ring_slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
+        ring_first_page = page_of(static_cast<int32_t>(tile_begin));
+      }
+      int32_t pages[Traits::kPasses];
+      int32_t slots[Traits::kPasses];
+      if (ring_slot != nullptr) {
+        step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return ring_slot[pg - ring_first_page]; });
+      } else {
+        step_rows(page, slot, pages, slots, remaining,
+                  [&](int32_t pg) { return __ldg(table_row + pg * table_stride); });
+      }
+#pragma unroll
+      for (int i = 0; i < Traits::kPasses; ++i) {
+        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        const void *k_src = p.k;
+        const void *v_src = p.v;
+        if (valid) {
+          k_src = k_base + static_cast<int64_t>(pages[i]) * k_page_bytes + slots[i] * k_slot_bytes;
+          v_src = v_base + static_cast<int64_t>(pages[i]) * v_page_bytes + slots[i] * v_slot_bytes;
+        }
+        cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
+        cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
+      }
+      if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
+    }
+  }
+
+  // This thread's rows of a tile, from the first one's page and slot: each
+  // row's slot, and its page through `lookup` (a block table entry), the
+  // lookups of all rows before any copy. One loop a lookup kind, so the
+  // table loads are not split by a branch.
+  template <class Lookup>
+  __device__ __forceinline__ void step_rows(int32_t page, int32_t slot, int32_t (&pages)[Traits::kPasses],
+                                            int32_t (&slots)[Traits::kPasses], int64_t remaining, Lookup lookup) const {
+#pragma unroll
+    for (int i = 0; i < Traits::kPasses; ++i) {
+      const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+      slots[i] = slot;
+      pages[i] = valid ? lookup(page) : 0;
+      page += pass_pages;
+      slot += pass_slots;
+      if (slot >= p.page_size) {
+        slot -= p.page_size;
+        ++page;
+      }
+    }
+  }
+
+  // A token's page within its sequence: a shift when the page size is a
+  // power of two, else a division.
+  __device__ __forceinline__ int32_t page_of(int32_t token) const {
+    return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
+  }
+
+  // Copies into ring slot tile % kTableSlots the block table entries of
+  // tile `tile` (kStages loads ahead), one entry a thread, in this load's
+  // commit group. With small pages a tile's entries are new cache lines, and
+  // a lookup from global memory in front of its copies stalls the pipeline;
+  // from the ring it is a shared-memory read. Larger pages lose a little to
+  // the ring's code (docs/performance.md, "Block-table ring").
+  static constexpr int kRingMaxPageSize = 8;
+
+  __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
+    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
+    if (tile_begin >= end) return;
+    const int32_t first_page = page_of(static_cast<int32_t>(tile_begin));
+    const int32_t last_page = page_of(static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
+    int32_t *slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
+    for (int i = threadIdx.x; i <= last_page - first_page; i += Traits::kThreads) {
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
+      const int32_t *src = table_row + static_cast<int64_t>(first_page + i) * table_stride;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+    }
+  }
+};
+
+}  // namespace cuda
+}  // namespace fd

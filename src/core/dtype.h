@@ -1,0 +1,21 @@
+// Element types: the one place that knows each fd_dtype's size and name.
+#pragma once
+
+#include <cstddef>
+
+#include "flashdecode.h"
+
+namespace fd {
+
+// Whether the value a caller stored is an fd_dtype this library knows
+// (read through raw_enum_value: a C caller may store any int).
+bool is_known_dtype(const fd_dtype &dtype);
+
+// Bytes of one element. Fails closed (FD_ERROR_INTERNAL) for a dtype without
+// a size here: every caller has validated its dtype first.
+size_t dtype_bytes(fd_dtype dtype);
+
+// "f16", "bf16", ...; "unknown" for any other value.
+const char *dtype_name(const fd_dtype &dtype);
+
+}  // namespace fd
