@@ -24,9 +24,9 @@ in microseconds from the first CTA past griddepcontrol.wait. The printing
 slows each CTA's exit: the gaps between launches mean nothing, and neither
 does anything in a launch of several waves of CTAs (shape 4, ragged shape 9),
 where later CTAs wait for earlier ones' printing; single-wave launches
-(shapes 1, 2, 5, 7, 8) read as in docs/performance-history.md, "Run 8". No timing
-here is a benchmark (compare_sdpa.py and ab_variants.py are). A build without
-the option prints nothing, and the script says so.
+(shapes 1, 2, 5, 7, 8) read as in tests/bench/history/performance-history.md,
+"Run 8". No timing here is a benchmark (compare_sdpa.py and ab_variants.py
+are). A build without the option prints nothing, and the script says so.
 """
 import argparse
 import collections
