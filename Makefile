@@ -1,6 +1,8 @@
 # The two commands of the README, as make targets:
 #   make demo    install what is missing, build, run the flashdecode demo
-#   make check   install what is missing, build, run the whole test suite
+#   make check   install what is missing, check the formatting, build, run
+#                the whole test suite
+#   make format  apply .clang-format to the sources format-check covers
 # Options: BUILD=build  CUDA_ARCHS="80-real;90a-real;..."  (default: all supported)
 BUILD ?= build
 CUDA_ARCHS ?=
@@ -8,8 +10,15 @@ ASAN_BUILD ?= $(BUILD)-asan
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CUDA_FLAGS := $(if $(CUDA_ARCHS),-DFLASHDECODE_CUDA_ARCHS="$(CUDA_ARCHS)",)
 export PATH := $(PATH):/usr/local/cuda/bin
+CLANG_FORMAT ?= clang-format
+# The C, C++ and CUDA sources under src/ include/ tests/ that git tracks or
+# would track (new, not ignored: build directories are skipped); files deleted
+# from the working tree but still tracked are left out. Outside a git
+# checkout, every such file there.
+FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests \
+  2>/dev/null || find src include tests -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
-.PHONY: deps configure build demo check test asan docs clean
+.PHONY: deps configure build demo check test asan docs format format-check clean
 
 deps:
 	@tests/tools/install-deps.sh
@@ -37,7 +46,19 @@ asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L unit
 
-check: test docs asan
+# Formatting against .clang-format (Debian 12's clang-format 14; another
+# version may lay out some lines differently).
+format-check: deps
+	@test -n "$(FORMAT_FILES)" || { echo "format-check: no sources found" >&2; exit 1; }
+	@$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_FILES) || { \
+	  echo "format-check: $$($(CLANG_FORMAT) --version) wants the changes above; 'make format' applies them" >&2; \
+	  exit 1; }
+
+format:
+	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+# format-check first, so that a formatting slip fails before the long build.
+check: format-check test docs asan
 	@echo "make check: all passed"
 
 clean:

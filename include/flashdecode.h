@@ -22,10 +22,11 @@
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
  * - On one handle, fd_workspace_size(), fd_describe_plan() and
- *   fd_get_backend() only read it and may run concurrently with each other. fd_decode(), fd_reserve_workspace(),
- *   fd_set_workspace() and fd_destroy() must not overlap with any other call
- *   on the same handle: the handle owns the workspace every fd_decode() uses.
- *   Use one handle per thread or stream (or serialise access).
+ *   fd_get_backend() only read it and may run concurrently with each other.
+ *   fd_decode(), fd_reserve_workspace(), fd_set_workspace() and fd_destroy()
+ *   must not overlap with any other call on the same handle: the handle owns
+ *   the workspace every fd_decode() uses. Use one handle per thread or stream
+ *   (or serialise access).
  * - CUDA graph capture in the default cudaStreamCaptureModeGlobal forbids
  *   device allocation, freeing and synchronisation in every thread while
  *   it lasts. The calls on a CUDA handle that do those (fd_create(),
@@ -101,24 +102,35 @@ FD_API const char *fd_version_string(void);
  * detailed message for the calling thread, naming the argument at fault.
  */
 typedef enum fd_status {
-  FD_SUCCESS = 0,                     /**< The call succeeded. */
-  FD_ERROR_NULL_POINTER = 1,          /**< A required pointer (handle, argument struct or tensor data) was NULL. */
-  FD_ERROR_INVALID_ARGUMENT = 2,      /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a too-small struct_size). */
-  FD_ERROR_INVALID_DTYPE = 3,         /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes differ. */
-  FD_ERROR_INVALID_HEAD_DIM = 4,      /**< head_dim is out of range for the API or for the handle's backend. */
-  FD_ERROR_INVALID_HEAD_COUNT = 5,    /**< A head count is out of range, or query heads are not a multiple of KV heads. */
-  FD_ERROR_INVALID_SHAPE = 6,         /**< A tensor's rank or extents are invalid, or disagree with another tensor's (batch, heads, head_dim). */
-  FD_ERROR_INVALID_STRIDE = 7,        /**< A stride is negative, head_dim is not contiguous (stride of head_dim must be 1), or an output's strides make its elements share memory. */
-  FD_ERROR_INVALID_LENGTH = 8,        /**< A length is negative or too large, or a sequence is longer than its cache. */
-  FD_ERROR_INVALID_BLOCK_TABLE = 9,   /**< A paged-cache block table entry points outside the page pool. */
-  FD_ERROR_INVALID_SPLITS = 10,       /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
-  FD_ERROR_WORKSPACE_TOO_SMALL = 11,  /**< The caller-provided workspace is smaller than fd_workspace_size() requires, or a library-owned one would have to grow during CUDA graph capture. */
-  FD_ERROR_INVALID_HANDLE = 12,       /**< The handle is not live: destroyed, or never created by fd_create() (detected by address; see fd_destroy()). */
-  FD_ERROR_UNSUPPORTED = 13,          /**< Valid input the handle's backend does not support (yet), e.g. several query tokens. */
-  FD_ERROR_NO_DEVICE = 14,            /**< No usable CUDA device with that ordinal, or the library was built without CUDA. */
-  FD_ERROR_OUT_OF_MEMORY = 15,        /**< Host or device memory could not be allocated. */
-  FD_ERROR_CUDA = 16,                 /**< The CUDA runtime reported an error; the message carries its text. */
-  FD_ERROR_INTERNAL = 17              /**< A bug in flashdecode; please report it with the message. */
+  FD_SUCCESS = 0,                    /**< The call succeeded. */
+  FD_ERROR_NULL_POINTER = 1,         /**< A required pointer (handle, argument struct or tensor data) was NULL. */
+  FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a
+                                          too-small struct_size). */
+  FD_ERROR_INVALID_DTYPE = 3,        /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes
+                                          differ. */
+  FD_ERROR_INVALID_HEAD_DIM = 4,     /**< head_dim is out of range for the API or for the handle's backend. */
+  FD_ERROR_INVALID_HEAD_COUNT = 5,   /**< A head count is out of range, or query heads are not a multiple of KV
+                                          heads. */
+  FD_ERROR_INVALID_SHAPE = 6,        /**< A tensor's rank or extents are invalid, or disagree with another
+                                          tensor's (batch, heads, head_dim). */
+  FD_ERROR_INVALID_STRIDE = 7,       /**< A stride is negative, head_dim is not contiguous (stride of head_dim
+                                          must be 1), or an output's strides make its elements share memory. */
+  FD_ERROR_INVALID_LENGTH = 8,       /**< A length is negative or too large, or a sequence is longer than its
+                                          cache. */
+  FD_ERROR_INVALID_BLOCK_TABLE = 9,  /**< A paged-cache block table entry points outside the page pool. */
+  FD_ERROR_INVALID_SPLITS = 10,      /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
+  FD_ERROR_WORKSPACE_TOO_SMALL = 11, /**< The caller-provided workspace is smaller than fd_workspace_size()
+                                          requires, or a library-owned one would have to grow during CUDA graph
+                                          capture. */
+  FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
+                                          (detected by address; see fd_destroy()). */
+  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
+                                          query tokens. */
+  FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
+                                          without CUDA. */
+  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated. */
+  FD_ERROR_CUDA = 16,                /**< The CUDA runtime reported an error; the message carries its text. */
+  FD_ERROR_INTERNAL = 17             /**< A bug in flashdecode; please report it with the message. */
 } fd_status;
 
 /**
@@ -133,7 +145,8 @@ FD_API const char *fd_status_string(fd_status status);
  *
  * The message is set by every failing call: the status's description, then
  * the argument at fault and what is wrong with it, e.g. "invalid stride: k:
- * stride of head_dim must be 1, got 3". Successful calls do not clear it. It is empty if this thread has seen no error.
+ * stride of head_dim must be 1, got 3". Successful calls do not clear it. It
+ * is empty if this thread has seen no error.
  *
  * @param buffer Where to copy the message (NUL-terminated, truncated to fit);
  *        may be NULL when @p buffer_size is 0, to query the length.
@@ -152,10 +165,10 @@ FD_API size_t fd_last_error_message(char *buffer, size_t buffer_size);
 
 /** @brief Element type of a tensor. Values are pinned. */
 typedef enum fd_dtype {
-  FD_DTYPE_F32 = 0,   /**< IEEE binary32. */
-  FD_DTYPE_F16 = 1,   /**< IEEE binary16 (half). */
-  FD_DTYPE_BF16 = 2,  /**< bfloat16: the upper 16 bits of a binary32. */
-  FD_DTYPE_I32 = 3    /**< int32, for sequence lengths and block tables. */
+  FD_DTYPE_F32 = 0,  /**< IEEE binary32. */
+  FD_DTYPE_F16 = 1,  /**< IEEE binary16 (half). */
+  FD_DTYPE_BF16 = 2, /**< bfloat16: the upper 16 bits of a binary32. */
+  FD_DTYPE_I32 = 3   /**< int32, for sequence lengths and block tables. */
 } fd_dtype;
 
 /** @brief Largest number of dimensions of an #fd_tensor. */
@@ -195,14 +208,19 @@ typedef struct fd_tensor {
 /** @brief An opaque decode handle: a backend, its device and its workspace. */
 typedef struct fd_handle fd_handle;
 
-/** @brief A CUDA stream (`cudaStream_t`), declared without CUDA headers. NULL is the legacy default stream. */
+/**
+ * @brief A CUDA stream (`cudaStream_t`), declared without CUDA headers.
+ *
+ * NULL is the legacy default stream.
+ */
 typedef struct CUstream_st *fd_cuda_stream;
 
 /** @brief Which backend a handle runs on. Values are pinned. */
 typedef enum fd_backend {
-  FD_BACKEND_AUTO = 0,  /**< CUDA on fd_options::device if the library has a CUDA backend and the device is usable, else the CPU. */
-  FD_BACKEND_CPU = 1,   /**< The multi-threaded CPU backend; always available. */
-  FD_BACKEND_CUDA = 2   /**< The CUDA backend on fd_options::device. */
+  FD_BACKEND_AUTO = 0, /**< CUDA on fd_options::device if the library has a CUDA backend and the device is
+                            usable, else the CPU. */
+  FD_BACKEND_CPU = 1,  /**< The multi-threaded CPU backend; always available. */
+  FD_BACKEND_CUDA = 2  /**< The CUDA backend on fd_options::device. */
 } fd_backend;
 
 /** @brief Largest accepted fd_options::num_threads. */
@@ -216,10 +234,11 @@ typedef enum fd_backend {
  * minor versions without breaking callers compiled against older headers.
  */
 typedef struct fd_options {
-  size_t struct_size;   /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
-  fd_backend backend;   /**< Backend to use; default #FD_BACKEND_AUTO. */
-  int32_t device;       /**< CUDA device ordinal for the CUDA backend; default 0. */
-  int32_t num_threads;  /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses every online core (up to that). */
+  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
+  fd_backend backend;  /**< Backend to use; default #FD_BACKEND_AUTO. */
+  int32_t device;      /**< CUDA device ordinal for the CUDA backend; default 0. */
+  int32_t num_threads; /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses
+                            every online core (up to that). */
 } fd_options;
 
 /**
@@ -342,16 +361,18 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * length to [0, kv_capacity] and does not check page indices.
  */
 typedef struct fd_decode_args {
-  size_t struct_size;      /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init(). */
-  fd_tensor q;             /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
-  fd_tensor k;             /**< Key cache (dense or page pool, see above). */
-  fd_tensor v;             /**< Value cache, same shape as @p k. */
-  fd_tensor out;           /**< Output, `[batch, q_len, q_heads, head_dim]`. */
-  fd_tensor lse;           /**< Optional log-sum-exp output (data NULL: not written). */
-  fd_tensor seq_lens;      /**< Optional per-sequence KV lengths (data NULL: full capacity). */
-  fd_tensor block_table;   /**< Optional paged-cache block table (data NULL: dense cache). */
-  double softmax_scale;    /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must be finite, and so must scale * log2(e) as a float (|scale| below about 2.3e38). */
-  int32_t num_splits;      /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
+  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init(). */
+  fd_tensor q;           /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor k;           /**< Key cache (dense or page pool, see above). */
+  fd_tensor v;           /**< Value cache, same shape as @p k. */
+  fd_tensor out;         /**< Output, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor lse;         /**< Optional log-sum-exp output (data NULL: not written). */
+  fd_tensor seq_lens;    /**< Optional per-sequence KV lengths (data NULL: full capacity). */
+  fd_tensor block_table; /**< Optional paged-cache block table (data NULL: dense cache). */
+  double softmax_scale;  /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
+                              be finite, and so must scale * log2(e) as a float (|scale| below about
+                              2.3e38). */
+  int32_t num_splits;    /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
 } fd_decode_args;
 
 /**
@@ -479,10 +500,14 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
 
 /** @brief How a decode combines the partial results of its splits. Values are pinned. */
 typedef enum fd_merge {
-  FD_MERGE_NONE = 0,      /**< One split (CUDA): the split kernel writes the output itself. */
-  FD_MERGE_SEPARATE = 1,  /**< A pass after every split is done: the CUDA merge kernel (a second launch), or the CPU backend's merge pass. */
-  FD_MERGE_FUSED = 2,     /**< CUDA: the last thread block of each (sequence, KV head) to finish merges its splits inside the split kernel, counting finished blocks at the start of the workspace. */
-  FD_MERGE_CLUSTER = 3    /**< CUDA, compute capability 9.0+: the splits of each (sequence, KV head) run as one thread-block cluster and merge through distributed shared memory. */
+  FD_MERGE_NONE = 0,     /**< One split (CUDA): the split kernel writes the output itself. */
+  FD_MERGE_SEPARATE = 1, /**< A pass after every split is done: the CUDA merge kernel (a second launch), or
+                              the CPU backend's merge pass. */
+  FD_MERGE_FUSED = 2,    /**< CUDA: the last thread block of each (sequence, KV head) to finish merges its
+                              splits inside the split kernel, counting finished blocks at the start of the
+                              workspace. */
+  FD_MERGE_CLUSTER = 3   /**< CUDA, compute capability 9.0+: the splits of each (sequence, KV head) run as
+                              one thread-block cluster and merge through distributed shared memory. */
 } fd_merge;
 
 /**
@@ -495,11 +520,12 @@ typedef enum fd_merge {
  * struct_size bytes.
  */
 typedef struct fd_plan_info {
-  size_t struct_size;      /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */
-  fd_backend backend;      /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
-  int32_t num_splits;      /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's choice when that is 0. */
-  int64_t split_tokens;    /**< KV tokens of each split (the last may be shorter or empty). */
-  size_t workspace_bytes;  /**< Workspace the decode needs, as fd_workspace_size() reports. */
+  size_t struct_size;     /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */
+  fd_backend backend;     /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
+  int32_t num_splits;     /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's
+                               choice when that is 0. */
+  int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty). */
+  size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never
    * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
@@ -508,9 +534,10 @@ typedef struct fd_plan_info {
    * may change between versions.
    */
   const char *kernel;
-  fd_merge merge;          /**< How the splits' partial results are combined. */
-  int32_t launches;        /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
-  int64_t blocks;          /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are covered by fewer, looping blocks); CPU: tasks of the split pass. */
+  fd_merge merge;   /**< How the splits' partial results are combined. */
+  int32_t launches; /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
+  int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
+                         covered by fewer, looping blocks); CPU: tasks of the split pass. */
 } fd_plan_info;
 
 /**

@@ -47,9 +47,9 @@ typedef struct demo_options {
   fd_backend backend;
   fdt_case c;
   int iters;
-  const char *bench;       /* comma-separated shapes, or NULL */
-  const char *bench_file;  /* one shape a line, '#' comments, or NULL */
-  const char *json;        /* benchmark JSON output, or NULL */
+  const char *bench;      /* comma-separated shapes, or NULL */
+  const char *bench_file; /* one shape a line, '#' comments, or NULL */
+  const char *json;       /* benchmark JSON output, or NULL */
   long long rotate_mib;
 } demo_options;
 
@@ -403,8 +403,10 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
   cudaEvent_t start = NULL, stop = NULL;
   if (mem == NULL || args == NULL || times == NULL || host_times == NULL || host == NULL) goto done;
   for (int i = 0; i < sets; ++i) {
-    if (cudaMalloc(&mem[4 * i + 0], q_elems * es) != cudaSuccess || cudaMalloc(&mem[4 * i + 1], kv_elems * es) != cudaSuccess ||
-        cudaMalloc(&mem[4 * i + 2], kv_elems * es) != cudaSuccess || cudaMalloc(&mem[4 * i + 3], q_elems * es) != cudaSuccess) {
+    if (cudaMalloc(&mem[4 * i + 0], q_elems * es) != cudaSuccess ||
+        cudaMalloc(&mem[4 * i + 1], kv_elems * es) != cudaSuccess ||
+        cudaMalloc(&mem[4 * i + 2], kv_elems * es) != cudaSuccess ||
+        cudaMalloc(&mem[4 * i + 3], q_elems * es) != cudaSuccess) {
       fprintf(stderr, "flashdecode: out of device memory for %d K/V sets\n", sets);
       goto done;
     }
@@ -436,8 +438,8 @@ static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const 
     goto done;
   }
   describe_plan(h, &args[0], r->plan, sizeof r->plan);
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&start) != cudaSuccess ||
-      cudaEventCreate(&stop) != cudaSuccess)
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
     goto done;
 
   /* Launches one by one, rotating the sets. */
@@ -555,8 +557,7 @@ static int run_bench(const demo_options *o) {
               "\"gbps\": %.1f, \"pct_of_copy\": %.2f, \"plan\": \"%s\"}",
               i ? "," : "", label, r.kv_mib, r.sets, r.bytes, r.host_median * 1e6, r.burst_host * 1e6,
               r.burst_gpu * 1e6, r.event_median * 1e6, r.event_min * 1e6, r.event_max * 1e6, r.graph_median * 1e6,
-              r.graph_min * 1e6, r.graph_max * 1e6, gbps,
-              ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, r.plan);
+              r.graph_min * 1e6, r.graph_max * 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, r.plan);
     }
   }
   if (json) {
@@ -618,8 +619,8 @@ int main(int argc, char **argv) {
   const int bad = fdt_check(&p, report, sizeof report, &out_error, &lse_error);
   qsort(times, (size_t)o.iters, sizeof *times, compare_doubles);
   const double median = times[o.iters / 2];
-  const double kv_bytes = 2.0 * (double)(o.c.batch * o.c.kv_len * o.c.kv_heads * o.c.head_dim) *
-                          (double)fdt_dtype_size(o.c.dtype);
+  const double kv_bytes =
+      2.0 * (double)(o.c.batch * o.c.kv_len * o.c.kv_heads * o.c.head_dim) * (double)fdt_dtype_size(o.c.dtype);
   const double io_bytes = 2.0 * (double)(o.c.batch * o.c.q_heads * o.c.head_dim) * (double)fdt_dtype_size(o.c.dtype);
   printf("check against float64 reference: %s\n", report);
   printf("time: median %.3f ms over %d runs (min %.3f, max %.3f)\n", median * 1e3, o.iters, times[0] * 1e3,

@@ -35,9 +35,9 @@
 #include "fdt_cuda.h"
 #include "flashdecode.h"
 
-#define CUDA_CHECK(call)                                                         \
-  do {                                                                           \
-    const cudaError_t err_ = (call);                                             \
+#define CUDA_CHECK(call)                                                          \
+  do {                                                                            \
+    const cudaError_t err_ = (call);                                              \
     if (err_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(err_)); \
   } while (0)
 
@@ -107,9 +107,9 @@ static void decode_cuda(fd_handle *h, fdt_problem *p, fdt_device_problem *d, cud
  * longjmps, and device buffers left behind (GiBs in the large-offset test)
  * would starve the tests after it. */
 typedef struct gpu_case {
-  fdt_problem p;         /* host storage and the float64 reference */
-  fdt_device_problem d;  /* device copy; tests may repoint d.args or overwrite d's buffers */
-  char report[256];      /* fdt_check's summary; close_case keeps it for the failure message */
+  fdt_problem p;        /* host storage and the float64 reference */
+  fdt_device_problem d; /* device copy; tests may repoint d.args or overwrite d's buffers */
+  char report[256];     /* fdt_check's summary; close_case keeps it for the failure message */
   double out_error, lse_error;
 } gpu_case;
 
@@ -237,7 +237,7 @@ enum { kFullCases = 180, kQuickCases = 48 };
 static int make_matrix(fdt_case *cases, int quick) {
   static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
   static const int64_t head_dims[] = {16, 24, 32, 40, 64, 72, 128, 136, 200, 256, 128, 64};
-  static const int64_t heads[][2] = {{4, 4}, {8, 1},  {32, 8}, {10, 2}, {14, 2},
+  static const int64_t heads[][2] = {{4, 4},  {8, 1},  {32, 8}, {10, 2}, {14, 2},
                                      {16, 2}, {12, 1}, {64, 1}, {6, 3},  {128, 2}};
   static const fdt_layout layouts[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED, FDT_PAGED_NHD, FDT_PAGED_HND};
   static const int64_t kv_lens[] = {1, 63, 64, 65, 300, 1000, 4097, 2500};
@@ -499,10 +499,10 @@ static void test_ragged_batches(void **state) {
     fd_dtype dtype;
     int64_t batch, q_heads, kv_heads, head_dim, kv_len;
   } spec[] = {
-      {FD_DTYPE_F16, 16, 32, 8, 128, 4000},   {FD_DTYPE_BF16, 6, 8, 1, 128, 20000},
-      {FD_DTYPE_F16, 37, 40, 8, 96, 2500},    {FD_DTYPE_BF16, 5, 64, 1, 128, 3000},
-      {FD_DTYPE_F16, 64, 8, 8, 64, 1500},     {FD_DTYPE_BF16, 3, 16, 16, 256, 5000},
-      {FD_DTYPE_F16, 130, 16, 2, 128, 2000},  {FD_DTYPE_BF16, 600, 8, 8, 128, 300},
+      {FD_DTYPE_F16, 16, 32, 8, 128, 4000},  {FD_DTYPE_BF16, 6, 8, 1, 128, 20000},
+      {FD_DTYPE_F16, 37, 40, 8, 96, 2500},   {FD_DTYPE_BF16, 5, 64, 1, 128, 3000},
+      {FD_DTYPE_F16, 64, 8, 8, 64, 1500},    {FD_DTYPE_BF16, 3, 16, 16, 256, 5000},
+      {FD_DTYPE_F16, 130, 16, 2, 128, 2000}, {FD_DTYPE_BF16, 600, 8, 8, 128, 300},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
@@ -522,10 +522,9 @@ static void test_ragged_batches(void **state) {
       if (run == 0) memcpy(first, t.p.out, t.p.out_bytes);
       else same = memcmp(first, t.p.out, t.p.out_bytes) == 0;
     }
-    print_message("ragged batch %zu: %lldx%lld/%lldx%lldx%lld (%s, %d x %lld, merge %d): %s\n", i,
-                  (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len,
-                  (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
-                  (int)plan.merge, t.report);
+    print_message("ragged batch %zu: %lldx%lld/%lldx%lldx%lld (%s, %d x %lld, merge %d): %s\n", i, (long long)c.batch,
+                  (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len, (long long)c.head_dim, plan.kernel,
+                  (int)plan.num_splits, (long long)plan.split_tokens, (int)plan.merge, t.report);
     free(first);
     close_case(&t);
     if (bad) fail_msg("ragged batch %zu: %s", i, t.report);
@@ -569,12 +568,12 @@ static void test_merge_paths_on_caller_workspace(void **state) {
        kClusterOnSm90, 0},
       {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64,
        FD_MERGE_SEPARATE, 0},
-      {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000,
-       40, FD_MERGE_SEPARATE, 0},
+      {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000, 40,
+       FD_MERGE_SEPARATE, 0},
       {"merge kernel, MHA, 640 units of 1 row x 80 splits", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 128, 2600, 80,
        FD_MERGE_SEPARATE, 0},
-      {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000,
-       64, FD_MERGE_SEPARATE, 0},
+      {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000, 64,
+       FD_MERGE_SEPARATE, 0},
       {"merge kernel, ragged (16 rows x 33 splits, trailing ones empty)", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 32, 2, 128,
        3300, 33, FD_MERGE_SEPARATE, 1},
       {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED, 0},
@@ -614,13 +613,12 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   for (int i = 0; i < kCases; ++i) {
     const fd_plan_info plan = describe(h, &cases[i].d.args);
     planned[i] = plan.merge;
-    const int expected = spec[i].merge == kClusterOnSm90 ? (cc_major >= 9 ? FD_MERGE_CLUSTER : FD_MERGE_FUSED)
-                                                         : spec[i].merge;
+    const int expected =
+        spec[i].merge == kClusterOnSm90 ? (cc_major >= 9 ? FD_MERGE_CLUSTER : FD_MERGE_FUSED) : spec[i].merge;
     if ((int)plan.merge != expected && wrong_path < 0) wrong_path = i;
     decode_cuda(h, &cases[i].p, &cases[i].d, g_stream);
     const int bad = fdt_check(&cases[i].p, cases[i].report, sizeof cases[i].report, NULL, NULL);
-    print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge,
-                  cases[i].report);
+    print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge, cases[i].report);
     if (bad && failed < 0) failed = i;
     /* Every launch leaves the counters (the workspace's first
      * cuda::kMergeCounterSlots words) at zero, whichever merge counted in them. */
@@ -858,9 +856,8 @@ static void run_large_offset(int paged) {
   }
   t.d.args = args; /* t.d still owns (and close_case frees) the small K/V copies */
   const int bad = check_case(&t);
-  print_message("large offsets (%s, last row at element %lld, %.1f GiB per cache): %s\n",
-                paged ? "paged" : "dense", (long long)((first_block + blocks - 1) * stride),
-                (double)total / (1 << 30), t.report);
+  print_message("large offsets (%s, last row at element %lld, %.1f GiB per cache): %s\n", paged ? "paged" : "dense",
+                (long long)((first_block + blocks - 1) * stride), (double)total / (1 << 30), t.report);
   CUDA_CHECK(cudaFree(big[0]));
   CUDA_CHECK(cudaFree(big[1]));
   close_case(&t);
@@ -976,8 +973,7 @@ static void test_batch_beyond_grid_limit(void **state) {
     c.with_lse = 1;
     c.num_splits = split_choices[k];
     char what[64];
-    snprintf(what, sizeof what, "batch 70000, up to %lld tokens, splits %d", (long long)lengths[k],
-             (int)c.num_splits);
+    snprintf(what, sizeof what, "batch 70000, up to %lld tokens, splits %d", (long long)lengths[k], (int)c.num_splits);
     expect_case_passes(&c, what);
   }
 }
@@ -987,7 +983,7 @@ static void test_batch_beyond_grid_limit(void **state) {
  * automatic splits cover the cache and are at least 128 tokens (or one);
  * wide tensor-core splits are longer than the wide pipeline (two stages of
  * 256, 128 or 64 tokens for head_dim buckets 64, 128, 256:
- * refills_pipeline in cuda_backend.cu); cluster merges have 2-8 splits;
+ * refills_pipeline in policy.cpp); cluster merges have 2-8 splits;
  * the merge decides the launches; the workspace is fd_workspace_size's.
  * On sm_90+ some shapes must get wide tiles (they exist there). */
 static fd_tensor fake_dense(fd_dtype dtype, int64_t b, int64_t n, int64_t h, int64_t d) {
@@ -1025,7 +1021,8 @@ static void test_plan_rules(void **state) {
           else if (splits > 1 && tokens < 128) broken = "splits shorter than 128 tokens";
           else if (starts_with(plan.kernel, "tensor-core-wide-") && tokens <= 2 * wide_tile)
             broken = "wide splits that fit in the pipeline";
-          else if (plan.merge == FD_MERGE_CLUSTER && (splits < 2 || splits > 8 || !starts_with(plan.kernel, "tensor-core")))
+          else if (plan.merge == FD_MERGE_CLUSTER &&
+                   (splits < 2 || splits > 8 || !starts_with(plan.kernel, "tensor-core")))
             broken = "a cluster merge outside 2-8 tensor-core splits";
           else if ((splits == 1) != (plan.merge == FD_MERGE_NONE)) broken = "a merge that does not match the splits";
           else if (plan.workspace_bytes != bytes) broken = "a workspace other than fd_workspace_size's";
@@ -1043,7 +1040,7 @@ static void test_plan_rules(void **state) {
 
 /* MHA with head_dim 65-128 takes the CUDA-core kernel with thousands of
  * sequence-heads (16+ waves of tensor-core CTAs: 4224 on a 132-SM H200) and
- * the tensor cores below that (kMhaCudaCoreMinWaves, cuda_backend.cu): one
+ * the tensor cores below that (kMhaCudaCoreMinWaves, policy.cpp): one
  * problem on each side, each dtype, with automatic splits; fd_describe_plan
  * must name the kernel family that ran. */
 static void test_mha_128_both_kernels(void **state) {
@@ -1057,8 +1054,7 @@ static void test_mha_128_both_kernels(void **state) {
     open_case(&t, &c);
     const fd_plan_info plan = describe(g_cuda, &t.d.args);
     const int bad = check_case(&t);
-    print_message("MHA-128 %s batch %lld (%s): %s\n", fdt_dtype_name(dtype), (long long)c.batch, plan.kernel,
-                  t.report);
+    print_message("MHA-128 %s batch %lld (%s): %s\n", fdt_dtype_name(dtype), (long long)c.batch, plan.kernel, t.report);
     close_case(&t);
     if (bad) fail_msg("MHA-128 batch %lld: %s", (long long)c.batch, t.report);
     const char *expected = k / 2 ? "cuda-core-128" : "tensor-core-"; /* standard or wide tiles */
@@ -1071,8 +1067,8 @@ static void test_mha_128_both_kernels(void **state) {
 /* ---- rejected input -------------------------------------------------------------- */
 
 /* Expects `status` with `needle` in the message and the device output untouched. */
-static void expect_rejected(fd_handle *h, const fdt_problem *p, const fdt_device_problem *d,
-                            const fd_decode_args *args, fd_status status, const char *needle) {
+static void expect_rejected(fd_handle *h, const fdt_problem *p, const fdt_device_problem *d, const fd_decode_args *args,
+                            fd_status status, const char *needle) {
   const fd_status got = fd_decode(h, args, (fd_cuda_stream)g_stream);
   if (got != status || strstr(last_message(), needle) == NULL) {
     fail_msg("expected %s with \"%s\", got %s: %s", fd_status_string(status), needle, fd_status_string(got),
@@ -1185,7 +1181,8 @@ int main(void) {
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
   if (err != cudaSuccess || devices == 0) {
-    printf("no CUDA device (%s): skipping the GPU tests\n", err == cudaSuccess ? "none found" : cudaGetErrorString(err));
+    printf("no CUDA device (%s): skipping the GPU tests\n",
+           err == cudaSuccess ? "none found" : cudaGetErrorString(err));
     return 77;
   }
   const char *quick = getenv("FD_GPU_TEST_QUICK");

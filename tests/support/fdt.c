@@ -40,8 +40,8 @@ const char *fdt_dtype_name(fd_dtype dtype) {
 static double round_float_format(double x, int mantissa_bits, int min_exponent, double max_value) {
   if (x == 0.0 || isnan(x) || isinf(x)) return x;
   int exponent;
-  frexp(x, &exponent); /* x = f * 2^exponent, 0.5 <= |f| < 1 */
-  exponent -= 1;       /* x = 1.f * 2^exponent */
+  frexp(x, &exponent);                                  /* x = f * 2^exponent, 0.5 <= |f| < 1 */
+  exponent -= 1;                                        /* x = 1.f * 2^exponent */
   if (exponent < min_exponent) exponent = min_exponent; /* subnormal spacing */
   const double quantum = ldexp(1.0, exponent - mantissa_bits);
   const double r = nearbyint(x / quantum) * quantum;
@@ -67,7 +67,7 @@ static uint16_t half_bits(double x) {
   if (isinf(a)) return (uint16_t)(sign | 0x7c00u);
   if (a == 0.0) return sign;
   int exponent;
-  const double f = frexp(a, &exponent); /* a = f * 2^exponent */
+  const double f = frexp(a, &exponent);                                              /* a = f * 2^exponent */
   if (exponent - 1 < -14) return (uint16_t)(sign | (uint16_t)(a / ldexp(1.0, -24))); /* subnormal */
   return (uint16_t)(sign | (uint16_t)((exponent - 1 + 15) << 10) | (uint16_t)((f * 2.0 - 1.0) * 1024.0));
 }
@@ -231,6 +231,8 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
 
   /* K/V storage; everything not a valid token stays NaN. */
   int64_t kv_shape[4], kv_strides[4], kv_elems, base_offset = 0;
+  /* One line of shape and one of strides per layout, kept as a table. */
+  /* clang-format off */
   switch (c->layout) {
     case FDT_BHND:
       kv_shape[0] = B; kv_shape[1] = N; kv_shape[2] = Hkv; kv_shape[3] = D;
@@ -261,6 +263,7 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
       kv_elems = B * N * Hkv * D;
       break;
   }
+  /* clang-format on */
   p->kv_bytes = (size_t)kv_elems * es;
   p->k = alloc_nan(p->kv_bytes);
   p->v = alloc_nan(p->kv_bytes);

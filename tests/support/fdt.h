@@ -50,14 +50,14 @@ typedef enum fdt_layout {
 
 typedef struct fdt_case {
   int64_t batch, q_heads, kv_heads, head_dim;
-  int64_t kv_len;      /* cache capacity per sequence (dense) or pages * page_size (paged) */
-  int64_t page_size;   /* paged layouts only */
+  int64_t kv_len;    /* cache capacity per sequence (dense) or pages * page_size (paged) */
+  int64_t page_size; /* paged layouts only */
   fd_dtype dtype;
-  fd_dtype out_dtype;  /* dtype, or FD_DTYPE_F32 */
+  fd_dtype out_dtype; /* dtype, or FD_DTYPE_F32 */
   fdt_layout layout;
-  int ragged;          /* per-sequence lengths: random in [0, kv_len], including 0 and kv_len */
+  int ragged; /* per-sequence lengths: random in [0, kv_len], including 0 and kv_len */
   int with_lse;
-  int32_t num_splits;  /* 0 = automatic */
+  int32_t num_splits;   /* 0 = automatic */
   double softmax_scale; /* 0 = default */
   uint64_t seed;
 } fdt_case;
@@ -66,14 +66,14 @@ typedef struct fdt_case {
  * logical float64 tensors the reference reads. */
 typedef struct fdt_problem {
   fdt_case c;
-  fd_decode_args args;        /* points at the host storage below */
+  fd_decode_args args; /* points at the host storage below */
   void *q, *k, *v, *out, *lse;
   int32_t *seq_lens, *block_table;
   size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes;
-  double *ref_q;   /* [batch, q_heads, dim] */
-  double *ref_k;   /* [batch, kv_len, kv_heads, dim] */
+  double *ref_q; /* [batch, q_heads, dim] */
+  double *ref_k; /* [batch, kv_len, kv_heads, dim] */
   double *ref_v;
-  int64_t *lens;   /* [batch] */
+  int64_t *lens;      /* [batch] */
   double *expect_out; /* [batch, q_heads, dim] */
   double *expect_lse; /* [batch, q_heads] */
 } fdt_problem;

@@ -61,7 +61,8 @@ int fdt_cuda_poison_outputs(const fdt_problem *p, fdt_device_problem *d) {
 
 int fdt_cuda_download(const fdt_device_problem *d, fdt_problem *p) {
   int ok = cuda_ok(cudaMemcpy(p->out, d->out, p->out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy out to host");
-  if (ok && p->lse) ok = cuda_ok(cudaMemcpy(p->lse, d->lse, p->lse_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy lse to host");
+  if (ok && p->lse)
+    ok = cuda_ok(cudaMemcpy(p->lse, d->lse, p->lse_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy lse to host");
   return ok ? 0 : -1;
 }
 

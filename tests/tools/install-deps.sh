@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing flashdecode needs and is missing:
 # Debian/Ubuntu packages when run as root, else prints the apt command.
+# clang-format is for `make format-check` (Debian 12's is the reference).
 # The CUDA toolkit is not installed here: with nvcc on PATH (or in
 # /usr/local/cuda/bin) the CUDA backend is built, without it the CPU one only.
 # The bindings' tests (FD_DEPS_BINDINGS=0 skips them) need Go, cargo, and a
@@ -16,6 +17,7 @@ have_cmd cc || need+=(gcc)
 have_cmd c++ || need+=(g++)
 have_cmd pkg-config || need+=(pkg-config)
 have_cmd doxygen || need+=(doxygen)
+have_cmd clang-format || need+=(clang-format)
 have_cmd nm || need+=(binutils)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
 pip_need=()

@@ -442,7 +442,8 @@ static void test_rejects_seq_len_beyond_cache(void **state) {
   fixture *f = *state;
   const int32_t saved = f->problem.seq_lens[0];
   f->problem.seq_lens[0] = 101;
-  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH, "seq_lens[0] must be in [0, 100] (the KV capacity), got 101");
+  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH,
+                  "seq_lens[0] must be in [0, 100] (the KV capacity), got 101");
   f->problem.seq_lens[0] = saved;
 }
 
