@@ -277,6 +277,15 @@ pub struct Handle {
 // SAFETY: see "Threads" above; fd_handle has no thread affinity.
 unsafe impl Send for Handle {}
 
+// Here rather than in `library`, so that dependencies go one way: `handle`
+// uses `library`, never the reverse.
+impl Library {
+    /// Creates a handle; the same as [`Handle::new`].
+    pub fn create_handle(&self, options: &Options) -> Result<Handle> {
+        Handle::new(self, options)
+    }
+}
+
 impl Handle {
     /// Creates a handle on `library`.
     ///

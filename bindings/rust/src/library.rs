@@ -1,4 +1,7 @@
 //! Loading libflashdecode with `dlopen` and checking that it is the ABI this crate speaks.
+//!
+//! This module does not depend on `handle`: handles are made from a library,
+//! so `handle` depends on `library` (and defines [`Library::create_handle`]).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::raw::{c_char, c_int, c_uint, c_void};
@@ -7,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::handle::{Handle, Options};
 use crate::sys;
 
 #[repr(C)]
@@ -32,7 +34,7 @@ const RTLD_NOW: c_int = 2;
 const RTLD_LOCAL: c_int = 0;
 
 /// A loaded libflashdecode: cheap to clone, unloaded when the last clone
-/// and the last [`Handle`] made from it are dropped.
+/// and the last [`Handle`](crate::Handle) made from it are dropped.
 ///
 /// It is `Send` and `Sync`: the header allows its version and status
 /// functions from any thread, and handles carry their own thread rules.
@@ -145,11 +147,6 @@ impl Library {
     /// The raw C functions, for what the safe API does not cover.
     pub fn functions(&self) -> &sys::Functions {
         &self.inner.functions
-    }
-
-    /// Creates a handle; the same as [`Handle::new`].
-    pub fn create_handle(&self, options: &Options) -> Result<Handle> {
-        Handle::new(self, options)
     }
 
     /// The calling thread's last detailed error message (`fd_last_error_message`).
