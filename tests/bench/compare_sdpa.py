@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
-"""Times flashdecode's CUDA backend against PyTorch SDPA and the seed kernel.
+"""Times flashdecode's CUDA backend against PyTorch SDPA and the Triton split-K reference kernel.
 
     python3 tests/bench/compare_sdpa.py --lib build-h200/src/libflashdecode.so.0 \
         [--dtypes float16,bfloat16] [--shapes 1,2,...] [--json out.json] [--plot out.png]
 
 Loads libflashdecode with ctypes (no binding needed) and, in the same process
-on the same inputs, runs for each shape of issue 4 (batch x q_heads/kv_heads x
-kv_len x head_dim) and dtype: flashdecode, SDPA with the cuDNN backend, SDPA
-with the FlashAttention backend (enable_gqa=True, so neither expands K/V) and
-the seed Triton kernel (../shared/seed/, copied to .seed/ for the device; it
-has no GQA, so it gets K/V expanded to every query head: more bytes read, the
-same useful bytes counted). Shape 9 is ragged: flashdecode gets the real
+on the same inputs, runs for each of the benchmark shapes (batch x
+q_heads/kv_heads x kv_len x head_dim) and dtype: flashdecode, SDPA with the
+cuDNN backend, SDPA with the FlashAttention backend (enable_gqa=True, so neither
+expands K/V) and the Triton split-K reference kernel, labelled `seed` in the
+tables, JSON and plot (../shared/seed/, copied to .seed/ for the device; it has
+no GQA, so it gets K/V expanded to every query head: more bytes read, the same
+useful bytes counted). Shape 9 is ragged: flashdecode gets the real
 lengths, the anchors the dense max-length cache, and bandwidth counts the real
 tokens only. Shape 10 is shape 2 through a paged cache (token-major pages
 [page, slot, kv_head, dim] of 16 tokens, or --page-size; shuffled block table) for
 flashdecode; shape 11 the same with head-major pages [page, kv_head, slot,
-dim]; the anchors run the dense cache. Shape 12 (beyond the issue) is shape
+dim]; the anchors run the dense cache. Shape 12 (beyond shapes 1-11) is shape
 9's lengths through shape 10's pages: a serving engine's decode batch.
 
 Every output is checked against a float64 reference before timing (relative
@@ -26,7 +27,7 @@ well above the 60 MiB L2, CUDA events, the median over many replays divided by
 the calls per replay, in --rounds rounds of every implementation, the order
 reversed on odd rounds (the median of the rounds is reported: without them,
 whichever ran first after the previous shape could be slowed, e.g. shape 8
-by 10% after shape 7's seed kernel). Effective bandwidth counts the K and V bytes that must be
+by 10% after shape 7's reference kernel). Effective bandwidth counts the K and V bytes that must be
 read once plus q and out; the percentages are of the streaming-read rate
 measured in the same run.
 """
@@ -204,7 +205,7 @@ def bandwidth_ceilings():
     return read, copy
 
 
-# The shapes of issue 4: (id, batch, q_heads, kv_heads, kv_len, head_dim, kind).
+# The benchmark shapes: (id, batch, q_heads, kv_heads, kv_len, head_dim, kind).
 SHAPES = [
     (1, 1, 32, 8, 32768, 128, "dense"),
     (2, 32, 32, 8, 2048, 128, "dense"),
@@ -217,12 +218,12 @@ SHAPES = [
     (9, 16, 32, 8, 16384, 128, "ragged"),
     (10, 32, 32, 8, 2048, 128, "paged"),
     (11, 32, 32, 8, 2048, 128, "paged-hnd"),
-    # Beyond the issue: shape 9's lengths through shape 10's shuffled pages
+    # Beyond shapes 1-11: shape 9's lengths through shape 10's shuffled pages
     # (a serving engine's decode batch); the anchors read the dense cache.
     (12, 16, 32, 8, 16384, 128, "ragged-paged"),
 ]
-PAGE_SIZE = 16  # tokens a page of shapes 10, 11 (issue 4) and 12; --page-size sets another
-# How the block table orders the pages: "shuffled" (issue 4) or "in-order"
+PAGE_SIZE = 16  # tokens a page of shapes 10, 11 and 12; --page-size sets another
+# How the block table orders the pages: "shuffled" (shapes 10-12) or "in-order"
 # (the pool is then the dense cache, token-major: what the lookups alone cost).
 PAGE_ORDER = "shuffled"
 PAGE_ORDERS = ("shuffled", "in-order")
@@ -312,8 +313,8 @@ def load_seed(path):
     sys.path.insert(0, path)
     try:
         from flash_decode_splitk import flash_decode_splitk  # noqa: E402
-    except Exception as error:  # no Triton, or no seed
-        print(f"seed kernel not loaded from {path}: {error}")
+    except Exception as error:  # no Triton, or no reference kernel there
+        print(f"Triton split-K reference kernel not loaded from {path}: {error}")
         return None
     return flash_decode_splitk
 
@@ -427,13 +428,13 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
     seed_kv = None
     if seed is not None:
         holder = {}
-        if head_dim in (16, 32, 64, 128):  # the seed's head dims
+        if head_dim in (16, 32, 64, 128):  # the reference kernel's head dims
             seed_kv = [(k.repeat_interleave(group, dim=1).contiguous() if group > 1 else k,
                         v.repeat_interleave(group, dim=1).contiguous() if group > 1 else v) for k, v in zip(ks, vs)]
 
         def seed_calls(holder=holder):
             if seed_kv is None:
-                raise RuntimeError(f"seed: head_dim {head_dim} unsupported")
+                raise RuntimeError(f"head_dim {head_dim} unsupported by the Triton split-K reference kernel")
             for i in range(sets):
                 o = seed(qs[i], seed_kv[i][0], seed_kv[i][1])
                 if i == 0:
@@ -455,7 +456,7 @@ def run_shape(fd, handle, shape, dtype, min_rotation_bytes, replays, rounds, see
                "label": shape_label(shape), "dtype": str(dtype).replace("torch.", ""), "kv_sets": sets,
                "kv_mib": kv_set_bytes / 2**20, "real_tokens": real_tokens, "bytes": moved}
         if name == "seed" and group > 1:
-            row["kv_expanded"] = group  # the seed has no GQA: it reads K/V repeated per query head
+            row["kv_expanded"] = group  # the reference kernel has no GQA: it reads K/V repeated per query head
         if name == "flashdecode" and fd_plan:
             row["plan"] = fd_plan
         try:
@@ -524,7 +525,7 @@ def plot(path, rows, shapes, dtypes, impls):
                 if r is not None:
                     xs.append(i + (j - (len(impls) - 1) / 2) * width)
                     ys.append(r["pct_of_read"])
-            label = "seed (K/V expanded for GQA)" if impl == "seed" else impl
+            label = "seed (Triton split-K reference, K/V expanded for GQA)" if impl == "seed" else impl
             ax.bar(xs, ys, width, label=label)
             top = max([top] + ys)
         ax.axhline(90, color="gray", linestyle="--", linewidth=0.8)
@@ -578,7 +579,7 @@ def main():
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10,11,12",
-                        help="comma-separated shape ids: issue 4's 1..11, and 12 (ragged and paged)")
+                        help="comma-separated shape ids: the benchmark shapes 1..11, and 12 (ragged and paged)")
     parser.add_argument("--extra", default="",
                         help="more shapes, 'BxHq/HkvxNxD[:kind]' comma-separated, kind dense (default), ragged, "
                              "paged, paged-hnd or ragged-paged (ids 101, 102, ...; "
@@ -592,7 +593,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="KV bytes rotated through, at least")
     default_seed = os.path.join(os.path.dirname(__file__), "..", "..", ".seed")
-    parser.add_argument("--seed-dir", default=default_seed, help="folder of flash_decode_splitk.py ('' to skip)")
+    parser.add_argument("--seed-dir", default=default_seed,
+                        help="folder of flash_decode_splitk.py, the Triton split-K reference kernel "
+                             "(labelled `seed` in the results; '' to skip)")
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -604,7 +607,7 @@ def main():
         with open(args.from_json) as f:
             saved = json.load(f)
         rows = saved["results"]
-        for r in rows:  # older runs named the expanded seed apart
+        for r in rows:  # older runs named the reference kernel with expanded K/V apart
             if r["impl"].startswith("seed"):
                 r["impl"] = "seed"
         dtypes = [d for d in dtypes if any(r["dtype"] == d for r in rows)]

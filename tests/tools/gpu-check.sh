@@ -23,8 +23,9 @@
 # PyTorch and CuPy tensors) against this build's library
 # (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
 # FD_GPU_CHECK_SDPA_ARGS adds arguments to compare_sdpa.py (e.g.
-# "--dtypes float16 --shapes 1,2,3"). The seed Triton kernel is timed when
-# .seed/flash_decode_splitk.py exists (copy it from ../shared/seed/).
+# "--dtypes float16 --shapes 1,2,3"). The Triton split-K reference kernel
+# (labelled seed in the results) is timed when .seed/flash_decode_splitk.py
+# exists (copy it from ../shared/seed/).
 set -uo pipefail
 
 if [ $# -ne 1 ] || [ ! -d "$1" ]; then

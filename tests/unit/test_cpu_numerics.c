@@ -2,8 +2,9 @@
  * batch sizes, KV lengths, ragged lengths (including 0), head dims, GQA
  * ratios and MQA, layouts (BNHD, BHND, strided slices, paged NHD/HND), dtypes
  * and split counts. Fresh random data per case, NaN-poisoned outputs and NaN
- * in every cache slot past a sequence's length. Also the seed's own check and
- * determinism across runs and thread counts. */
+ * in every cache slot past a sequence's length. Also the Triton split-K
+ * reference kernel's own check and determinism across runs and thread
+ * counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,8 +49,9 @@ static void run_case(void **state) {
   fdt_problem_free(&p);
 }
 
-/* The seed's self-test: batch 2, heads 4, head_dim 64, kv_len 256, 4 splits,
- * fp16, elementwise |out - ref| <= 2e-2 + 2e-2 * |ref|. */
+/* The Triton split-K reference kernel's self-test: batch 2, heads 4,
+ * head_dim 64, kv_len 256, 4 splits, fp16, elementwise
+ * |out - ref| <= 2e-2 + 2e-2 * |ref|. */
 static void test_seed_check(void **state) {
   (void)state;
   fdt_case c = {0};

@@ -21,7 +21,8 @@ def decoded_as_float64(out: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def test_seed_self_check() -> None:
-    """The seed's own check: batch 2, heads 4, head_dim 64, kv_len 256, 4 splits, fp16, 2e-2."""
+    """The Triton split-K reference kernel's own check: batch 2, heads 4, head_dim 64,
+    kv_len 256, 4 splits, fp16, 2e-2."""
     rng = np.random.default_rng(0)
     batch, heads, dim, kv_len = 2, 4, 64, 256
     q = rng.standard_normal((batch, heads, 1, dim)).astype(np.float16)

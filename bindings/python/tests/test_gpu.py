@@ -39,7 +39,7 @@ def cuda_cupy() -> Any:
 
 
 def seed_reference(torch: Any, q: Any, k: Any, v: Any, sm_scale: float) -> Any:
-    """The seed's flash_decode_reference, verbatim in behaviour."""
+    """The Triton split-K reference's flash_decode_reference, verbatim in behaviour."""
     scores = torch.matmul(q.float(), k.transpose(-1, -2).float()) * sm_scale
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs.to(v.dtype), v)
@@ -54,7 +54,8 @@ def host_nhd(x: Any, layout: str) -> np.ndarray:
 
 
 def test_seed_self_check_with_torch() -> None:
-    """The seed's __main__: batch 2, heads 4, head_dim 64, kv_len 256, 4 splits, fp16."""
+    """The Triton split-K reference kernel's __main__: batch 2, heads 4, head_dim 64,
+    kv_len 256, 4 splits, fp16."""
     torch = cuda_torch()
     torch.manual_seed(0)
     batch, heads, dim, num_splits, kv_len = 2, 4, 64, 4, 256

@@ -4,7 +4,8 @@ One new query token per sequence attends to a KV cache, split along the
 sequence and merged; with grouped-query attention, ragged lengths, paged
 caches, any strided layout, the log-sum-exp and a reusable workspace.
 
-Quick use, with the seed's signature (``[batch, heads, 1, head_dim]``)::
+Quick use, with the signature of the Triton split-K reference kernel's
+``flash_decode_splitk`` (``[batch, heads, 1, head_dim]``)::
 
     out = flashdecode.flash_decode(q, k, v)          # NumPy, or PyTorch/CuPy on the GPU
 

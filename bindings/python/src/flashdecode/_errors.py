@@ -5,7 +5,8 @@ subclass carrying the status and the library's detailed message. Arguments the
 binding can reject before calling the library raise the same classes, so one
 ``except`` clause covers both. Each class also derives from the closest
 built-in exception (``ValueError`` for bad arguments, ``TypeError`` for bad
-dtypes, ...), so code written against the seed's ``ValueError`` keeps working.
+dtypes, ...), so code written against the ``ValueError`` of the Triton split-K
+reference kernel keeps working.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Decode handles, the decode call, and the seed-compatible :func:`flash_decode`."""
+"""Decode handles, the decode call, and :func:`flash_decode`, a drop-in for the Triton split-K reference kernel."""
 
 from __future__ import annotations
 
@@ -92,8 +92,8 @@ class PlanInfo:
 LAYOUTS = ("NHD", "HND")
 """Dimension orders: ``"NHD"`` puts the sequence before the heads (q
 ``[batch, 1, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-the C API's order); ``"HND"`` puts the heads first (the seed's and PyTorch
-SDPA's order). Any other layout is a strided view of one of these."""
+the C API's order); ``"HND"`` puts the heads first (the order of the Triton
+split-K reference kernel and of PyTorch SDPA). Any other layout is a strided view of one of these."""
 
 _QUERY_SHAPES = {"NHD": "[batch, 1, heads, head_dim]", "HND": "[batch, heads, 1, head_dim]"}
 _CACHE_SHAPES = {"NHD": "[batch, kv_len, kv_heads, head_dim]", "HND": "[batch, kv_heads, kv_len, head_dim]"}
@@ -657,7 +657,7 @@ def _softmax_scale(value: Optional[float]) -> float:
     return float(value)
 
 
-# ---- the seed's entry point ------------------------------------------------------
+# ---- the Triton split-K reference kernel's entry point ---------------------------
 
 _per_thread = threading.local()
 
@@ -688,7 +688,7 @@ def flash_decode(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """Decode attention with the seed's signature: a drop-in for ``flash_decode_splitk``.
+    """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
     Args:
         q: ``[batch, heads, 1, head_dim]``.
