@@ -100,6 +100,13 @@ struct KvRowOffsets {
   int64_t v;
 };
 
+// The page of a sequence that holds `token`, in the one way both loaders
+// look pages up: a shift when the page size is a power of two, else a
+// division. Tokens are below INT32_MAX (validation).
+__device__ __forceinline__ int32_t page_in_sequence(const SplitParams &p, int32_t token) {
+  return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
+}
+
 // Where token `token` of sequence b, KV head h lives: a dense cache is
 // [batch, token, head] strides; a paged one looks the page up in the block
 // table and uses [page, slot, head] strides. 64-bit throughout: offsets pass
@@ -111,9 +118,9 @@ __device__ inline KvRowOffsets kv_row_offsets(const SplitParams &p, int64_t b, i
     slot = token;
   } else {
     const int32_t token32 = static_cast<int32_t>(token);  // tokens < kv_capacity <= INT32_MAX
-    const int32_t page_in_sequence = token32 / p.page_size;
-    outer = __ldg(p.block_table + b * p.block_table_strides[0] + page_in_sequence * p.block_table_strides[1]);
-    slot = token32 - page_in_sequence * p.page_size;
+    const int32_t page = page_in_sequence(p, token32);
+    outer = __ldg(p.block_table + b * p.block_table_strides[0] + page * p.block_table_strides[1]);
+    slot = token32 - page * p.page_size;
   }
   return {outer * p.k_strides[0] + slot * p.k_strides[1] + kv_head * p.k_strides[2],
           outer * p.v_strides[0] + slot * p.v_strides[1] + kv_head * p.v_strides[2]};
@@ -250,7 +257,7 @@ struct TileLoader {
       // (the copies' memory clobber keeps the compiler from hoisting loads
       // past them). Tokens are below INT32_MAX (validation).
       const int32_t token = static_cast<int32_t>(first_token);
-      int32_t page = page_of(token);
+      int32_t page = page_in_sequence(p, token);
       int32_t slot = token - page * p.page_size;
       // The tiles before kStages read the table; later ones the ring slot
       // that the copies of tile - kStages filled (complete and visible: the
@@ -259,7 +266,7 @@ struct TileLoader {
       int32_t ring_first_page = 0;
       if (table_ring != nullptr && tile >= Traits::kStages) {
         ring_slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
-        ring_first_page = page_of(static_cast<int32_t>(tile_begin));
+        ring_first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin));
       }
       int32_t pages[Traits::kPasses];
       int32_t slots[Traits::kPasses];
@@ -307,12 +314,6 @@ struct TileLoader {
     }
   }
 
-  // A token's page within its sequence: a shift when the page size is a
-  // power of two, else a division.
-  __device__ __forceinline__ int32_t page_of(int32_t token) const {
-    return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
-  }
-
   // Copies into ring slot tile % kTableSlots the block table entries of
   // tile `tile` (kStages loads ahead), one entry a thread, in this load's
   // commit group. With small pages a tile's entries are new cache lines, and
@@ -324,8 +325,8 @@ struct TileLoader {
   __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
     const int64_t tile_begin = begin + tile * Traits::kTileTokens;
     if (tile_begin >= end) return;
-    const int32_t first_page = page_of(static_cast<int32_t>(tile_begin));
-    const int32_t last_page = page_of(static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
+    const int32_t first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin));
+    const int32_t last_page = page_in_sequence(p, static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
     int32_t *slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
     for (int i = threadIdx.x; i <= last_page - first_page; i += Traits::kThreads) {
       const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
