@@ -21,12 +21,13 @@
  *   fd_last_error_message() may be called from any thread at any time.
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
- * - On one handle, fd_workspace_size(), fd_describe_plan() and
- *   fd_get_backend() only read it and may run concurrently with each other.
- *   fd_decode(), fd_reserve_workspace(), fd_set_workspace() and fd_destroy()
- *   must not overlap with any other call on the same handle: the handle owns
- *   the workspace every fd_decode() uses. Use one handle per thread or stream
- *   (or serialise access).
+ * - On one handle, calls are serialised by the library: any of them may be
+ *   made from several threads at once and they run one at a time.
+ *   fd_destroy() waits for a call in progress on the handle; calls that start
+ *   after it return #FD_ERROR_INVALID_HANDLE. This orders host calls only: on
+ *   CUDA, decodes on one handle share its workspace and must still be ordered
+ *   on the device (see fd_decode()). Use one handle per thread or stream for
+ *   calls that should run in parallel.
  * - CUDA graph capture in the default cudaStreamCaptureModeGlobal forbids
  *   device allocation, freeing and synchronisation in every thread while
  *   it lasts. The calls on a CUDA handle that do those (fd_create(),
@@ -281,9 +282,10 @@ FD_API fd_status fd_create(fd_handle **handle, const fd_options *options);
 /**
  * @brief Destroys a handle and frees its library-owned workspace.
  *
- * Waits for nothing: the caller must ensure no decode enqueued with this
- * handle is still running on the device (for example by synchronising the
- * stream it used). Caller-provided workspace is not freed.
+ * Waits for a call on the handle in progress on another thread, but for no
+ * device work: the caller must ensure no decode enqueued with this handle is
+ * still running on the device (for example by synchronising the stream it
+ * used). Caller-provided workspace is not freed.
  *
  * A handle is recognised by its address: calls on a destroyed handle return
  * #FD_ERROR_INVALID_HANDLE instead of touching freed memory, until a later
@@ -419,7 +421,7 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  *
  * Everything is validated before any work; on error the outputs are untouched.
  *
- * @param handle A live handle; not used concurrently by another thread.
+ * @param handle A live handle (calls on it from other threads wait their turn).
  * @param args The problem; see #fd_decode_args.
  * @param stream CUDA stream to enqueue on (NULL: the legacy default stream of the handle's device).
  * @return #FD_SUCCESS or the status of the first problem found; see

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_set>
 
 #include "api/guard.h"
@@ -12,6 +13,9 @@
 #include "core/problem.h"
 
 struct fd_handle {
+  // Serialises the calls on this handle (taken through fd::LockedHandle):
+  // they share the plan cache, the workspace and the backend's threads.
+  mutable std::mutex mutex;
   std::unique_ptr<fd::Backend> backend;
   void *workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -27,23 +31,36 @@ namespace {
 
 // Live handles. A destroyed or foreign pointer is recognised without being
 // dereferenced, so use-after-destroy is reported instead of crashing.
+// Why destroying is safe: a call locks its handle's mutex before dropping the
+// shared lock it found the handle under, so once fd_destroy has erased the
+// handle (exclusively), no call waits for it and at most one holds it;
+// fd_destroy waits for that one, registry released, then deletes. Lock order
+// is registry then handle, and no holder of a handle waits for the registry.
 class HandleRegistry {
  public:
   void add(const fd_handle *h) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::shared_mutex> lock(mutex_);
     live_.insert(h);
   }
+  // Whether h was live; afterwards no call can find it.
   bool remove(const fd_handle *h) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::shared_mutex> lock(mutex_);
     return live_.erase(h) == 1;
   }
-  bool contains(const fd_handle *h) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return live_.count(h) == 1;
+  // Locks a live handle's mutex; throws FD_ERROR_INVALID_HANDLE otherwise.
+  // Calls on different handles share the registry lock and do not wait for
+  // each other.
+  std::unique_lock<std::mutex> lock_live(const fd_handle *h) {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    if (live_.count(h) == 0) {
+      fail(FD_ERROR_INVALID_HANDLE, "handle %p is not a live handle (destroyed, or not made by fd_create)",
+           static_cast<const void *>(h));
+    }
+    return std::unique_lock<std::mutex>(h->mutex);  // taken before `lock` is released
   }
 
  private:
-  std::mutex mutex_;
+  std::shared_mutex mutex_;
   std::unordered_set<const fd_handle *> live_;
 };
 
@@ -52,15 +69,23 @@ HandleRegistry &registry() {
   return *instance;
 }
 
+// A live handle, locked for one ABI call: every function that uses a handle
+// goes through this (fd_destroy aside). Handle is fd_handle or const fd_handle.
 template <class Handle>
-Handle &checked_handle(Handle *handle) {
-  if (handle == nullptr) fail(FD_ERROR_NULL_POINTER, "handle is NULL");
-  if (!registry().contains(handle)) {
-    fail(FD_ERROR_INVALID_HANDLE, "handle %p is not a live handle (destroyed, or not made by fd_create)",
-         static_cast<const void *>(handle));
+class LockedHandle {
+ public:
+  explicit LockedHandle(Handle *handle) : handle_(checked(handle)), lock_(registry().lock_live(handle)) {}
+  Handle &operator*() const { return *handle_; }
+
+ private:
+  static Handle *checked(Handle *handle) {
+    if (handle == nullptr) fail(FD_ERROR_NULL_POINTER, "handle is NULL");
+    return handle;
   }
-  return *handle;
-}
+
+  Handle *handle_;
+  std::unique_lock<std::mutex> lock_;
+};
 
 fd_options read_options(const fd_options *caller) {
   fd_options options;
@@ -68,8 +93,9 @@ fd_options read_options(const fd_options *caller) {
   if (caller == nullptr) return options;
   const size_t required = offsetof(fd_options, backend) + sizeof(caller->backend);
   if (caller->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT, "options: struct_size is %zu, expected at least %zu (initialise it with fd_options_init)",
-         caller->struct_size, required);
+    fail(FD_ERROR_INVALID_ARGUMENT,
+         "options: struct_size is %zu, expected at least %zu (initialise it with fd_options_init)", caller->struct_size,
+         required);
   }
   std::memcpy(&options, caller, caller->struct_size < sizeof options ? caller->struct_size : sizeof options);
   return options;
@@ -112,9 +138,7 @@ struct PlannedDecode {
   Plan plan;
 };
 
-Plan plan_for(const fd_handle &h, const Problem &problem) {
-  return h.backend->plan(problem);
-}
+Plan plan_for(const fd_handle &h, const Problem &problem) { return h.backend->plan(problem); }
 
 PlannedDecode plan_decode(const fd_handle &h, const fd_decode_args *args) {
   PlannedDecode planned;
@@ -124,10 +148,6 @@ PlannedDecode plan_decode(const fd_handle &h, const fd_decode_args *args) {
   return planned;
 }
 
-// fd_decode's planning: as plan_decode, but reusing the handle's last plan
-// when the shape has not changed (the split search is not free, and a
-// decode loop repeats one shape). Only fd_decode may call this: it writes
-// the handle, which fd_workspace_size must not.
 // Allocating during stream capture is not allowed (and would invalidate the
 // capture): say how to reserve ahead instead.
 void refuse_growth_during_capture(const fd_handle &h, size_t bytes, fd_cuda_stream stream) {
@@ -138,6 +158,10 @@ void refuse_growth_during_capture(const fd_handle &h, size_t bytes, fd_cuda_stre
        bytes, h.workspace_bytes);
 }
 
+// fd_decode's planning: as plan_decode, but reusing the handle's last plan
+// when the shape has not changed (the split search is not free, and a
+// decode loop repeats one shape). Only fd_decode may call this: it writes
+// the handle, which fd_workspace_size must not.
 PlannedDecode plan_decode_cached(fd_handle &h, const fd_decode_args *args) {
   PlannedDecode planned;
   planned.problem = validate_decode_args(args);
@@ -200,9 +224,9 @@ extern "C" {
 
 FD_API unsigned fd_version_number(void) { return FD_VERSION_NUMBER; }
 
-FD_API const char *fd_version_string(void) { 
+FD_API const char *fd_version_string(void) {
   return FD_STRINGIFY(FD_VERSION_MAJOR) "." FD_STRINGIFY(FD_VERSION_MINOR) "." FD_STRINGIFY(FD_VERSION_PATCH);
- }
+}
 
 FD_API size_t fd_options_init(fd_options *options, size_t struct_size) {
   fd_options defaults;
@@ -241,6 +265,8 @@ FD_API fd_status fd_destroy(fd_handle *handle) {
       fd::fail(FD_ERROR_INVALID_HANDLE, "handle %p is not a live handle (already destroyed?)",
                static_cast<const void *>(handle));
     }
+    // No call can find it now; wait for the one that may still hold it.
+    { std::lock_guard<std::mutex> in_flight(handle->mutex); }
     fd::release_owned_workspace(*handle);
     delete handle;
   });
@@ -248,7 +274,8 @@ FD_API fd_status fd_destroy(fd_handle *handle) {
 
 FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend) {
   return fd::guarded([&] {
-    const fd_handle &h = fd::checked_handle(handle);
+    const fd::LockedHandle<const fd_handle> locked(handle);
+    const fd_handle &h = *locked;
     if (backend == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "backend: the output pointer is NULL");
     *backend = h.backend->kind();
   });
@@ -256,7 +283,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend) {
 
 FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args *args, size_t *bytes) {
   return fd::guarded([&] {
-    const fd_handle &h = fd::checked_handle(handle);
+    const fd::LockedHandle<const fd_handle> locked(handle);
+    const fd_handle &h = *locked;
     if (bytes == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "bytes: the output pointer is NULL");
     *bytes = fd::plan_decode(h, args).plan.workspace_bytes;
   });
@@ -272,7 +300,8 @@ FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size) {
 
 FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info) {
   return fd::guarded([&] {
-    const fd_handle &h = fd::checked_handle(handle);
+    const fd::LockedHandle<const fd_handle> locked(handle);
+    const fd_handle &h = *locked;
     if (info == nullptr) fd::fail(FD_ERROR_NULL_POINTER, "info: the output pointer is NULL");
     const size_t caller_size = info->struct_size;
     if (caller_size < sizeof(size_t)) {
@@ -303,12 +332,16 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
 }
 
 FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes) {
-  return fd::guarded([&] { fd::ensure_workspace(fd::checked_handle(handle), bytes); });
+  return fd::guarded([&] {
+    const fd::LockedHandle<fd_handle> locked(handle);
+    fd::ensure_workspace(*locked, bytes);
+  });
 }
 
 FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes) {
   return fd::guarded([&] {
-    fd_handle &h = fd::checked_handle(handle);
+    const fd::LockedHandle<fd_handle> locked(handle);
+    fd_handle &h = *locked;
     if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % fd::kWorkspaceAlignment != 0) {
       fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %p is not aligned to %zu bytes", workspace,
                fd::kWorkspaceAlignment);
@@ -325,7 +358,8 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
 
 FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream) {
   return fd::guarded([&] {
-    fd_handle &h = fd::checked_handle(handle);
+    const fd::LockedHandle<fd_handle> locked(handle);
+    fd_handle &h = *locked;
     const fd::PlannedDecode planned = fd::plan_decode_cached(h, args);
     h.backend->check_contents(planned.problem);
     if (planned.problem.batch == 0) return;  // nothing to compute, nothing to write
