@@ -14,7 +14,7 @@ bool is_known_dtype(const fd_dtype &dtype) {
   }
 }
 
-size_t dtype_bytes(fd_dtype dtype) {
+size_t dtype_bytes(const fd_dtype &dtype) {
   switch (raw_enum_value(dtype)) {
     case FD_DTYPE_F16:
     case FD_DTYPE_BF16: return 2;

@@ -13,7 +13,7 @@ bool is_known_dtype(const fd_dtype &dtype);
 
 // Bytes of one element. Fails closed (FD_ERROR_INTERNAL) for a dtype without
 // a size here: every caller has validated its dtype first.
-size_t dtype_bytes(fd_dtype dtype);
+size_t dtype_bytes(const fd_dtype &dtype);
 
 // "f16", "bf16", ...; "unknown" for any other value.
 const char *dtype_name(const fd_dtype &dtype);

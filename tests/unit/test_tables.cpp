@@ -19,13 +19,12 @@ extern "C" {  // this cmocka.h has no C++ guards
 
 namespace {
 
-// An fd_dtype value no version of the header has (as a C caller may store).
-fd_dtype unknown_dtype() {
-  const int raw = 1000;
-  fd_dtype dtype;
-  __builtin_memcpy(&dtype, &raw, sizeof dtype);
-  return dtype;
-}
+// An fd_dtype value no version of the header has, as a C caller may store
+// it. Only ever bound to references: loading it as an fd_dtype would be
+// undefined behaviour (UBSan says so), which is why the library reads
+// dtypes through raw_enum_value.
+const int kUnknownDtype = 1000;
+const fd_dtype &unknown_dtype() { return *reinterpret_cast<const fd_dtype *>(&kUnknownDtype); }
 
 template <class Body>
 fd_status status_of(Body &&body) {

@@ -5,14 +5,14 @@
 namespace fd {
 namespace cuda {
 
-int dtype_slot(fd_dtype dtype) {
-  switch (dtype) {
+int dtype_slot(const fd_dtype &dtype) {
+  switch (raw_enum_value(dtype)) {
     case FD_DTYPE_F32: return 0;
     case FD_DTYPE_F16: return 1;
     case FD_DTYPE_BF16: return 2;
     default: break;
   }
-  fail(FD_ERROR_INTERNAL, "CUDA backend: no kernel table slot for dtype %d", static_cast<int>(dtype));
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no kernel table slot for dtype %d", raw_enum_value(dtype));
 }
 
 int head_dim_bucket(int64_t head_dim) {

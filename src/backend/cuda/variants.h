@@ -30,7 +30,7 @@ inline int index_of(SplitVariant variant) { return static_cast<int>(variant); }
 // Storage dtypes the kernels are built for, as table slots: a dtype without
 // a slot fails closed (FD_ERROR_INTERNAL) wherever a table is indexed.
 constexpr int kDtypeSlotCount = 3;  // f32, f16, bf16
-int dtype_slot(fd_dtype dtype);
+int dtype_slot(const fd_dtype &dtype);
 
 // Head dims are rounded up to a bucket that fixes a kernel's row width.
 constexpr int kBucketCount = 3;
