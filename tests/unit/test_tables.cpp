@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cstring>
+
 extern "C" {  // this cmocka.h has no C++ guards
 #include <cmocka.h>
 }
@@ -23,8 +25,12 @@ namespace {
 // it. Only ever bound to references: loading it as an fd_dtype would be
 // undefined behaviour (UBSan says so), which is why the library reads
 // dtypes through raw_enum_value.
-const int kUnknownDtype = 1000;
-const fd_dtype &unknown_dtype() { return *reinterpret_cast<const fd_dtype *>(&kUnknownDtype); }
+const fd_dtype &unknown_dtype() {
+  static fd_dtype stored;
+  const int raw = 1000;
+  std::memcpy(&stored, &raw, sizeof stored);
+  return stored;
+}
 
 template <class Body>
 fd_status status_of(Body &&body) {
