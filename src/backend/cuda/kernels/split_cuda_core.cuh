@@ -134,12 +134,9 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
   const bool lane_real = lane * kVector < p.head_dim;
 
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    int64_t len = p.kv_capacity;
-    if (p.seq_lens != nullptr) {
-      len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
-    }
-    const int64_t begin = min(len, split * p.split_tokens);
-    const int64_t end = min(len, begin + p.split_tokens);
+    const TokenRange range = split_range(p, b, split);
+    const int64_t begin = range.begin;
+    const int64_t end = range.end;
 
     float q[kVector];
     load_query<T>(p, b, q_head, lane, head_real && lane_real, q);

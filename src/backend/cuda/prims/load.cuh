@@ -100,6 +100,23 @@ struct KvRowOffsets {
   int64_t v;
 };
 
+// The tokens [begin, end) split `split` of sequence b reads: its share of
+// the cache, cut at the sequence's length (clamped to [0, kv_capacity]);
+// empty when the sequence ends before it.
+struct TokenRange {
+  int64_t begin;
+  int64_t end;
+};
+
+__device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
+  int64_t len = p.kv_capacity;
+  if (p.seq_lens != nullptr) {
+    len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
+  }
+  const int64_t begin = min(len, split * p.split_tokens);
+  return {begin, min(len, begin + p.split_tokens)};
+}
+
 // The page of a sequence that holds `token`, in the one way both loaders
 // look pages up: a shift when the page size is a power of two, else a
 // division. Tokens are below INT32_MAX (validation).
