@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The two commands of the README, as make targets:
 #   make demo    install what is missing, build, run the flashdecode demo
 #   make check   install what is missing, check the formatting, build, run

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /**
  * @file flashdecode.h
  * @brief flashdecode: flash-decoding attention behind a stable C ABI.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package flashdecode is the Go binding of libflashdecode: flash-decoding
 // attention for LLM inference behind a stable C ABI.
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks what `cmake --install` laid out: the header; the versioned library,
 # its SONAME and symlinks; flashdecode.pc resolving to the install dirs; and
 # the CMake package, found for requests of its major version only.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures, builds and runs docs/examples/cmake_consumer against an
 # installed flashdecode, as a user's CMake project would.
 #   cmake_consumer.sh <install prefix, or the package dir itself> <source dir> <work dir> [generator]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs flashdecode with other install directories than the test suite's
 # staged install (prefix/lib): an absolute CMAKE_INSTALL_LIBDIR outside the
 # prefix, and a relative multiarch one (lib/x86_64-linux-gnu). Each install

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the Python package as a wheel that bundles the library, installs it
 # into a fresh virtual environment (NumPy and pytest come from the system's
 # site-packages: nothing is downloaded), and checks from outside the source

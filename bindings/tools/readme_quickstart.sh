@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs a quickstart of README.md's "Bindings" section verbatim: the first
 # code block of the given language is extracted and run as a user would.
 #   readme_quickstart.sh python|rust|go|cmake <source dir> <work dir>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Loads libflashdecode at run time with dlopen, checks that its major version
  * is the one this program was written for, and runs a small CPU decode.
  * Build: cc dlopen_consumer.c -I<include dir> -ldl

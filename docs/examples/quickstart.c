@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Quickstart: decode attention for 2 sequences on the CPU backend.
  * Build: cc quickstart.c $(pkg-config --cflags --libs flashdecode) */
 #include <flashdecode.h>

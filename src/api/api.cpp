@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The exported C functions: argument checks, handle lifetime, workspace
 // ownership, and dispatch to a backend. No templates and no kernels here.
 #include <cmath>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status strings and the thread-local detailed message.
 #include <cstring>
 #include <string>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI boundary: every exported function body runs inside guarded(),
 // which turns fd::Error and any other C++ exception into an fd_status and
 // the calling thread's detailed message. Nothing thrown crosses the ABI.

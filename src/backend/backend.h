@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every backend provides. The C ABI layer (src/api) owns handles and
 // workspaces and calls these; backends know nothing of the C ABI structs.
 #pragma once

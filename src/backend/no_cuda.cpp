@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Built instead of the CUDA backend when the library is configured without
 // CUDA (FLASHDECODE_CUDA=OFF or no nvcc): CUDA handles are refused clearly.
 #include "backend/backend.h"

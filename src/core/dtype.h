@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Element types: the one place that knows each fd_dtype's size and name.
 #pragma once
 

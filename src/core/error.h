@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal errors: how library code reports a failure that the C ABI turns
 // into an fd_status plus a thread-local message. Only src/api catches these.
 #pragma once

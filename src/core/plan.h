@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planning helpers that every backend uses as a library: the automatic split
 // count from a cost model of the backend's kernel, and the workspace layout
 // of the per-split partial results. A backend's plan() chooses its kernel,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A decode call after validation: every shape resolved, every pointer checked,
 // in the form backends consume. Backends never see fd_decode_args.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Argument validation for fd_decode and fd_workspace_size. Every check names
 // the argument at fault; nothing here touches tensor contents except
 // validate_host_contents, which backends with host memory call.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake --install: header, versioned library with its symlinks, pkg-config
 # file and a CMake package (find_package(flashdecode CONFIG) ->
 # flashdecode::flashdecode), compatible within one major version.
@@ -9,6 +10,7 @@ install(TARGETS flashdecode EXPORT flashdecodeTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/flashdecode.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 # pkg-config: paths relative to the .pc file when the install dirs are
 # relative, so a staged or relocated install still resolves.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Side-by-side timing of several builds of flashdecode (and forced split
 counts) on the same inputs, in one process, rounds in alternating order.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Times flashdecode's CUDA backend against PyTorch SDPA and the Triton split-K reference kernel.
 
     python3 tests/bench/compare_sdpa.py --lib build-h200/src/libflashdecode.so.0 \

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* flashdecode: the demo / benchmark program.
  *
  * Decodes a realistic Llama-3-8B-like shape (GQA 32/8, head_dim 128, fp16) on

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Times one build of flashdecode on the same K/V values stored in several
 layouts, to tell the memory system's response to row addresses from the
 kernel's work (run on the GPU machine, where PyTorch is):

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """One call each of flashdecode and SDPA cuDNN/FA2 on shapes of
 compare_sdpa.py (dense and paged; default 1,2,6), inside an NVTX range
 'probe<id>', for Nsight Compute (on the GPU machine):

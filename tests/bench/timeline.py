@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where one call's time goes: per-CTA timestamps of a timeline build.
 
     cmake -S . -B build-timeline -DFLASHDECODE_TIMELINE=ON -DFLASHDECODE_TESTS=OFF \

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The CUDA backend against the float64 reference and against the CPU
  * backend, over a matrix of dtypes, head dims (odd multiples of 8 too), GQA
  * ratios (5, 7, 12, 64, MQA), layouts (BNHD, BHND, padded slice, paged NHD

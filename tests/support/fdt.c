@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Test support: see fdt.h. */
 #include "fdt.h"
 

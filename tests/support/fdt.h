@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Test support for flashdecode: random problems in any layout, a naive
  * float64 reference, and checks that every output element was written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * Test support for the CUDA backend: a generated fdt_problem copied to the
  * device with the same layout (strides, offsets, padding and NaN included),

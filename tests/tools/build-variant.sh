@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds one variant of the library for an A/B run on a GPU machine
 # (tests/bench/ab_variants.py, or flashdecode --bench with LD_LIBRARY_PATH):
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fails if the shared library exports any dynamic symbol other than fd_*,
 # if a function the header declares (FD_API) is not exported under a
 # FLASHDECODE_<major>* version node (src/flashdecode.map), or if its SONAME

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Fails if a kernel's asynchronous copies (LDGSTS) read a memory descriptor
 register that nothing in the kernel writes.
 

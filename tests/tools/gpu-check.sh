@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole GPU check in one go, on a machine with an NVIDIA GPU:
 #
 #   tests/tools/gpu-check.sh <build-dir>

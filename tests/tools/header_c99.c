@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Compiled with -std=c99 -pedantic-errors: the public header is plain C99. */
 #include "flashdecode.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public header compiles as C++ too (extern "C", no C-only constructs).
 #include "flashdecode.h"
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what building and testing flashdecode needs and is missing:
 # Debian/Ubuntu packages when run as root, else prints the apt command.
 # clang-format is for `make format-check` (Debian 12's is the reference).

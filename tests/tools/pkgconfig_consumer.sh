@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds C programs against an installed flashdecode through pkg-config only,
 # as a user would, and runs each: docs/examples/quickstart.c and the C
 # quickstart of the README, extracted verbatim.

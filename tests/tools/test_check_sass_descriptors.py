@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Unit test of check_sass_descriptors.py on SASS excerpts: the defect it
 looks for (seen with ptxas 13.0 and 13.3.73) and the forms that are fine."""
 import os

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The API contract on the CPU backend: version, status strings, handle
  * lifetime, workspace control, thread-local errors, and one test per kind of
  * bad input (specific status, message naming the argument, output untouched). */

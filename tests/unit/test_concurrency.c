@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Handles used from several threads at once, on the CPU backend: threads that
  * create, decode on and destroy their own handles; calls racing fd_destroy
  * of their handle (each must succeed or report FD_ERROR_INVALID_HANDLE, never

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* CPU backend numerics against a naive float64 reference, over a matrix of
  * batch sizes, KV lengths, ragged lengths (including 0), head dims, GQA
  * ratios and MQA, layouts (BNHD, BHND, strided slices, paged NHD/HND), dtypes

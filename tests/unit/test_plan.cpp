@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The split planner and the workspace layout (src/core/plan.cpp), which the
 // library hides: this test compiles them in. What it guards:
 // - the layout: the backend's header comes first and no problem's partials

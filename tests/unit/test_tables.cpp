@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every runtime-to-table mapping fails closed: a dtype, head-dim bucket or
 // kernel variant that no table has gets FD_ERROR_INTERNAL, never a default
 // (src/core/dtype.cpp, src/backend/cuda/variants.cpp; both internal, so this

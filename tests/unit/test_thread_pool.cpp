@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend's thread pool (src/backend/cpu/thread_pool.cpp), which
 // the library hides: this test compiles it in. What it guards: an exception
 // thrown by a task, on a worker thread or the caller's, reaches the caller

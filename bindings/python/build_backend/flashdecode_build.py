@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PEP 517 build backend for the flashdecode package, standard library only.
 
 Not setuptools, so that building needs nothing from the network (pip has

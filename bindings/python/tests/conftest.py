@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures. The library comes from $FLASHDECODE_LIBRARY when set (the
 CTest suite points it at the staged install), else as the package finds it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The float64 reference and bfloat16 helpers the tests compare against."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The array protocols the CUDA path relies on, exercised without a GPU:
 DLPack capsules (NumPy exports them from host memory), the CUDA Array
 Interface (described, never dereferenced), and stream objects."""

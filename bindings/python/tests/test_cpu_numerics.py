@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU backend numerics through the binding, against the float64 reference."""
 
 from __future__ import annotations

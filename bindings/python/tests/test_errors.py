@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every way a call can fail: the exception class, its status, the message
 naming the argument, and an output left untouched."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CUDA backend through PyTorch and CuPy arrays.
 
 Skipped where PyTorch (or CuPy) or a CUDA device is missing; run on a GPU

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How the package finds libflashdecode, and what it says when it cannot.
 
 Each case runs in a fresh interpreter: a process loads the library once."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The in-tree build backend: metadata, wheel contents, sdist and editable installs.
 
 (The CTest suite also builds a wheel with pip, installs it into a venv and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Status codes and the error type every fallible call returns.
 
 use std::fmt;

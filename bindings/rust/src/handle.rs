@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Handles, their options and workspace, and the decode call.
 
 use std::alloc::{self, Layout};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Flash-decoding attention for LLM inference: a safe binding of
 //! libflashdecode's C ABI.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Loading libflashdecode with `dlopen` and checking that it is the ABI this crate speaks.
 //!
 //! This module does not depend on `handle`: handles are made from a library,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The C ABI of `include/flashdecode.h`, declared by hand.
 //!
 //! `#[repr(C)]` mirrors of its structs and the signatures of its functions,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Tensor views: host slices (checked, safe) or device pointers (unsafe to make).
 
 use std::marker::PhantomData;

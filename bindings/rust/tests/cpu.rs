@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The binding on the CPU backend: numerics against a float64 reference,
 //! every error path, workspace control and thread rules. The library comes
 //! from `$FLASHDECODE_LIBRARY` (the CTest suite points it at the staged

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Software fp16 / bf16 <-> float conversion for the CPU backend, so it needs
 // no compiler half-precision support. Rounding is to nearest, ties to even,
 // as the GPU's conversion instructions do.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend: the same two-phase split-K algorithm as the GPU (per split
 // an online softmax in base 2 into the workspace, then a merge in split
 // order), on a pool of threads. It is the reference the CUDA backend is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backend/cpu/thread_pool.h"
 
 #include <system_error>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fixed pool of worker threads for the CPU backend. parallel_for hands out
 // task indices dynamically; results stay deterministic because every task
 // writes only its own outputs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend: a handle's device and workspace memory, and a validated
 // Problem and Plan turned into kernel parameters and one launch call. Which
 // kernel and merge run is policy.cpp's; the kernels are behind dispatch.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA device plumbing: turning runtime errors into fd::Error, making a
 // handle's device current for a scope (and putting back exactly what the
 // caller had), and what a device says about itself before any kernel runs.

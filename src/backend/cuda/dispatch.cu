@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place where runtime choices become template parameters, and the
 // table of split-kernel variants: each row names a variant and holds what
 // the host needs of it (names, shapes, preparation, launch), built from its

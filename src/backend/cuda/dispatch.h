@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host's handle on the kernels: loading and sizing them on a device, and
 // one launch call. dispatch.cu, behind it, is the one place where runtime
 // choices (variant, dtype, head-dim bucket, merge) become template

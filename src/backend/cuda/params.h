@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernels' parameter structs: what the backend (cuda_backend.cu) fills
 // from a Problem and a Plan and the kernels read. Plain data, no CUDA types,
 // so host code of any compiler can fill them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's policy: which split kernel a problem is planned for,
 // how many splits, which merge runs, and why. Decided from shapes and the
 // device's occupancy alone (and, at launch, the alignment of K/V), so plans

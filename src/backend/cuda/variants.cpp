@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backend/cuda/variants.h"
 
 #include "core/error.h"

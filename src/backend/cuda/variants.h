@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The split-kernel variants of the CUDA backend by name, and the checked
 // mappings from runtime values (dtype, head dim) to the slots of the tables
 // that describe them. Host code only, no CUDA types: policy.cpp reads this.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """flashdecode: flash-decoding attention over libflashdecode's C ABI (ctypes only).
 
 One new query token per sequence attends to a KV cache, split along the

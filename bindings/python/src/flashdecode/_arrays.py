@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Arrays from NumPy and from GPU libraries, seen as the C API sees them.
 
 Host memory comes from NumPy arrays, from anything NumPy can turn into one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Status codes and the exceptions they become.
 
 Every ``fd_status`` other than success raises a :class:`FlashDecodeError`

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decode handles, the decode call, and :func:`flash_decode`, a drop-in for the Triton split-K reference kernel."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Finding and loading libflashdecode, and its C ABI declared for ctypes.
 
 This is the only module that knows the layout of ``include/flashdecode.h``;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cluster merge (FD_MERGE_CLUSTER, sm_90+). Included by the tensor-core
 // split kernel.
 #pragma once

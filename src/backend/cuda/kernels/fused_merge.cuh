@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused merge (FD_MERGE_FUSED): the split kernel's last CTA of a unit
 // merges the unit's splits. Included by both split kernels.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The merge kernel (FD_MERGE_SEPARATE), phase 2 after a split kernel: one CTA per query row merges the row's per-split
 // states into out and lse. The common max is the largest split max; every split is rescaled by exp2(m_split - m_max).
 // The CTA's threads form `groups` x (head_dim / 4) float4 columns: group g sums splits g, g + groups, g + 2 groups, ...

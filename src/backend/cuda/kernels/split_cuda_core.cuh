@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Phase 1: one CTA per (chunk of a GQA group, KV head, split, sequence) runs
 // the online softmax of the chunk's query heads over the split's tokens.
 //

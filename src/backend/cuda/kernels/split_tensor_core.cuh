@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Phase 1 on tensor cores, for 16-bit K/V with a 16-bit output: one CTA per
 // (chunk of up to 16 query heads of a GQA group, KV head, split, sequence).
 //

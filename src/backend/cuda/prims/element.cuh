@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Storage element types and their conversion to and from float. The
 // CUDA-core kernel works on 8 consecutive elements of a row per thread (one
 // "vector"). A new storage type is an Element specialisation and a StorageOf

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Programmatic dependent launch (sm_90 and later): how every kernel of the
 // library orders itself against the kernel before it on the stream.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Moving K/V from global to shared memory. A pipeline stage holds one tile of
 // consecutive tokens of one sequence and KV head, K rows then V rows, each
 // row padded to the head-dim bucket. Loaders work in 16-byte chunks of raw

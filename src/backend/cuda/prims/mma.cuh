@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-core primitives (sm_80+): ldmatrix and mma.sync m16n8k16 for the
 // 16-bit storage types, and packing float pairs into their A operands.
 #pragma once

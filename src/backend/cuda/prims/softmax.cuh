@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The online-softmax state, the arithmetic that merges states, and the one
 // output epilogue. All in base 2: scores arrive already multiplied by
 // softmax_scale * log2(e) (folded into q), so exp2 replaces exp. A state with

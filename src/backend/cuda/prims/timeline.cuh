@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-CTA timestamps, for finding where one call's time goes (how they were
 // read: tests/bench/history/performance-history.md, "Run 8"). Only in a build configured with
 // -DFLASHDECODE_TIMELINE=ON (never for production: every CTA prints a line):
