@@ -356,8 +356,21 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * is 1). Scores, the softmax state and the accumulation are float32 whatever
  * the storage type; with 16-bit inputs and a 16-bit output the CUDA backend
  * rounds the softmax weights to the input type before multiplying by V (as
- * FlashAttention does), which stays well within that output's precision. An
- * F32 output keeps the weights in float32.
+ * FlashAttention does), scaled so that weights down to 2^-29 of the largest
+ * keep full fp16 precision, which stays well within that output's precision.
+ * An F32 output keeps the weights in float32.
+ *
+ * Non-finite values. A score is scale * q.k computed in float32 (with q
+ * pre-multiplied by the scale); both backends then follow these rules:
+ * - A score of -inf masks its key: it gets weight 0 (a large negative
+ *   score whose float32 product or sum overflows is such a score). A row
+ *   whose keys are all masked is zeros with LSE -inf, as an empty sequence.
+ * - A score that is NaN or +inf (a NaN in q or k, an infinite q or k
+ *   element whose product does not cancel, or an overflow to +inf) makes
+ *   that row's output and LSE NaN.
+ * - A NaN or infinity in v reaches every row that reads that token, masked
+ *   or not (0 * NaN is NaN).
+ * Tokens past a sequence's length are never read and cannot affect it.
  *
  * The CPU backend validates seq_lens and block_table contents (host memory).
  * The CUDA backend cannot read them without synchronising, so it clamps each
@@ -374,7 +387,7 @@ typedef struct fd_decode_args {
   fd_tensor block_table; /**< Optional paged-cache block table (data NULL: dense cache). */
   double softmax_scale;  /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
                               be finite, and so must scale * log2(e) as a float (|scale| below about
-                              2.3e38). */
+                              2.3e38). Scores it makes overflow follow the non-finite rules above. */
   int32_t num_splits;    /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
 } fd_decode_args;
 

@@ -960,6 +960,58 @@ static void test_all_sequences_empty(void **state) {
   }
 }
 
+/* Non-finite scores by the header's rules (fdt.h, "non-finite values") on
+ * each split kernel and merge: f16 and bf16 on the tensor cores (one split,
+ * a few, automatic), f32 on the CUDA cores, MHA head_dim 64 and GQA head_dim
+ * 256; and one key dominating long contexts, whose thousands of tiny weights
+ * (~2^-20 of the largest) must survive the tensor cores' 16-bit P. */
+static void test_non_finite_scores(void **state) {
+  (void)state;
+  static const struct {
+    fd_dtype dtype;
+    int64_t q_heads, kv_heads, head_dim, kv_len;
+    int32_t splits;
+  } shapes[] = {
+      {FD_DTYPE_F16, 32, 8, 128, 1500, 1},  {FD_DTYPE_F16, 32, 8, 128, 1500, 4},  {FD_DTYPE_F16, 32, 8, 128, 1500, 0},
+      {FD_DTYPE_BF16, 16, 2, 256, 3000, 0}, {FD_DTYPE_F32, 8, 2, 128, 1500, 0},   {FD_DTYPE_F32, 8, 2, 64, 1500, 9},
+      {FD_DTYPE_F16, 16, 16, 64, 2000, 0},  {FD_DTYPE_BF16, 8, 1, 128, 16384, 0}, {FD_DTYPE_F16, 32, 8, 128, 16384, 0},
+      {FD_DTYPE_F16, 32, 8, 128, 16384, 1},
+  };
+  int failures = 0, checked = 0;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
+    for (int special = 0; special < FDT_SPECIAL_COUNT; ++special) {
+      /* Long contexts for the dominant key only: their float64 reference is slow. */
+      if (shapes[si].kv_len > 4096 && special != FDT_SPECIAL_DOMINANT_KEY) continue;
+      fdt_case c = dense_case(shapes[si].dtype, 2, shapes[si].q_heads, shapes[si].kv_heads, shapes[si].head_dim,
+                              shapes[si].kv_len, g_seed + 700 + si * 16 + (uint64_t)special);
+      c.with_lse = 1;
+      c.num_splits = shapes[si].splits;
+      gpu_case t;
+      memset(&t, 0, sizeof t);
+      const int made = fdt_problem_make_special(&t.p, &c, (fdt_special)special);
+      if (made == 1) continue; /* does not apply to this dtype */
+      if (made != 0) fail_msg("out of host memory generating a problem");
+      if (fdt_cuda_upload(&t.p, &t.d) != 0) {
+        fdt_problem_free(&t.p);
+        fail_msg("copying the problem to the device failed");
+      }
+      const fd_plan_info plan = describe(g_cuda, &t.d.args);
+      const int bad = check_case(&t);
+      ++checked;
+      if (bad || special == FDT_SPECIAL_DOMINANT_KEY) {
+        print_message("%s, %s %lld/%lld x%lld d%lld, %s %dx%lld %d: %s\n", fdt_special_name((fdt_special)special),
+                      fdt_dtype_name(c.dtype), (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len,
+                      (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
+                      (int)plan.merge, t.report);
+      }
+      failures += bad;
+      close_case(&t);
+    }
+  }
+  print_message("non-finite and dominant-key cases: %d checked, %d failed\n", checked, failures);
+  assert_int_equal(failures, 0);
+}
+
 /* More sequences than a grid's y dimension holds (65535): CTAs loop over them.
  * With up to 300 tokens a sequence may take several tiles of the tensor-core
  * kernel (128 tokens for this head_dim), so a CTA's pipeline runs dry and
@@ -1222,6 +1274,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unaligned_cache);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lengths_clamped);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mha_128_both_kernels);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_plan_rules);

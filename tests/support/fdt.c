@@ -139,6 +139,8 @@ void fdt_poison_outputs(fdt_problem *p) {
   if (p->lse) memset(p->lse, 0xff, p->lse_bytes);
 }
 
+/* The float64 reference, by flashdecode.h's rules for non-finite scores:
+ * NaN or +inf anywhere in a row makes it NaN; -inf masks a key. */
 static void reference(fdt_problem *p) {
   const fdt_case *c = &p->c;
   const int64_t D = c->head_dim, group = c->q_heads / c->kv_heads;
@@ -149,30 +151,38 @@ static void reference(fdt_problem *p) {
       const int64_t g = h / group;
       const double *q = p->ref_q + (b * c->q_heads + h) * D;
       double *out = p->expect_out + (b * c->q_heads + h) * D;
+      double *lse = p->expect_lse + b * c->q_heads + h;
       const int64_t len = p->lens[b];
-      if (len == 0) {
-        for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
-        p->expect_lse[b * c->q_heads + h] = -INFINITY;
-        continue;
-      }
       double m = -INFINITY;
+      int nan_row = 0;
       for (int64_t j = 0; j < len; ++j) {
         const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
         double s = 0.0;
         for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
         scores[j] = s * scale;
+        if (isnan(scores[j]) || scores[j] == INFINITY) nan_row = 1;
         if (scores[j] > m) m = scores[j];
+      }
+      if (nan_row) {
+        for (int64_t d = 0; d < D; ++d) out[d] = NAN;
+        *lse = NAN;
+        continue;
+      }
+      if (m == -INFINITY) { /* empty, or every key masked */
+        for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
+        *lse = -INFINITY;
+        continue;
       }
       double l = 0.0;
       for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
       for (int64_t j = 0; j < len; ++j) {
-        const double w = exp(scores[j] - m);
+        const double w = exp(scores[j] - m); /* 0 for a masked key */
         const double *v = p->ref_v + ((b * c->kv_len + j) * c->kv_heads + g) * D;
         l += w;
         for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
       }
       for (int64_t d = 0; d < D; ++d) out[d] /= l;
-      p->expect_lse[b * c->q_heads + h] = m + log(l);
+      *lse = m + log(l);
     }
   }
   free(scores);
@@ -360,19 +370,34 @@ double fdt_error_bound(fd_dtype out_dtype) {
   }
 }
 
+/* Whether element `index` of a buffer of `dtype` still holds the poison. */
+static int is_poison(const void *base, fd_dtype dtype, int64_t index) {
+  const size_t size = fdt_dtype_size(dtype);
+  const unsigned char *bytes = (const unsigned char *)base + (size_t)index * size;
+  for (size_t i = 0; i < size; ++i) {
+    if (bytes[i] != 0xff) return 0;
+  }
+  return 1;
+}
+
 int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error) {
   const fdt_case *c = &p->c;
   const int64_t D = c->head_dim;
   const int64_t *q_strides = p->args.out.strides;
   double diff2 = 0.0, ref2 = 0.0, lse_max = 0.0;
-  int64_t unwritten = 0, bad_empty = 0;
+  int64_t unwritten = 0, bad_empty = 0, bad_nan = 0;
   for (int64_t b = 0; b < c->batch; ++b) {
     for (int64_t h = 0; h < c->q_heads; ++h) {
       for (int64_t d = 0; d < D; ++d) {
-        const double got = fdt_load(c->out_dtype, p->out, b * q_strides[0] + h * q_strides[2] + d);
+        const int64_t index = b * q_strides[0] + h * q_strides[2] + d;
+        const double got = fdt_load(c->out_dtype, p->out, index);
         const double want = p->expect_out[(b * c->q_heads + h) * D + d];
-        if (isnan(got)) {
+        if (is_poison(p->out, c->out_dtype, index)) {
           ++unwritten;
+          continue;
+        }
+        if (isnan(got) || isnan(want)) {
+          if (isnan(got) != isnan(want)) ++bad_nan;
           continue;
         }
         if (p->lens[b] == 0 && got != 0.0) ++bad_empty;
@@ -380,12 +405,15 @@ int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *ou
         ref2 += want * want;
       }
       if (p->lse) {
-        const double got = ((const float *)p->lse)[b * c->q_heads + h];
-        const double want = p->expect_lse[b * c->q_heads + h];
-        if (isnan(got)) {
+        const int64_t index = b * c->q_heads + h;
+        const double got = ((const float *)p->lse)[index];
+        const double want = p->expect_lse[index];
+        if (is_poison(p->lse, FD_DTYPE_F32, index)) {
           ++unwritten;
-        } else if (p->lens[b] == 0) {
-          if (!(isinf(got) && got < 0)) ++bad_empty;
+        } else if (isnan(got) || isnan(want)) {
+          if (isnan(got) != isnan(want)) ++bad_nan;
+        } else if (isinf(want)) {
+          if (got != want) ++bad_empty;
         } else if (fabs(got - want) > lse_max) {
           lse_max = fabs(got - want);
         }
@@ -397,12 +425,96 @@ int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *ou
   const double lse_bound = 1e-4;
   if (out_error) *out_error = rel;
   if (lse_error) *lse_error = lse_max;
-  const int ok = unwritten == 0 && bad_empty == 0 && rel <= bound && lse_max <= lse_bound;
+  const int ok = unwritten == 0 && bad_empty == 0 && bad_nan == 0 && rel <= bound && lse_max <= lse_bound;
   if (report && report_size) {
-    snprintf(report, report_size, "%s rel_err=%.3g (bound %.1g) lse_err=%.3g unwritten=%lld bad_empty=%lld",
-             ok ? "ok" : "FAIL", rel, bound, lse_max, (long long)unwritten, (long long)bad_empty);
+    snprintf(report, report_size,
+             "%s rel_err=%.3g (bound %.1g) lse_err=%.3g unwritten=%lld bad_empty=%lld bad_nan=%lld", ok ? "ok" : "FAIL",
+             rel, bound, lse_max, (long long)unwritten, (long long)bad_empty, (long long)bad_nan);
   }
   return ok ? 0 : 1;
+}
+
+const char *fdt_special_name(fdt_special special) {
+  static const char *const names[FDT_SPECIAL_COUNT] = {"NaN in q", "-inf key", "masked prefix",   "all masked",
+                                                       "+inf key", "NaN key",  "overflowing key", "dominant key"};
+  return special >= 0 && special < FDT_SPECIAL_COUNT ? names[special] : "unknown";
+}
+
+/* Element (b, row, head, d) of a dense 4-d view (strides in elements). */
+static int64_t dense_index(const fd_tensor *t, int64_t b, int64_t row, int64_t head, int64_t d) {
+  return b * t->strides[0] + row * t->strides[1] + head * t->strides[2] + d * t->strides[3];
+}
+
+static void set_q(fdt_problem *p, int64_t b, int64_t h, int64_t d, double x) {
+  const fdt_case *c = &p->c;
+  const double r = fdt_round_to(c->dtype, x);
+  p->ref_q[(b * c->q_heads + h) * c->head_dim + d] = r;
+  fdt_store(c->dtype, p->args.q.data, dense_index(&p->args.q, b, 0, h, d), r);
+}
+
+static void set_k(fdt_problem *p, int64_t b, int64_t t, int64_t g, int64_t d, double x) {
+  const fdt_case *c = &p->c;
+  const double r = fdt_round_to(c->dtype, x);
+  p->ref_k[((b * c->kv_len + t) * c->kv_heads + g) * c->head_dim + d] = r;
+  fdt_store(c->dtype, p->args.k.data, dense_index(&p->args.k, b, t, g, d), r);
+}
+
+/* Makes q element d of every query head of KV head g's group in sequence b
+ * positive, so that a key element of -inf or +inf there gives that sign. */
+static void positive_q(fdt_problem *p, int64_t b, int64_t g, int64_t d) {
+  const int64_t group = p->c.q_heads / p->c.kv_heads;
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    set_q(p, b, h, d, fabs(p->ref_q[(b * p->c.q_heads + h) * p->c.head_dim + d]) + 0.25);
+  }
+}
+
+int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special) {
+  if (c->ragged || c->kv_len < 4 || c->layout == FDT_PAGED_NHD || c->layout == FDT_PAGED_HND) return -1;
+  if (special == FDT_SPECIAL_OVERFLOWING_KEY && c->dtype == FD_DTYPE_F16) return 1;
+  if (fdt_problem_make(p, c) != 0) return -1;
+  const int64_t N = c->kv_len, D = c->head_dim, group = c->q_heads / c->kv_heads;
+  const int64_t t = N / 3; /* a key inside the cache, in some split other than the first */
+  switch (special) {
+    case FDT_SPECIAL_NAN_IN_Q: set_q(p, 0, 0, 0, NAN); break;
+    case FDT_SPECIAL_NEG_INF_KEY:
+      positive_q(p, 0, 0, 0);
+      set_k(p, 0, t, 0, 0, -INFINITY);
+      break;
+    case FDT_SPECIAL_MASKED_PREFIX:
+    case FDT_SPECIAL_ALL_MASKED:
+      positive_q(p, 0, 0, 0);
+      for (int64_t j = 0; j < (special == FDT_SPECIAL_ALL_MASKED ? N : 3 * N / 4); ++j) set_k(p, 0, j, 0, 0, -INFINITY);
+      break;
+    case FDT_SPECIAL_POS_INF_KEY:
+      positive_q(p, 0, 0, 0);
+      set_k(p, 0, t, 0, 0, INFINITY);
+      break;
+    case FDT_SPECIAL_NAN_KEY: set_k(p, 0, t, 0, D - 1, NAN); break;
+    case FDT_SPECIAL_OVERFLOWING_KEY:
+      for (int64_t d = 0; d < D; ++d) positive_q(p, 0, 0, d);
+      for (int64_t d = 0; d < D; ++d) set_k(p, 0, t, 0, d, -1e38);
+      break;
+    case FDT_SPECIAL_DOMINANT_KEY: {
+      const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
+      for (int64_t b = 0; b < c->batch; ++b) {
+        for (int64_t g = 0; g < c->kv_heads; ++g) {
+          /* One query for the whole group, and a key along it 14 nats up. */
+          const double *q0 = p->ref_q + (b * c->q_heads + g * group) * D;
+          double norm2 = 0.0;
+          for (int64_t d = 0; d < D; ++d) norm2 += q0[d] * q0[d];
+          for (int64_t h = g * group + 1; h < (g + 1) * group; ++h) {
+            for (int64_t d = 0; d < D; ++d) set_q(p, b, h, d, q0[d]);
+          }
+          const int64_t key = (b * 7 + g * 13 + 1) % N;
+          for (int64_t d = 0; d < D; ++d) set_k(p, b, key, g, d, q0[d] * 14.0 / (scale * norm2));
+        }
+      }
+      break;
+    }
+    default: return -1;
+  }
+  reference(p);
+  return 0;
 }
 
 void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {

@@ -88,11 +88,38 @@ void fdt_problem_free(fdt_problem *p);
 void fdt_poison_outputs(fdt_problem *p);
 
 /* Compares p->out / p->lse (host storage) to the reference. Writes a one-line
- * summary to `report` and returns 0 when every element was written, no NaN
- * appeared, empty sequences gave zeros and LSE -inf, and the relative error
- * ||out - ref|| / ||ref|| is within the dtype's bound; the measured errors
- * are returned through out_error / lse_error (may be NULL). */
+ * summary to `report` and returns 0 when every element was written (none
+ * left with the poison's all-ones bytes), NaN appeared exactly where the
+ * reference has NaN, empty sequences gave zeros and LSE -inf, and the
+ * relative error ||out - ref|| / ||ref|| over the finite elements is within
+ * the dtype's bound; the measured errors are returned through out_error /
+ * lse_error (may be NULL). */
 int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error);
+
+/* ---- non-finite values and extreme weights ---------------------------------
+ * flashdecode.h's rules ("Non-finite values"): a score that is NaN or +inf
+ * makes its row's output and LSE NaN; a score of -inf masks its key; a row
+ * whose keys are all masked is zero with LSE -inf. The reference follows
+ * them. Each special writes one such pattern into q and k (storage and the
+ * logical tensors) of a dense problem and recomputes the reference. */
+typedef enum fdt_special {
+  FDT_SPECIAL_NAN_IN_Q,        /* q[0, head 0, 0] is NaN: that row is NaN */
+  FDT_SPECIAL_NEG_INF_KEY,     /* one key of sequence 0 scores -inf for KV head 0's group: masked */
+  FDT_SPECIAL_MASKED_PREFIX,   /* the first 3/4 of sequence 0's keys score -inf for that group: whole splits masked */
+  FDT_SPECIAL_ALL_MASKED,      /* every key of sequence 0 scores -inf for that group: zeros, LSE -inf */
+  FDT_SPECIAL_POS_INF_KEY,     /* one key scores +inf for that group: its rows are NaN */
+  FDT_SPECIAL_NAN_KEY,         /* one key element is NaN: the group's rows are NaN */
+  FDT_SPECIAL_OVERFLOWING_KEY, /* one key of -1e38s (f32, bf16): its float score overflows to -inf, masked */
+  FDT_SPECIAL_DOMINANT_KEY,    /* per (sequence, KV head) one key scores 14 nats above the rest (weights ~2^-20) */
+  FDT_SPECIAL_COUNT
+} fdt_special;
+
+const char *fdt_special_name(fdt_special special);
+
+/* Makes c's problem (a dense layout, kv_len >= 4, not ragged) with `special`
+ * written in, outputs poisoned. Returns 0 on success, 1 when the special
+ * does not apply to c (-1e38 in f16), -1 when out of memory. */
+int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special);
 
 /* Bound on ||out - ref|| / ||ref|| for an output dtype. */
 double fdt_error_bound(fd_dtype out_dtype);

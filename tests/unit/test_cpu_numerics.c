@@ -167,6 +167,49 @@ static void test_handle_reused_across_shapes(void **state) {
 /* ---- the matrix ---------------------------------------------------------------- */
 enum { kCases = 120 };
 
+/* Non-finite scores by the header's rules (fdt.h, "non-finite values"),
+ * in every dtype, with one split and with enough that whole splits are
+ * masked (64: the count that once turned a masked split's sum into NaN). */
+static void test_non_finite_scores(void **state) {
+  (void)state;
+  static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  static const int32_t splits[] = {1, 8, 64, 0};
+  fd_handle *h = make_cpu_handle(2);
+  int failures = 0;
+  for (int special = 0; special < FDT_SPECIAL_COUNT; ++special) {
+    for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; ++di) {
+      for (size_t si = 0; si < sizeof splits / sizeof splits[0]; ++si) {
+        fdt_case c = {0};
+        c.batch = 2;
+        c.q_heads = 8;
+        c.kv_heads = 2;
+        c.head_dim = 64;
+        c.kv_len = 700;
+        c.dtype = c.out_dtype = dtypes[di];
+        c.layout = FDT_BNHD;
+        c.with_lse = 1;
+        c.num_splits = splits[si];
+        c.seed = 9000 + (uint64_t)(special * 16 + (int)di * 4 + (int)si);
+        fdt_problem p;
+        const int made = fdt_problem_make_special(&p, &c, (fdt_special)special);
+        if (made == 1) continue; /* does not apply to this dtype */
+        assert_int_equal(made, 0);
+        char report[256];
+        const fd_status status = fd_decode(h, &p.args, NULL);
+        const int bad = status != FD_SUCCESS || fdt_check(&p, report, sizeof report, NULL, NULL) != 0;
+        if (bad) {
+          ++failures;
+          print_message("%s, %s, splits %d: %s\n", fdt_special_name((fdt_special)special), fdt_dtype_name(dtypes[di]),
+                        (int)splits[si], status != FD_SUCCESS ? fd_status_string(status) : report);
+        }
+        fdt_problem_free(&p);
+      }
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
 static void make_matrix(fdt_case *cases) {
   static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
   static const fdt_layout layouts[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED, FDT_PAGED_NHD, FDT_PAGED_HND};
@@ -200,14 +243,15 @@ int main(void) {
   static fdt_case cases[kCases];
   static char names[kCases][64];
   make_matrix(cases);
-  struct CMUnitTest tests[kCases + 4];
+  struct CMUnitTest tests[kCases + 5];
   tests[0] = (struct CMUnitTest)cmocka_unit_test(test_seed_check);
   tests[1] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[2] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[3] = (struct CMUnitTest)cmocka_unit_test(test_handle_reused_across_shapes);
+  tests[4] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   for (int i = 0; i < kCases; ++i) {
     snprintf(names[i], sizeof names[i], "matrix_case_%03d", i);
-    tests[i + 4] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
+    tests[i + 5] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
   }
-  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + 4, NULL, NULL);
+  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + 5, NULL, NULL);
 }

@@ -61,6 +61,15 @@ inline float dot(const float *a, const float *b, int64_t n) {
   return sum;
 }
 
+// The larger of a and b, NaN if either is NaN (std::max drops a NaN in its
+// second argument). Every running and merged max goes through this, as on
+// the CUDA backend: a NaN score reaches m and its row comes out NaN.
+inline float max_nan(float a, float b) {
+  if (std::isnan(a)) return a;
+  if (std::isnan(b)) return b;
+  return a < b ? b : a;
+}
+
 // Tokens converted and scored together: one rescale of acc per block
 // instead of per token, and K/V rows converted once for the whole GQA group.
 constexpr int64_t kTokenBlock = 32;
@@ -110,12 +119,13 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
       float block_max = kNegInf;
       for (int64_t t = 0; t < count; ++t) {
         scores[t] = dot(q + g * dim, k_block + t * dim, dim);
-        block_max = std::max(block_max, scores[t]);
+        block_max = max_nan(block_max, scores[t]);
       }
       float *acc = out.acc + state * dim;
       const float m_old = out.m[state];
-      const float m_new = std::max(m_old, block_max);
-      const float alpha = std::exp2(m_old - m_new);  // 0 for the first block (m_old = -inf)
+      const float m_new = max_nan(m_old, block_max);
+      if (m_new == kNegInf) continue;  // every score so far masked (-inf): nothing to add
+      const float alpha = std::exp2(m_old - m_new);  // 0 while m_old is -inf
       float l = out.l[state] * alpha;
       if (alpha != 1.0f) {
         for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
@@ -143,7 +153,7 @@ void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t r
   const size_t first = static_cast<size_t>(row) * plan.num_splits;
 
   float m_max = kNegInf;
-  for (int32_t s = 0; s < plan.num_splits; ++s) m_max = std::max(m_max, in.m[first + s]);
+  for (int32_t s = 0; s < plan.num_splits; ++s) m_max = max_nan(m_max, in.m[first + s]);
 
   T *out = static_cast<T *>(p.out.data) + b * p.out.strides[0] + head * p.out.strides[2];
   float lse = kNegInf;

@@ -57,7 +57,7 @@ __device__ void merge_in_cluster(const SplitParams &p, int64_t b, int first_q_he
       if (s < splits) {
         remote[s] = cluster.map_shared_rank(partial, s);
         m_split[s] = Partial::m(remote[s], row);
-        m_max = fmaxf(m_max, m_split[s]);
+        m_max = max_nan(m_max, m_split[s]);
       }
     }
     float l_sum = 0.0f;

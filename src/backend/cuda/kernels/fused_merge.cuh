@@ -87,7 +87,7 @@ __device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_h
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (active) {
       const float *row_m = m + row * splits;
-      for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, row_m[s]);
+      for (int s = 0; s < splits; ++s) m_max = max_nan(m_max, row_m[s]);
       for (int s = group; s < splits; s += groups) {
         const float w = merge_weight(row_m[s], m_max);  // 0 for an empty split (and when all are)
         l_sum = fmaf(w, l[row * splits + s], l_sum);

@@ -86,14 +86,14 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
       const float m_split = __ldcg(m + s);
       weights[s] = m_split;
       weighted_l[s] = __ldcg(l + s);
-      m_max = fmaxf(m_max, m_split);
+      m_max = max_nan(m_max, m_split);
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
+    for (int offset = 16; offset > 0; offset /= 2) m_max = max_nan(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
     if (lane == 0) warp_max[warp] = m_max;
     __syncthreads();
     m_max = warp_max[0];
-    for (int w = 1; w < warps; ++w) m_max = fmaxf(m_max, warp_max[w]);
+    for (int w = 1; w < warps; ++w) m_max = max_nan(m_max, warp_max[w]);
 
     for (int s = threadIdx.x; s < splits; s += blockDim.x) {
       const float w = m_max == negative_infinity() ? 0.0f : merge_weight(weights[s], m_max);

@@ -95,7 +95,7 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
     }
     float block_max = score[0];
 #pragma unroll
-    for (int i = 1; i < Traits::kTokensPerStep; ++i) block_max = fmaxf(block_max, score[i]);
+    for (int i = 1; i < Traits::kTokensPerStep; ++i) block_max = max_nan(block_max, score[i]);
     if (!state.rescale(block_max)) continue;
 #pragma unroll
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
       __syncthreads();
       if (token_group == 0) {
         float m_max = negative_infinity();
-        for (int g = 0; g < token_groups; ++g) m_max = fmaxf(m_max, part_m[g * heads_per_cta + head_slot]);
+        for (int g = 0; g < token_groups; ++g) m_max = max_nan(m_max, part_m[g * heads_per_cta + head_slot]);
         state.reset();
         if (m_max != negative_infinity()) {
           state.m = m_max;

@@ -95,6 +95,12 @@ struct MmaTraits {
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
   // 128 bucket is near that limit: read -Xptxas -v after each edit for spills).
   static constexpr int kMinBlocks = Wide ? 1 : 2;
+  // P = exp2(score - max) is scaled by 2^kProbabilityShift before it is
+  // rounded to 16 bits for P V: fp16 keeps full precision only down to 2^-14,
+  // so the small weights of a long context dominated by one token would be
+  // subnormal. The factor cancels in acc / l; the stored max is lowered by
+  // it, so the LSE and every merge see the true state. P stays below 2^15.
+  static constexpr float kProbabilityShift = 15.0f;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
   static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
@@ -166,18 +172,19 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       const bool valid = n * 8 + quad_lane * 2 + e < remaining;
       s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();
       s[n][2 + e] = valid ? s[n][2 + e] * q_scale : negative_infinity();
-      block_max[0] = fmaxf(block_max[0], s[n][e]);
-      block_max[1] = fmaxf(block_max[1], s[n][2 + e]);
+      block_max[0] = max_nan(block_max[0], s[n][e]);
+      block_max[1] = max_nan(block_max[1], s[n][2 + e]);
     }
   }
-  float base[2], alpha[2];
+  float p_base[2], alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
-    block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
-    const float m_new = fmaxf(m[r], block_max[r]);
-    base[r] = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
-    alpha[r] = exp2f(m[r] - base[r]);                       // 0 when m was -inf
+    block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
+    block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
+    const float m_new = max_nan(m[r], block_max[r]);
+    const float base = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
+    alpha[r] = exp2f(m[r] - base);                                     // 0 when m was -inf
+    p_base[r] = base - Traits::kProbabilityShift;
     m[r] = m_new;
     l[r] *= alpha[r];
   }
@@ -192,8 +199,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      s[n][e] = exp2f(s[n][e] - base[0]);
-      s[n][2 + e] = exp2f(s[n][2 + e] - base[1]);
+      s[n][e] = exp2f(s[n][e] - p_base[0]);
+      s[n][2 + e] = exp2f(s[n][2 + e] - p_base[1]);
     }
     l[0] += s[n][0] + s[n][1];
     l[1] += s[n][2] + s[n][3];
@@ -363,7 +370,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       const int row = threadIdx.x;
       float m_max = negative_infinity();
 #pragma unroll
-      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = fmaxf(m_max, part_m[g * Traits::kHeads + row]);
+      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = max_nan(m_max, part_m[g * Traits::kHeads + row]);
       float l_sum = 0.0f;
 #pragma unroll
       for (int g = 0; g < Traits::kTokenGroups; ++g) {
@@ -371,7 +378,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
         l_sum = fmaf(weight, part_l[g * Traits::kHeads + row], l_sum);
         part_m[g * Traits::kHeads + row] = weight;
       }
-      row_max[row] = m_max;
+      row_max[row] = m_max - Traits::kProbabilityShift;  // l and acc carry 2^kProbabilityShift
       row_l[row] = l_sum;
     }
     __syncthreads();

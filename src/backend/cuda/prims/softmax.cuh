@@ -17,6 +17,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ inline float negative_infinity() { return __int_as_float(0xff800000); }
 
+// The larger of a and b, NaN if either is NaN (fmaxf drops a NaN). Every
+// running and merged max goes through this: a NaN score reaches m, so that
+// its row comes out NaN instead of looking masked or empty.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // One thread's share of one query head's online softmax: the running max m,
 // the running sum l of exp2(score - m), and kVector elements of the
 // unnormalised accumulator sum exp2(score - m) * v.
@@ -36,7 +45,7 @@ struct SoftmaxState {
   // and acc to the new running max. Returns false while nothing finite has
   // been seen (then there is nothing to add).
   __device__ bool rescale(float block_max) {
-    const float m_new = fmaxf(m, block_max);
+    const float m_new = max_nan(m, block_max);
     if (m_new == negative_infinity()) return false;
     const float alpha = exp2f(m - m_new);  // 0 when m was -inf
     l *= alpha;
