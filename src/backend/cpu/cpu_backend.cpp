@@ -124,7 +124,7 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
       float *acc = out.acc + state * dim;
       const float m_old = out.m[state];
       const float m_new = max_nan(m_old, block_max);
-      if (m_new == kNegInf) continue;  // every score so far masked (-inf): nothing to add
+      if (m_new == kNegInf) continue;                // every score so far masked (-inf): nothing to add
       const float alpha = std::exp2(m_old - m_new);  // 0 while m_old is -inf
       float l = out.l[state] * alpha;
       if (alpha != 1.0f) {

@@ -183,7 +183,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
     const float m_new = max_nan(m[r], block_max[r]);
     const float base = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
-    alpha[r] = exp2f(m[r] - base);                                     // 0 when m was -inf
+    alpha[r] = exp2f(m[r] - base);                                   // 0 when m was -inf
     p_base[r] = base - Traits::kProbabilityShift;
     m[r] = m_new;
     l[r] *= alpha[r];
