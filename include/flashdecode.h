@@ -130,7 +130,8 @@ typedef enum fd_status {
                                           query tokens. */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
-  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated. */
+  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
+                                          beyond what any allocator can satisfy (above PTRDIFF_MAX). */
   FD_ERROR_CUDA = 16,                /**< The CUDA runtime reported an error; the message carries its text. */
   FD_ERROR_INTERNAL = 17             /**< A bug in flashdecode; please report it with the message. */
 } fd_status;
@@ -461,10 +462,16 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  * for that; never shrinks it. Has no effect on a caller-provided workspace
  * other than checking its size.
  *
+ * A size no allocator can satisfy (above PTRDIFF_MAX, e.g. SIZE_MAX or a
+ * wrapped subtraction) is refused with #FD_ERROR_OUT_OF_MEMORY before any
+ * allocator sees it, as is a size the allocator refuses. On any error the
+ * handle keeps the workspace it had, and later calls use it as before.
+ *
  * @param handle A live handle.
  * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
- *         #FD_ERROR_OUT_OF_MEMORY; #FD_ERROR_WORKSPACE_TOO_SMALL if a
+ *         #FD_ERROR_OUT_OF_MEMORY if @p bytes cannot be allocated (or is
+ *         above PTRDIFF_MAX); #FD_ERROR_WORKSPACE_TOO_SMALL if a
  *         caller-provided workspace is smaller than @p bytes;
  *         #FD_ERROR_CUDA if zeroing the state fails.
  */
@@ -483,12 +490,19 @@ FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
  * the memory must not be in use by other work, and the caller must not
  * write to it while it belongs to the handle.
  *
+ * No memory block can be larger than PTRDIFF_MAX bytes or run past the end
+ * of the address space: such a @p bytes is refused with
+ * #FD_ERROR_INVALID_ARGUMENT (nothing is allocated here, so it is not
+ * #FD_ERROR_OUT_OF_MEMORY). On any error the handle keeps the workspace it
+ * had.
+ *
  * @param handle A live handle.
  * @param workspace The memory, or NULL to return to library-owned workspace.
  * @param bytes Its size in bytes (ignored when @p workspace is NULL).
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
- *         #FD_ERROR_INVALID_ARGUMENT if misaligned; #FD_ERROR_CUDA if
- *         zeroing the state fails (e.g. host memory given to a CUDA handle).
+ *         #FD_ERROR_INVALID_ARGUMENT if misaligned or if @p bytes is
+ *         impossible (see above); #FD_ERROR_CUDA if zeroing the state
+ *         fails (e.g. host memory given to a CUDA handle).
  */
 FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
 

@@ -347,6 +347,17 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
       fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %p is not aligned to %zu bytes", workspace,
                fd::kWorkspaceAlignment);
     }
+    // Sizes no memory block can have: later comparisons and offsets would
+    // trust memory that does not exist.
+    uintptr_t end = 0;
+    if (workspace != nullptr && bytes > fd::kMaxWorkspaceBytes) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %zu bytes is larger than any memory block can be (at most %zu)",
+               bytes, fd::kMaxWorkspaceBytes);
+    }
+    if (workspace != nullptr && __builtin_add_overflow(reinterpret_cast<uintptr_t>(workspace), bytes, &end)) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %zu bytes at %p run past the end of the address space", bytes,
+               workspace);
+    }
     if (workspace != nullptr) h.backend->prepare_workspace(workspace, bytes);
     fd::release_owned_workspace(h);
     if (workspace != nullptr) {

@@ -17,6 +17,14 @@
 #include "fdt.h"
 #include "flashdecode.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+/* ASan aborts when an allocation is refused, even a nothrow one, unless told
+ * to return NULL: test_reserve_refuses_impossible_sizes checks that the
+ * library turns the allocator's refusal into FD_ERROR_OUT_OF_MEMORY. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 /* ---- fixtures ------------------------------------------------------------ */
 typedef struct fixture {
   fd_handle *handle;
@@ -557,6 +565,105 @@ static void test_workspace_size_and_caller_memory(void **state) {
   fdt_poison_outputs(&f->problem);
 }
 
+/* Decodes f's problem on f's handle and checks the result against the
+ * reference: after a refused workspace call the handle must still work. */
+static void expect_decode_correct(fd_handle *handle, fdt_problem *problem) {
+  fdt_poison_outputs(problem);
+  assert_int_equal(fd_decode(handle, &problem->args, NULL), FD_SUCCESS);
+  char report[256];
+  if (fdt_check(problem, report, sizeof report, NULL, NULL) != 0) fail_msg("decode after a refusal: %s", report);
+}
+
+/* Sizes no allocator can satisfy are refused with OUT_OF_MEMORY before any
+ * allocator sees them: GCC's aligned operator new rounds a size up to the
+ * 256-byte alignment, which wraps for n > SIZE_MAX - 255 and gives a tiny
+ * block the handle took for n bytes. The handle keeps its workspace, and
+ * decodes on it still run (under ASan: without writing out of bounds). */
+static void test_reserve_refuses_impossible_sizes(void **state) {
+  fixture *f = *state;
+  const size_t impossible[] = {SIZE_MAX,           SIZE_MAX - 1,   SIZE_MAX - 254,
+                               SIZE_MAX - 255,     SIZE_MAX - 256, (size_t)PTRDIFF_MAX + 1,
+                               (size_t)PTRDIFF_MAX};
+  for (size_t i = 0; i < sizeof impossible / sizeof impossible[0]; ++i) {
+    /* On a handle without workspace yet: this was the heap overflow. */
+    fd_options options;
+    fd_options_init(&options, sizeof options);
+    options.backend = FD_BACKEND_CPU;
+    options.num_threads = 2;
+    fd_handle *fresh = NULL;
+    assert_int_equal(fd_create(&fresh, &options), FD_SUCCESS);
+    assert_int_equal(fd_reserve_workspace(fresh, impossible[i]), FD_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(last_message(), "workspace: "));
+    assert_non_null(strstr(last_message(), "more than any allocator can provide"));
+    expect_decode_correct(fresh, &f->problem);
+    assert_int_equal(fd_destroy(fresh), FD_SUCCESS);
+
+    /* On a handle that has one. */
+    expect_decode_correct(f->handle, &f->problem);
+    assert_int_equal(fd_reserve_workspace(f->handle, impossible[i]), FD_ERROR_OUT_OF_MEMORY);
+    expect_decode_correct(f->handle, &f->problem);
+  }
+
+  /* Huge but representable: the allocator itself refuses 4 EiB. */
+  assert_int_equal(fd_reserve_workspace(f->handle, (size_t)1 << 62), FD_ERROR_OUT_OF_MEMORY);
+  assert_non_null(strstr(last_message(), "workspace: allocating 4611686018427387904 bytes"));
+  expect_decode_correct(f->handle, &f->problem);
+  /* Reserving what the decode needs still works afterwards. */
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(f->handle, bytes), FD_SUCCESS);
+  expect_decode_correct(f->handle, &f->problem);
+}
+
+/* The shape: B=8, H=8, N=1024, D=128 after fd_reserve_workspace(SIZE_MAX). */
+static void test_reserve_then_decode_larger_problem(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 8;
+  c.q_heads = 8;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.kv_len = 1024;
+  c.dtype = FD_DTYPE_F32;
+  c.out_dtype = FD_DTYPE_F32;
+  c.seed = 11;
+  fdt_problem problem;
+  assert_int_equal(fdt_problem_make(&problem, &c), 0);
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  const size_t sizes[] = {SIZE_MAX, SIZE_MAX - 255, SIZE_MAX - 256};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    assert_int_equal(fd_reserve_workspace(h, sizes[i]), FD_ERROR_OUT_OF_MEMORY);
+    expect_decode_correct(h, &problem);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  fdt_problem_free(&problem);
+}
+
+/* Caller memory that no block can be is refused as an invalid argument (the
+ * library allocates nothing here), and the handle keeps its own workspace. */
+static void test_set_workspace_refuses_impossible_sizes(void **state) {
+  fixture *f = *state;
+  void *memory = aligned_alloc(256, 256);
+  assert_int_equal(fd_set_workspace(f->handle, memory, SIZE_MAX), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "workspace: 18446744073709551615 bytes is larger than any memory block"));
+  assert_int_equal(fd_set_workspace(f->handle, memory, SIZE_MAX - 255), FD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fd_set_workspace(f->handle, memory, (size_t)PTRDIFF_MAX + 1), FD_ERROR_INVALID_ARGUMENT);
+  /* A block that would run past the end of the address space. */
+  void *last_page = (void *)(UINTPTR_MAX - 4095);
+  assert_int_equal(fd_set_workspace(f->handle, last_page, 8192), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "run past the end of the address space"));
+  expect_decode_correct(f->handle, &f->problem);
+  /* The handle kept library-owned memory: it still grows on demand. */
+  fd_decode_args a = f->problem.args;
+  a.num_splits = 64;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  free(memory);
+}
+
 /* ---- thread-local errors ----------------------------------------------------------- */
 typedef struct thread_job {
   fixture *f;
@@ -725,6 +832,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_several_query_tokens, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_block_table, setup, teardown),
       cmocka_unit_test_setup_teardown(test_workspace_size_and_caller_memory, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reserve_refuses_impossible_sizes, setup, teardown),
+      cmocka_unit_test(test_reserve_then_decode_larger_problem),
+      cmocka_unit_test_setup_teardown(test_set_workspace_refuses_impossible_sizes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_are_thread_local, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_batch_is_a_no_op, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_plan, setup, teardown),
