@@ -185,8 +185,11 @@ typedef enum fd_dtype {
  * (`[batch, heads, seq, dim]`) and BNHD (`[batch, seq, heads, dim]`) caches, or
  * a slice of a larger cache, are all the same call with different strides.
  * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
- * elements, not bytes, and must not be negative. Data must be aligned to
- * its element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
+ * elements, not bytes, and must not be negative; a non-empty tensor's bytes,
+ * from `data` to the end of its furthest element, must span at most
+ * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_SHAPE
+ * otherwise: no memory block is larger). Data must be aligned to its
+ * element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
  * outputs (`out`, `lse`) must not overlap themselves: no two of their
  * elements may share memory (#FD_ERROR_INVALID_STRIDE); nor may `out`
  * and `lse` share memory with each other (#FD_ERROR_INVALID_ARGUMENT).

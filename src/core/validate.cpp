@@ -51,6 +51,21 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
       }
     }
   }
+  // Backends address elements as data + offset * element size: the furthest
+  // byte must lie within one object (at most PTRDIFF_MAX bytes) that ends
+  // inside the address space, or those addresses wrap, onto other elements
+  // or anywhere. byte_range relies on this too. Empty tensors are never read.
+  bool empty = false;
+  for (int d = 0; d < ndim; ++d) empty = empty || t.shape[d] == 0;
+  uintptr_t span = 0;
+  uintptr_t end = 0;
+  if (!empty && (__builtin_mul_overflow(static_cast<uintptr_t>(max_offset) + 1, dtype_bytes(t.dtype), &span) ||
+                 span > static_cast<uintptr_t>(PTRDIFF_MAX) ||
+                 __builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), span, &end))) {
+    fail(FD_ERROR_INVALID_SHAPE,
+         "%s: extent overflows the address space: its furthest element is %lld elements of %zu bytes past data %p",
+         name, static_cast<long long>(max_offset), dtype_bytes(t.dtype), t.data);
+  }
   if (contiguous_last_dim && t.shape[ndim - 1] > 1 && t.strides[ndim - 1] != 1) {
     fail(FD_ERROR_INVALID_STRIDE, "%s: stride of %s must be 1, got %lld", name, dim_names[ndim - 1],
          static_cast<long long>(t.strides[ndim - 1]));
@@ -101,7 +116,7 @@ ByteRange byte_range(const StridedView &view, int ndim, size_t element) {
     if (view.shape[d] == 0) return range;
     furthest += (view.shape[d] - 1) * view.strides[d];  // bounded by check_tensor
   }
-  range.end = range.begin + (static_cast<uintptr_t>(furthest) + 1) * element;
+  range.end = range.begin + (static_cast<uintptr_t>(furthest) + 1) * element;  // cannot wrap: check_tensor
   return range;
 }
 

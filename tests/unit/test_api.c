@@ -429,6 +429,19 @@ static void test_rejects_offset_overflow(void **state) {
   fd_decode_args a = f->problem.args;
   a.k.strides[1] = INT64_MAX / 4;
   expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows");
+  /* Element offsets that fit in 64 bits, byte offsets that do not: lse's
+   * second sequence would be 2^64 bytes on, the address of its first. */
+  a = f->problem.args;
+  a.lse.strides[0] = (int64_t)1 << 62;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "lse: extent overflows the address space");
+  /* More than PTRDIFF_MAX bytes (2-byte elements 2^62 apart): no object is that large. */
+  a = f->problem.args;
+  a.k.strides[0] = a.v.strides[0] = (int64_t)1 << 62;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows the address space");
+  /* A small tensor that would run past the end of the address space. */
+  a = f->problem.args;
+  a.q.data = (void *)(UINTPTR_MAX - 255);
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: extent overflows the address space");
 }
 
 static void test_rejects_oversized_capacity(void **state) {
