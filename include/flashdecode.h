@@ -43,6 +43,30 @@
  * No C++ exception ever crosses this ABI. Every argument is checked before any
  * work starts; on error nothing is written to the output and a specific status
  * is returned together with a message naming the offending argument.
+ *
+ * @par Versioned structs
+ * #fd_options, #fd_decode_args and #fd_plan_info start with `struct_size`,
+ * the sizeof the caller compiled, so that callers built against older and
+ * newer headers share one ABI. Later minor versions append fields only
+ * past the sizeof of every earlier version (never into its trailing
+ * padding), and zero is the default of every field they add. The inputs
+ * (#fd_options, #fd_decode_args) are read as Linux's
+ * copy_struct_from_user() reads a user's struct:
+ * - a smaller struct_size (an older caller): the fields it lacks take their
+ *   defaults;
+ * - a larger struct_size (a newer caller): the bytes past this library's
+ *   sizeof belong to fields it does not know. If they are all zero, nothing
+ *   is asked of those fields and the call proceeds; if any is not, the call
+ *   asks for something this library cannot do and fails with
+ *   #FD_ERROR_UNSUPPORTED, whose message names the struct and the offset of
+ *   the first non-zero byte, rather than silently ignoring it;
+ * - a struct_size too small for the fields every version has, or above
+ *   4096 (an uninitialised struct), fails with #FD_ERROR_INVALID_ARGUMENT.
+ *
+ * Initialising with the `_init` function zeroes every byte of the caller's
+ * struct_size, so a newer caller is refused only for a field it set. The
+ * output #fd_plan_info is only written, never refused: a newer caller's
+ * extra bytes are left as they are.
  */
 #ifndef FLASHDECODE_H_INCLUDED
 #define FLASHDECODE_H_INCLUDED
@@ -107,7 +131,7 @@ typedef enum fd_status {
   FD_SUCCESS = 0,                    /**< The call succeeded. */
   FD_ERROR_NULL_POINTER = 1,         /**< A required pointer (handle, argument struct or tensor data) was NULL. */
   FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a
-                                          too-small struct_size). */
+                                          struct_size too small or above 4096). */
   FD_ERROR_INVALID_DTYPE = 3,        /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes
                                           differ. */
   FD_ERROR_INVALID_HEAD_DIM = 4,     /**< head_dim is out of range for the API or for the handle's backend. */
@@ -127,7 +151,9 @@ typedef enum fd_status {
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
   FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
-                                          query tokens. */
+                                          query tokens; or a newer caller's #fd_options or #fd_decode_args with a
+                                          non-zero byte past this library's struct: a field this version does not
+                                          know (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
   FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
@@ -237,10 +263,13 @@ typedef enum fd_backend {
  *        `fd_options_init(&options, sizeof options)`.
  *
  * The struct starts with its own size so fields can be appended in later
- * minor versions without breaking callers compiled against older headers.
+ * minor versions without breaking callers compiled against older or newer
+ * headers: a newer caller's fields that this library does not know must be
+ * zero (see "Versioned structs" in the file description).
  */
 typedef struct fd_options {
-  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
+  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). Bytes past
+                            this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
   fd_backend backend;  /**< Backend to use; default #FD_BACKEND_AUTO. */
   int32_t device;      /**< CUDA device ordinal for the CUDA backend; default 0. */
   int32_t num_threads; /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses
@@ -275,6 +304,8 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
  *         count (above #FD_MAX_THREADS), or a negative device with
  *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
+ *         #FD_ERROR_UNSUPPORTED for a non-zero byte past this library's
+ *         #fd_options (a newer caller's field; see "Versioned structs");
  *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
  *         device is missing, unavailable (exclusive mode, a driver too old),
  *         cannot run this build's kernels, or the library has no CUDA
@@ -368,7 +399,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * length to [0, kv_capacity] and does not check page indices.
  */
 typedef struct fd_decode_args {
-  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init(). */
+  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
+                              Bytes past this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
   fd_tensor q;           /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
   fd_tensor k;           /**< Key cache (dense or page pool, see above). */
   fd_tensor v;           /**< Value cache, same shape as @p k. */
@@ -537,7 +569,8 @@ typedef enum fd_merge {
  *
  * Starts with its own size, like #fd_options: a later minor version may
  * append fields, and fd_describe_plan() writes only the caller's
- * struct_size bytes.
+ * struct_size bytes. An output, so a newer caller's larger struct is never
+ * refused: the bytes past this library's sizeof are left as they are.
  */
 typedef struct fd_plan_info {
   size_t struct_size;     /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */

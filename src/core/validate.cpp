@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "core/error.h"
 #include "core/problem.h"
+#include "core/sized_struct.h"
 
 namespace fd {
 namespace {
@@ -148,19 +148,14 @@ const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
 
 // Reads the caller's struct, honouring its struct_size: fields an older
-// caller does not know keep their defaults.
+// caller does not know keep their defaults, and a newer caller's fields
+// must be zero (core/sized_struct.h).
 fd_decode_args read_args(const fd_decode_args *args) {
   if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
   const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
-  if (args->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT,
-         "args: struct_size is %zu, expected at least %zu (initialise it with fd_decode_args_init)", args->struct_size,
-         required);
-  }
-  fd_decode_args copy;
-  fd_decode_args_init(&copy, sizeof copy);
-  std::memcpy(&copy, args, args->struct_size < sizeof copy ? args->struct_size : sizeof copy);
-  return copy;
+  fd_decode_args defaults;
+  fd_decode_args_init(&defaults, sizeof defaults);
+  return read_sized_struct(*args, defaults, required, "args", "fd_decode_args");
 }
 
 }  // namespace

@@ -239,6 +239,149 @@ static void test_use_after_destroy(void **state) {
   assert_int_equal(fd_decode((fd_handle *)&not_a_handle, &f->problem.args, NULL), FD_ERROR_INVALID_HANDLE);
 }
 
+/* ---- forward compatibility ------------------------------------------------------ */
+/* A caller compiled against a newer header passes a larger struct. The bytes
+ * past this library's sizeof are fields it does not know: all zero (nothing
+ * asked of them) is accepted; a non-zero byte is refused with
+ * FD_ERROR_UNSUPPORTED naming the struct and the offset of the first such
+ * byte (Linux's copy_struct_from_user rule), and nothing is written. The
+ * structs live on the heap, exactly struct_size bytes, so that ASan sees any
+ * read past them. */
+enum { kNewerTail = 64 };
+
+/* f's args in a heap block of `size` bytes, zero beyond what fits. */
+static fd_decode_args *args_of_size(const fixture *f, size_t size) {
+  unsigned char *block = calloc(1, size);
+  memcpy(block, &f->problem.args, size < sizeof(fd_decode_args) ? size : sizeof(fd_decode_args));
+  memcpy(block + offsetof(fd_decode_args, struct_size), &size,
+         sizeof size); /* the block may be smaller than the type */
+  return (fd_decode_args *)block;
+}
+
+static void test_newer_args_with_zero_tail_accepted(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  unsigned char *expected = malloc(f->problem.out_bytes);
+  memcpy(expected, f->problem.out, f->problem.out_bytes);
+  size_t expected_bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &expected_bytes), FD_SUCCESS);
+
+  fd_decode_args *newer = args_of_size(f, sizeof(fd_decode_args) + kNewerTail);
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, newer, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, newer, &bytes), FD_SUCCESS);
+  assert_int_equal(bytes, expected_bytes);
+  fd_plan_info info;
+  fd_plan_info_init(&info, sizeof info);
+  assert_int_equal(fd_describe_plan(f->handle, newer, &info), FD_SUCCESS);
+  assert_int_equal(info.workspace_bytes, expected_bytes);
+  free(newer);
+
+  /* Through the init function, as a newer caller would fill it. */
+  const size_t size = sizeof(fd_decode_args) + kNewerTail;
+  fd_decode_args *inited = malloc(size);
+  memset(inited, 0xab, size);
+  assert_int_equal(fd_decode_args_init(inited, size), sizeof(fd_decode_args));
+  inited->q = f->problem.args.q;
+  inited->k = f->problem.args.k;
+  inited->v = f->problem.args.v;
+  inited->out = f->problem.args.out;
+  inited->lse = f->problem.args.lse;
+  inited->seq_lens = f->problem.args.seq_lens;
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, inited, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  free(inited);
+  free(expected);
+}
+
+static void test_newer_args_with_nonzero_tail_refused(void **state) {
+  fixture *f = *state;
+  const size_t size = sizeof(fd_decode_args) + kNewerTail;
+  const size_t offsets[] = {sizeof(fd_decode_args), sizeof(fd_decode_args) + 1, sizeof(fd_decode_args) + 7,
+                            sizeof(fd_decode_args) + 8, sizeof(fd_decode_args) + kNewerTail - 1};
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; ++i) {
+    fd_decode_args *newer = args_of_size(f, size);
+    unsigned char *bytes = (unsigned char *)newer;
+    bytes[offsets[i]] = (unsigned char)(1u << (i % 8));
+    char needle[160];
+    snprintf(needle, sizeof needle, "args: fd_decode_args has a non-zero byte at offset %zu, past the %zu bytes",
+             offsets[i], sizeof(fd_decode_args));
+    expect_rejected(f, newer, FD_ERROR_UNSUPPORTED, needle);
+    /* A later non-zero byte too: the first one is named. */
+    bytes[size - 1] = 0xff;
+    expect_rejected(f, newer, FD_ERROR_UNSUPPORTED, needle);
+    /* Bytes past struct_size are not the caller's struct: not looked at. */
+    newer->struct_size = offsets[i];
+    if (offsets[i] > sizeof(fd_decode_args)) {
+      assert_int_equal(fd_decode(f->handle, newer, NULL), FD_SUCCESS);
+      fdt_poison_outputs(&f->problem); /* as pristine_out again */
+    }
+    free(newer);
+  }
+
+  /* A struct_size no header will have (an uninitialised struct) is refused
+   * before any byte past the library's struct is read. */
+  fd_decode_args a = f->problem.args;
+  a.struct_size = 4097;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "args: struct_size is 4097, expected at most 4096");
+  a.struct_size = SIZE_MAX;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "expected at most 4096 (initialise it with fd_decode_args_init)");
+}
+
+/* An older caller's smaller struct (without the trailing padding of this
+ * one) still works, and only its own bytes are read. */
+static void test_older_args_accepted(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  unsigned char *expected = malloc(f->problem.out_bytes);
+  memcpy(expected, f->problem.out, f->problem.out_bytes);
+  const size_t old_size = offsetof(fd_decode_args, num_splits) + sizeof(int32_t);
+  assert_true(old_size < sizeof(fd_decode_args));
+  fd_decode_args *older = args_of_size(f, old_size);
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, older, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  free(older);
+  free(expected);
+}
+
+static void test_newer_options(void **state) {
+  (void)state;
+  const size_t size = sizeof(fd_options) + kNewerTail;
+  fd_options *newer = malloc(size);
+  memset(newer, 0xab, size);
+  assert_int_equal(fd_options_init(newer, size), sizeof(fd_options));
+  newer->backend = FD_BACKEND_CPU;
+  newer->num_threads = 2;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, newer), FD_SUCCESS);
+  fd_backend backend = FD_BACKEND_AUTO;
+  assert_int_equal(fd_get_backend(h, &backend), FD_SUCCESS);
+  assert_int_equal(backend, FD_BACKEND_CPU);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+
+  const size_t offsets[] = {sizeof(fd_options), sizeof(fd_options) + 3, sizeof(fd_options) + kNewerTail - 1};
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; ++i) {
+    ((unsigned char *)newer)[offsets[i]] = 0x80;
+    h = (fd_handle *)0x1;
+    assert_int_equal(fd_create(&h, newer), FD_ERROR_UNSUPPORTED);
+    assert_null(h); /* documented: set to NULL on failure, nothing created */
+    char needle[128];
+    snprintf(needle, sizeof needle, "options: fd_options has a non-zero byte at offset %zu, past the %zu bytes",
+             offsets[i], sizeof(fd_options));
+    if (strstr(last_message(), needle) == NULL) fail_msg("expected \"%s\", got: %s", needle, last_message());
+    ((unsigned char *)newer)[offsets[i]] = 0;
+  }
+  newer->struct_size = 5000;
+  assert_int_equal(fd_create(&h, newer), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "options: struct_size is 5000, expected at most 4096"));
+  assert_null(h);
+  free(newer);
+}
+
 /* ---- bad input: one test per rejection --------------------------------------- */
 static void test_rejects_null_handle(void **state) {
   fixture *f = *state;
@@ -820,11 +963,15 @@ int main(void) {
       cmocka_unit_test(test_create_rejects_bad_options),
       cmocka_unit_test(test_old_options_struct_is_accepted),
       cmocka_unit_test(test_init_writes_only_struct_size),
+      cmocka_unit_test(test_newer_options),
       cmocka_unit_test(test_error_message_truncation),
       cmocka_unit_test_setup_teardown(test_use_after_destroy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_handle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_args, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_struct_size, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newer_args_with_zero_tail_accepted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newer_args_with_nonzero_tail_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_older_args_accepted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_tensor_data, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_unknown_dtype, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_mixed_dtypes, setup, teardown),
