@@ -43,6 +43,30 @@
  * No C++ exception ever crosses this ABI. Every argument is checked before any
  * work starts; on error nothing is written to the output and a specific status
  * is returned together with a message naming the offending argument.
+ *
+ * @par Versioned structs
+ * #fd_options, #fd_decode_args and #fd_plan_info start with `struct_size`,
+ * the sizeof the caller compiled, so that callers built against older and
+ * newer headers share one ABI. Later minor versions append fields only
+ * past the sizeof of every earlier version (never into its trailing
+ * padding), and zero is the default of every field they add. The inputs
+ * (#fd_options, #fd_decode_args) are read as Linux's
+ * copy_struct_from_user() reads a user's struct:
+ * - a smaller struct_size (an older caller): the fields it lacks take their
+ *   defaults;
+ * - a larger struct_size (a newer caller): the bytes past this library's
+ *   sizeof belong to fields it does not know. If they are all zero, nothing
+ *   is asked of those fields and the call proceeds; if any is not, the call
+ *   asks for something this library cannot do and fails with
+ *   #FD_ERROR_UNSUPPORTED, whose message names the struct and the offset of
+ *   the first non-zero byte, rather than silently ignoring it;
+ * - a struct_size too small for the fields every version has, or above
+ *   4096 (an uninitialised struct), fails with #FD_ERROR_INVALID_ARGUMENT.
+ *
+ * Initialising with the `_init` function zeroes every byte of the caller's
+ * struct_size, so a newer caller is refused only for a field it set. The
+ * output #fd_plan_info is only written, never refused: a newer caller's
+ * extra bytes are left as they are.
  */
 #ifndef FLASHDECODE_H_INCLUDED
 #define FLASHDECODE_H_INCLUDED
@@ -107,7 +131,7 @@ typedef enum fd_status {
   FD_SUCCESS = 0,                    /**< The call succeeded. */
   FD_ERROR_NULL_POINTER = 1,         /**< A required pointer (handle, argument struct or tensor data) was NULL. */
   FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a
-                                          too-small struct_size). */
+                                          struct_size too small or above 4096). */
   FD_ERROR_INVALID_DTYPE = 3,        /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes
                                           differ. */
   FD_ERROR_INVALID_HEAD_DIM = 4,     /**< head_dim is out of range for the API or for the handle's backend. */
@@ -127,10 +151,13 @@ typedef enum fd_status {
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
   FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
-                                          query tokens. */
+                                          query tokens; or a newer caller's #fd_options or #fd_decode_args with a
+                                          non-zero byte past this library's struct: a field this version does not
+                                          know (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
-  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated. */
+  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
+                                          beyond what any allocator can satisfy (above PTRDIFF_MAX). */
   FD_ERROR_CUDA = 16,                /**< The CUDA runtime reported an error; the message carries its text. */
   FD_ERROR_INTERNAL = 17             /**< A bug in flashdecode; please report it with the message. */
 } fd_status;
@@ -184,8 +211,11 @@ typedef enum fd_dtype {
  * (`[batch, heads, seq, dim]`) and BNHD (`[batch, seq, heads, dim]`) caches, or
  * a slice of a larger cache, are all the same call with different strides.
  * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
- * elements, not bytes, and must not be negative. Data must be aligned to
- * its element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
+ * elements, not bytes, and must not be negative; a non-empty tensor's bytes,
+ * from `data` to the end of its furthest element, must span at most
+ * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_SHAPE
+ * otherwise: no memory block is larger). Data must be aligned to its
+ * element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
  * outputs (`out`, `lse`) must not overlap themselves: no two of their
  * elements may share memory (#FD_ERROR_INVALID_STRIDE); nor may `out`
  * and `lse` share memory with each other (#FD_ERROR_INVALID_ARGUMENT).
@@ -233,10 +263,13 @@ typedef enum fd_backend {
  *        `fd_options_init(&options, sizeof options)`.
  *
  * The struct starts with its own size so fields can be appended in later
- * minor versions without breaking callers compiled against older headers.
+ * minor versions without breaking callers compiled against older or newer
+ * headers: a newer caller's fields that this library does not know must be
+ * zero (see "Versioned structs" in the file description).
  */
 typedef struct fd_options {
-  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). */
+  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). Bytes past
+                            this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
   fd_backend backend;  /**< Backend to use; default #FD_BACKEND_AUTO. */
   int32_t device;      /**< CUDA device ordinal for the CUDA backend; default 0. */
   int32_t num_threads; /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses
@@ -271,6 +304,8 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
  *         count (above #FD_MAX_THREADS), or a negative device with
  *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
+ *         #FD_ERROR_UNSUPPORTED for a non-zero byte past this library's
+ *         #fd_options (a newer caller's field; see "Versioned structs");
  *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
  *         device is missing, unavailable (exclusive mode, a driver too old),
  *         cannot run this build's kernels, or the library has no CUDA
@@ -377,7 +412,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * length to [0, kv_capacity] and does not check page indices.
  */
 typedef struct fd_decode_args {
-  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init(). */
+  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
+                              Bytes past this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
   fd_tensor q;           /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
   fd_tensor k;           /**< Key cache (dense or page pool, see above). */
   fd_tensor v;           /**< Value cache, same shape as @p k. */
@@ -474,10 +510,16 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  * for that; never shrinks it. Has no effect on a caller-provided workspace
  * other than checking its size.
  *
+ * A size no allocator can satisfy (above PTRDIFF_MAX, e.g. SIZE_MAX or a
+ * wrapped subtraction) is refused with #FD_ERROR_OUT_OF_MEMORY before any
+ * allocator sees it, as is a size the allocator refuses. On any error the
+ * handle keeps the workspace it had, and later calls use it as before.
+ *
  * @param handle A live handle.
  * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
- *         #FD_ERROR_OUT_OF_MEMORY; #FD_ERROR_WORKSPACE_TOO_SMALL if a
+ *         #FD_ERROR_OUT_OF_MEMORY if @p bytes cannot be allocated (or is
+ *         above PTRDIFF_MAX); #FD_ERROR_WORKSPACE_TOO_SMALL if a
  *         caller-provided workspace is smaller than @p bytes;
  *         #FD_ERROR_CUDA if zeroing the state fails.
  */
@@ -496,12 +538,19 @@ FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
  * the memory must not be in use by other work, and the caller must not
  * write to it while it belongs to the handle.
  *
+ * No memory block can be larger than PTRDIFF_MAX bytes or run past the end
+ * of the address space: such a @p bytes is refused with
+ * #FD_ERROR_INVALID_ARGUMENT (nothing is allocated here, so it is not
+ * #FD_ERROR_OUT_OF_MEMORY). On any error the handle keeps the workspace it
+ * had.
+ *
  * @param handle A live handle.
  * @param workspace The memory, or NULL to return to library-owned workspace.
  * @param bytes Its size in bytes (ignored when @p workspace is NULL).
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
- *         #FD_ERROR_INVALID_ARGUMENT if misaligned; #FD_ERROR_CUDA if
- *         zeroing the state fails (e.g. host memory given to a CUDA handle).
+ *         #FD_ERROR_INVALID_ARGUMENT if misaligned or if @p bytes is
+ *         impossible (see above); #FD_ERROR_CUDA if zeroing the state
+ *         fails (e.g. host memory given to a CUDA handle).
  */
 FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
 
@@ -533,7 +582,8 @@ typedef enum fd_merge {
  *
  * Starts with its own size, like #fd_options: a later minor version may
  * append fields, and fd_describe_plan() writes only the caller's
- * struct_size bytes.
+ * struct_size bytes. An output, so a newer caller's larger struct is never
+ * refused: the bytes past this library's sizeof are left as they are.
  */
 typedef struct fd_plan_info {
   size_t struct_size;     /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */

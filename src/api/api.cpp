@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "core/plan.h"
 #include "core/problem.h"
+#include "core/sized_struct.h"
 
 struct fd_handle {
   // Serialises the calls on this handle (taken through fd::LockedHandle):
@@ -88,18 +89,14 @@ class LockedHandle {
   std::unique_lock<std::mutex> lock_;
 };
 
+// A NULL caller gets the defaults; see core/sized_struct.h for older and
+// newer callers' structs.
 fd_options read_options(const fd_options *caller) {
   fd_options options;
   fd_options_init(&options, sizeof options);
   if (caller == nullptr) return options;
   const size_t required = offsetof(fd_options, backend) + sizeof(caller->backend);
-  if (caller->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT,
-         "options: struct_size is %zu, expected at least %zu (initialise it with fd_options_init)", caller->struct_size,
-         required);
-  }
-  std::memcpy(&options, caller, caller->struct_size < sizeof options ? caller->struct_size : sizeof options);
-  return options;
+  return read_sized_struct(*caller, options, required, "options", "fd_options");
 }
 
 std::unique_ptr<Backend> make_backend(const fd_options &options) {
@@ -346,6 +343,17 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
     if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % fd::kWorkspaceAlignment != 0) {
       fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %p is not aligned to %zu bytes", workspace,
                fd::kWorkspaceAlignment);
+    }
+    // Sizes no memory block can have: later comparisons and offsets would
+    // trust memory that does not exist.
+    uintptr_t end = 0;
+    if (workspace != nullptr && bytes > fd::kMaxWorkspaceBytes) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %zu bytes is larger than any memory block can be (at most %zu)",
+               bytes, fd::kMaxWorkspaceBytes);
+    }
+    if (workspace != nullptr && __builtin_add_overflow(reinterpret_cast<uintptr_t>(workspace), bytes, &end)) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT, "workspace: %zu bytes at %p run past the end of the address space", bytes,
+               workspace);
     }
     if (workspace != nullptr) h.backend->prepare_workspace(workspace, bytes);
     fd::release_owned_workspace(h);

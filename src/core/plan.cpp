@@ -9,9 +9,25 @@ namespace fd {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-size_t align_up(size_t n) { return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+// The end of `bytes` placed at `offset`, rounded up to kWorkspaceAlignment;
+// false if the sum overflows or passes kMaxWorkspaceBytes (which is aligned,
+// so the rounding cannot wrap).
+bool place(size_t offset, size_t bytes, size_t *end) {
+  size_t sum = 0;
+  if (__builtin_add_overflow(offset, bytes, &sum) || sum > kMaxWorkspaceBytes) return false;
+  *end = (sum + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  return true;
+}
 
 }  // namespace
+
+void require_allocatable_workspace(size_t bytes, const char *what) {
+  if (bytes > kMaxWorkspaceBytes) {
+    fail(FD_ERROR_OUT_OF_MEMORY, "%s: %zu bytes is more than any allocator can provide (at most %zu)", what, bytes,
+         kMaxWorkspaceBytes);
+  }
+}
 
 // Enough splits that every worker has about two units of work, but none
 // shorter than min_split_tokens: a GQA group of one sequence is one unit
@@ -83,19 +99,27 @@ Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity
                         ? splits
                         : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
 
-  plan.rows = p.batch * p.q_len * p.q_heads;
+  // Every product and offset is checked: they come from the caller's
+  // shapes, and a wrapped size would be a small workspace that the decode
+  // writes past.
   size_t states = 0;
+  size_t state_bytes = 0;
   size_t acc_bytes = 0;
-  if (__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) ||
-      __builtin_mul_overflow(states, static_cast<size_t>(p.head_dim) * sizeof(float), &acc_bytes) ||
-      acc_bytes > (SIZE_MAX >> 2)) {
-    fail(FD_ERROR_INVALID_SHAPE, "q: batch %lld x q_heads %lld x %d splits needs a workspace beyond the address space",
-         static_cast<long long>(p.batch), static_cast<long long>(p.q_heads), static_cast<int>(plan.num_splits));
+  const bool fits =
+      !__builtin_mul_overflow(p.batch, p.q_len, &plan.rows) &&
+      !__builtin_mul_overflow(plan.rows, p.q_heads, &plan.rows) && plan.rows >= 0 &&
+      !__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) &&
+      !__builtin_mul_overflow(states, sizeof(float), &state_bytes) &&
+      !__builtin_mul_overflow(state_bytes, static_cast<size_t>(p.head_dim), &acc_bytes) &&
+      place(0, header_bytes, &plan.m_offset) && place(plan.m_offset, state_bytes, &plan.l_offset) &&
+      place(plan.l_offset, state_bytes, &plan.acc_offset) && place(plan.acc_offset, acc_bytes, &plan.workspace_bytes);
+  if (!fits) {
+    fail(FD_ERROR_INVALID_SHAPE,
+         "q: batch %lld x q_heads %lld x %d splits x head_dim %lld needs a workspace beyond the address space (more "
+         "than %zu bytes)",
+         static_cast<long long>(p.batch), static_cast<long long>(p.q_heads), static_cast<int>(plan.num_splits),
+         static_cast<long long>(p.head_dim), kMaxWorkspaceBytes);
   }
-  plan.m_offset = align_up(header_bytes);
-  plan.l_offset = align_up(plan.m_offset + states * sizeof(float));
-  plan.acc_offset = align_up(plan.l_offset + states * sizeof(float));
-  plan.workspace_bytes = align_up(plan.acc_offset + acc_bytes);
   return plan;
 }
 

@@ -61,13 +61,26 @@ struct Plan {
 
 constexpr size_t kWorkspaceAlignment = 256;
 
+// The largest workspace the library allocates, plans or accepts from a
+// caller: no allocator returns more than PTRDIFF_MAX bytes (pointer
+// differences must fit). A multiple of kWorkspaceAlignment, so that rounding
+// an accepted size up to the alignment cannot wrap size_t: GCC's aligned
+// operator new rounds so, and for a size within 255 of SIZE_MAX gets a tiny
+// block that the handle would take for the whole size.
+constexpr size_t kMaxWorkspaceBytes = static_cast<size_t>(PTRDIFF_MAX) / kWorkspaceAlignment * kWorkspaceAlignment;
+
+// Throws FD_ERROR_OUT_OF_MEMORY, naming `what`, for a workspace size no
+// allocator can satisfy (above kMaxWorkspaceBytes): every allocation path
+// calls this before the allocator sees the size.
+void require_allocatable_workspace(size_t bytes, const char *what);
+
 // A plan with the caller's split count when it asked for one (kept exactly:
 // trailing splits may be empty), else automatic_splits (splits that rounding
 // leaves empty are dropped); split lengths are multiples of granularity.
 // header_bytes of backend state come first in the workspace: the same for
 // every problem of a backend, so that no plan's partials overwrite it.
-// Throws FD_ERROR_INVALID_SHAPE when the workspace would not fit the address
-// space.
+// Every offset is computed with overflow checks; throws FD_ERROR_INVALID_SHAPE
+// when the workspace would exceed kMaxWorkspaceBytes.
 Plan layout_plan(const Problem &problem, int32_t automatic_splits, int64_t granularity, size_t header_bytes);
 
 // Everything a plan depends on: problems with equal keys get equal plans

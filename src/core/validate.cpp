@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "core/error.h"
 #include "core/problem.h"
+#include "core/sized_struct.h"
 
 namespace fd {
 namespace {
@@ -50,6 +50,21 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
         fail(FD_ERROR_INVALID_SHAPE, "%s: extent overflows 64-bit element offsets", name);
       }
     }
+  }
+  // Backends address elements as data + offset * element size: the furthest
+  // byte must lie within one object (at most PTRDIFF_MAX bytes) that ends
+  // inside the address space, or those addresses wrap, onto other elements
+  // or anywhere. byte_range relies on this too. Empty tensors are never read.
+  bool empty = false;
+  for (int d = 0; d < ndim; ++d) empty = empty || t.shape[d] == 0;
+  uintptr_t span = 0;
+  uintptr_t end = 0;
+  if (!empty && (__builtin_mul_overflow(static_cast<uintptr_t>(max_offset) + 1, dtype_bytes(t.dtype), &span) ||
+                 span > static_cast<uintptr_t>(PTRDIFF_MAX) ||
+                 __builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), span, &end))) {
+    fail(FD_ERROR_INVALID_SHAPE,
+         "%s: extent overflows the address space: its furthest element is %lld elements of %zu bytes past data %p",
+         name, static_cast<long long>(max_offset), dtype_bytes(t.dtype), t.data);
   }
   if (contiguous_last_dim && t.shape[ndim - 1] > 1 && t.strides[ndim - 1] != 1) {
     fail(FD_ERROR_INVALID_STRIDE, "%s: stride of %s must be 1, got %lld", name, dim_names[ndim - 1],
@@ -101,7 +116,7 @@ ByteRange byte_range(const StridedView &view, int ndim, size_t element) {
     if (view.shape[d] == 0) return range;
     furthest += (view.shape[d] - 1) * view.strides[d];  // bounded by check_tensor
   }
-  range.end = range.begin + (static_cast<uintptr_t>(furthest) + 1) * element;
+  range.end = range.begin + (static_cast<uintptr_t>(furthest) + 1) * element;  // cannot wrap: check_tensor
   return range;
 }
 
@@ -133,19 +148,14 @@ const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
 
 // Reads the caller's struct, honouring its struct_size: fields an older
-// caller does not know keep their defaults.
+// caller does not know keep their defaults, and a newer caller's fields
+// must be zero (core/sized_struct.h).
 fd_decode_args read_args(const fd_decode_args *args) {
   if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
   const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
-  if (args->struct_size < required) {
-    fail(FD_ERROR_INVALID_ARGUMENT,
-         "args: struct_size is %zu, expected at least %zu (initialise it with fd_decode_args_init)", args->struct_size,
-         required);
-  }
-  fd_decode_args copy;
-  fd_decode_args_init(&copy, sizeof copy);
-  std::memcpy(&copy, args, args->struct_size < sizeof copy ? args->struct_size : sizeof copy);
-  return copy;
+  fd_decode_args defaults;
+  fd_decode_args_init(&defaults, sizeof defaults);
+  return read_sized_struct(*args, defaults, required, "args", "fd_decode_args");
 }
 
 }  // namespace

@@ -17,6 +17,14 @@
 #include "fdt.h"
 #include "flashdecode.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+/* ASan aborts when an allocation is refused, even a nothrow one, unless told
+ * to return NULL: test_reserve_refuses_impossible_sizes checks that the
+ * library turns the allocator's refusal into FD_ERROR_OUT_OF_MEMORY. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 /* ---- fixtures ------------------------------------------------------------ */
 typedef struct fixture {
   fd_handle *handle;
@@ -231,6 +239,149 @@ static void test_use_after_destroy(void **state) {
   assert_int_equal(fd_decode((fd_handle *)&not_a_handle, &f->problem.args, NULL), FD_ERROR_INVALID_HANDLE);
 }
 
+/* ---- forward compatibility ------------------------------------------------------ */
+/* A caller compiled against a newer header passes a larger struct. The bytes
+ * past this library's sizeof are fields it does not know: all zero (nothing
+ * asked of them) is accepted; a non-zero byte is refused with
+ * FD_ERROR_UNSUPPORTED naming the struct and the offset of the first such
+ * byte (Linux's copy_struct_from_user rule), and nothing is written. The
+ * structs live on the heap, exactly struct_size bytes, so that ASan sees any
+ * read past them. */
+enum { kNewerTail = 64 };
+
+/* f's args in a heap block of `size` bytes, zero beyond what fits. */
+static fd_decode_args *args_of_size(const fixture *f, size_t size) {
+  unsigned char *block = calloc(1, size);
+  memcpy(block, &f->problem.args, size < sizeof(fd_decode_args) ? size : sizeof(fd_decode_args));
+  memcpy(block + offsetof(fd_decode_args, struct_size), &size,
+         sizeof size); /* the block may be smaller than the type */
+  return (fd_decode_args *)block;
+}
+
+static void test_newer_args_with_zero_tail_accepted(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  unsigned char *expected = malloc(f->problem.out_bytes);
+  memcpy(expected, f->problem.out, f->problem.out_bytes);
+  size_t expected_bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &expected_bytes), FD_SUCCESS);
+
+  fd_decode_args *newer = args_of_size(f, sizeof(fd_decode_args) + kNewerTail);
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, newer, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, newer, &bytes), FD_SUCCESS);
+  assert_int_equal(bytes, expected_bytes);
+  fd_plan_info info;
+  fd_plan_info_init(&info, sizeof info);
+  assert_int_equal(fd_describe_plan(f->handle, newer, &info), FD_SUCCESS);
+  assert_int_equal(info.workspace_bytes, expected_bytes);
+  free(newer);
+
+  /* Through the init function, as a newer caller would fill it. */
+  const size_t size = sizeof(fd_decode_args) + kNewerTail;
+  fd_decode_args *inited = malloc(size);
+  memset(inited, 0xab, size);
+  assert_int_equal(fd_decode_args_init(inited, size), sizeof(fd_decode_args));
+  inited->q = f->problem.args.q;
+  inited->k = f->problem.args.k;
+  inited->v = f->problem.args.v;
+  inited->out = f->problem.args.out;
+  inited->lse = f->problem.args.lse;
+  inited->seq_lens = f->problem.args.seq_lens;
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, inited, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  free(inited);
+  free(expected);
+}
+
+static void test_newer_args_with_nonzero_tail_refused(void **state) {
+  fixture *f = *state;
+  const size_t size = sizeof(fd_decode_args) + kNewerTail;
+  const size_t offsets[] = {sizeof(fd_decode_args), sizeof(fd_decode_args) + 1, sizeof(fd_decode_args) + 7,
+                            sizeof(fd_decode_args) + 8, sizeof(fd_decode_args) + kNewerTail - 1};
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; ++i) {
+    fd_decode_args *newer = args_of_size(f, size);
+    unsigned char *bytes = (unsigned char *)newer;
+    bytes[offsets[i]] = (unsigned char)(1u << (i % 8));
+    char needle[160];
+    snprintf(needle, sizeof needle, "args: fd_decode_args has a non-zero byte at offset %zu, past the %zu bytes",
+             offsets[i], sizeof(fd_decode_args));
+    expect_rejected(f, newer, FD_ERROR_UNSUPPORTED, needle);
+    /* A later non-zero byte too: the first one is named. */
+    bytes[size - 1] = 0xff;
+    expect_rejected(f, newer, FD_ERROR_UNSUPPORTED, needle);
+    /* Bytes past struct_size are not the caller's struct: not looked at. */
+    newer->struct_size = offsets[i];
+    if (offsets[i] > sizeof(fd_decode_args)) {
+      assert_int_equal(fd_decode(f->handle, newer, NULL), FD_SUCCESS);
+      fdt_poison_outputs(&f->problem); /* as pristine_out again */
+    }
+    free(newer);
+  }
+
+  /* A struct_size no header will have (an uninitialised struct) is refused
+   * before any byte past the library's struct is read. */
+  fd_decode_args a = f->problem.args;
+  a.struct_size = 4097;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "args: struct_size is 4097, expected at most 4096");
+  a.struct_size = SIZE_MAX;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "expected at most 4096 (initialise it with fd_decode_args_init)");
+}
+
+/* An older caller's smaller struct (without the trailing padding of this
+ * one) still works, and only its own bytes are read. */
+static void test_older_args_accepted(void **state) {
+  fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
+  unsigned char *expected = malloc(f->problem.out_bytes);
+  memcpy(expected, f->problem.out, f->problem.out_bytes);
+  const size_t old_size = offsetof(fd_decode_args, num_splits) + sizeof(int32_t);
+  assert_true(old_size < sizeof(fd_decode_args));
+  fd_decode_args *older = args_of_size(f, old_size);
+  fdt_poison_outputs(&f->problem);
+  assert_int_equal(fd_decode(f->handle, older, NULL), FD_SUCCESS);
+  assert_memory_equal(f->problem.out, expected, f->problem.out_bytes);
+  free(older);
+  free(expected);
+}
+
+static void test_newer_options(void **state) {
+  (void)state;
+  const size_t size = sizeof(fd_options) + kNewerTail;
+  fd_options *newer = malloc(size);
+  memset(newer, 0xab, size);
+  assert_int_equal(fd_options_init(newer, size), sizeof(fd_options));
+  newer->backend = FD_BACKEND_CPU;
+  newer->num_threads = 2;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, newer), FD_SUCCESS);
+  fd_backend backend = FD_BACKEND_AUTO;
+  assert_int_equal(fd_get_backend(h, &backend), FD_SUCCESS);
+  assert_int_equal(backend, FD_BACKEND_CPU);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+
+  const size_t offsets[] = {sizeof(fd_options), sizeof(fd_options) + 3, sizeof(fd_options) + kNewerTail - 1};
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; ++i) {
+    ((unsigned char *)newer)[offsets[i]] = 0x80;
+    h = (fd_handle *)0x1;
+    assert_int_equal(fd_create(&h, newer), FD_ERROR_UNSUPPORTED);
+    assert_null(h); /* documented: set to NULL on failure, nothing created */
+    char needle[128];
+    snprintf(needle, sizeof needle, "options: fd_options has a non-zero byte at offset %zu, past the %zu bytes",
+             offsets[i], sizeof(fd_options));
+    if (strstr(last_message(), needle) == NULL) fail_msg("expected \"%s\", got: %s", needle, last_message());
+    ((unsigned char *)newer)[offsets[i]] = 0;
+  }
+  newer->struct_size = 5000;
+  assert_int_equal(fd_create(&h, newer), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "options: struct_size is 5000, expected at most 4096"));
+  assert_null(h);
+  free(newer);
+}
+
 /* ---- bad input: one test per rejection --------------------------------------- */
 static void test_rejects_null_handle(void **state) {
   fixture *f = *state;
@@ -421,6 +572,19 @@ static void test_rejects_offset_overflow(void **state) {
   fd_decode_args a = f->problem.args;
   a.k.strides[1] = INT64_MAX / 4;
   expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows");
+  /* Element offsets that fit in 64 bits, byte offsets that do not: lse's
+   * second sequence would be 2^64 bytes on, the address of its first. */
+  a = f->problem.args;
+  a.lse.strides[0] = (int64_t)1 << 62;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "lse: extent overflows the address space");
+  /* More than PTRDIFF_MAX bytes (2-byte elements 2^62 apart): no object is that large. */
+  a = f->problem.args;
+  a.k.strides[0] = a.v.strides[0] = (int64_t)1 << 62;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows the address space");
+  /* A small tensor that would run past the end of the address space. */
+  a = f->problem.args;
+  a.q.data = (void *)(UINTPTR_MAX - 255);
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: extent overflows the address space");
 }
 
 static void test_rejects_oversized_capacity(void **state) {
@@ -555,6 +719,105 @@ static void test_workspace_size_and_caller_memory(void **state) {
   free(big);
   free(small);
   fdt_poison_outputs(&f->problem);
+}
+
+/* Decodes f's problem on f's handle and checks the result against the
+ * reference: after a refused workspace call the handle must still work. */
+static void expect_decode_correct(fd_handle *handle, fdt_problem *problem) {
+  fdt_poison_outputs(problem);
+  assert_int_equal(fd_decode(handle, &problem->args, NULL), FD_SUCCESS);
+  char report[256];
+  if (fdt_check(problem, report, sizeof report, NULL, NULL) != 0) fail_msg("decode after a refusal: %s", report);
+}
+
+/* Sizes no allocator can satisfy are refused with OUT_OF_MEMORY before any
+ * allocator sees them: GCC's aligned operator new rounds a size up to the
+ * 256-byte alignment, which wraps for n > SIZE_MAX - 255 and gives a tiny
+ * block the handle took for n bytes. The handle keeps its workspace, and
+ * decodes on it still run (under ASan: without writing out of bounds). */
+static void test_reserve_refuses_impossible_sizes(void **state) {
+  fixture *f = *state;
+  const size_t impossible[] = {SIZE_MAX,           SIZE_MAX - 1,   SIZE_MAX - 254,
+                               SIZE_MAX - 255,     SIZE_MAX - 256, (size_t)PTRDIFF_MAX + 1,
+                               (size_t)PTRDIFF_MAX};
+  for (size_t i = 0; i < sizeof impossible / sizeof impossible[0]; ++i) {
+    /* On a handle without workspace yet: this was the heap overflow. */
+    fd_options options;
+    fd_options_init(&options, sizeof options);
+    options.backend = FD_BACKEND_CPU;
+    options.num_threads = 2;
+    fd_handle *fresh = NULL;
+    assert_int_equal(fd_create(&fresh, &options), FD_SUCCESS);
+    assert_int_equal(fd_reserve_workspace(fresh, impossible[i]), FD_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(last_message(), "workspace: "));
+    assert_non_null(strstr(last_message(), "more than any allocator can provide"));
+    expect_decode_correct(fresh, &f->problem);
+    assert_int_equal(fd_destroy(fresh), FD_SUCCESS);
+
+    /* On a handle that has one. */
+    expect_decode_correct(f->handle, &f->problem);
+    assert_int_equal(fd_reserve_workspace(f->handle, impossible[i]), FD_ERROR_OUT_OF_MEMORY);
+    expect_decode_correct(f->handle, &f->problem);
+  }
+
+  /* Huge but representable: the allocator itself refuses 4 EiB. */
+  assert_int_equal(fd_reserve_workspace(f->handle, (size_t)1 << 62), FD_ERROR_OUT_OF_MEMORY);
+  assert_non_null(strstr(last_message(), "workspace: allocating 4611686018427387904 bytes"));
+  expect_decode_correct(f->handle, &f->problem);
+  /* Reserving what the decode needs still works afterwards. */
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &f->problem.args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(f->handle, bytes), FD_SUCCESS);
+  expect_decode_correct(f->handle, &f->problem);
+}
+
+/* The shape: B=8, H=8, N=1024, D=128 after fd_reserve_workspace(SIZE_MAX). */
+static void test_reserve_then_decode_larger_problem(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 8;
+  c.q_heads = 8;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.kv_len = 1024;
+  c.dtype = FD_DTYPE_F32;
+  c.out_dtype = FD_DTYPE_F32;
+  c.seed = 11;
+  fdt_problem problem;
+  assert_int_equal(fdt_problem_make(&problem, &c), 0);
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  const size_t sizes[] = {SIZE_MAX, SIZE_MAX - 255, SIZE_MAX - 256};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    assert_int_equal(fd_reserve_workspace(h, sizes[i]), FD_ERROR_OUT_OF_MEMORY);
+    expect_decode_correct(h, &problem);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  fdt_problem_free(&problem);
+}
+
+/* Caller memory that no block can be is refused as an invalid argument (the
+ * library allocates nothing here), and the handle keeps its own workspace. */
+static void test_set_workspace_refuses_impossible_sizes(void **state) {
+  fixture *f = *state;
+  void *memory = aligned_alloc(256, 256);
+  assert_int_equal(fd_set_workspace(f->handle, memory, SIZE_MAX), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "workspace: 18446744073709551615 bytes is larger than any memory block"));
+  assert_int_equal(fd_set_workspace(f->handle, memory, SIZE_MAX - 255), FD_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fd_set_workspace(f->handle, memory, (size_t)PTRDIFF_MAX + 1), FD_ERROR_INVALID_ARGUMENT);
+  /* A block that would run past the end of the address space. */
+  void *last_page = (void *)(UINTPTR_MAX - 4095);
+  assert_int_equal(fd_set_workspace(f->handle, last_page, 8192), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "run past the end of the address space"));
+  expect_decode_correct(f->handle, &f->problem);
+  /* The handle kept library-owned memory: it still grows on demand. */
+  fd_decode_args a = f->problem.args;
+  a.num_splits = 64;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  free(memory);
 }
 
 /* ---- thread-local errors ----------------------------------------------------------- */
@@ -700,11 +963,15 @@ int main(void) {
       cmocka_unit_test(test_create_rejects_bad_options),
       cmocka_unit_test(test_old_options_struct_is_accepted),
       cmocka_unit_test(test_init_writes_only_struct_size),
+      cmocka_unit_test(test_newer_options),
       cmocka_unit_test(test_error_message_truncation),
       cmocka_unit_test_setup_teardown(test_use_after_destroy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_handle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_args, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_struct_size, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newer_args_with_zero_tail_accepted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newer_args_with_nonzero_tail_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_older_args_accepted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_null_tensor_data, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_unknown_dtype, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_mixed_dtypes, setup, teardown),
@@ -725,6 +992,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_several_query_tokens, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_block_table, setup, teardown),
       cmocka_unit_test_setup_teardown(test_workspace_size_and_caller_memory, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reserve_refuses_impossible_sizes, setup, teardown),
+      cmocka_unit_test(test_reserve_then_decode_larger_problem),
+      cmocka_unit_test_setup_teardown(test_set_workspace_refuses_impossible_sizes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_error_messages_are_thread_local, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_batch_is_a_no_op, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_plan, setup, teardown),

@@ -7,7 +7,8 @@
 // - the wave model's choices for the benchmark shapes on an H200-like cost model
 //   (132 SMs), for standard and wide tensor-core tiles, which the CUDA
 //   backend compares by cost;
-// - manual split counts kept exactly, per-sequence lengths, overflow.
+// - manual split counts kept exactly, per-sequence lengths, overflow and the
+//   largest workspace.
 // The library's headers first: cmocka.h defines a fail() macro.
 #include "core/error.h"
 #include "core/plan.h"
@@ -152,6 +153,52 @@ void test_workspace_overflow_rejected(void **) {
   assert_true(thrown);
 }
 
+// Sizes that wrap, or that no allocator could return, are refused before any
+// offset is taken from them: a wrapped layout would put the partials over
+// the header or past a small allocation.
+fd_status layout_status(const fd::Problem &p, size_t header) {
+  try {
+    fd::layout_plan(p, 1, 1, header);
+  } catch (const fd::Error &error) {
+    return error.status();
+  }
+  return FD_SUCCESS;
+}
+
+void test_layout_limits(void **) {
+  const fd::Problem small = dense(2, 8, 2, 1000, 64);
+  assert_int_equal(layout_status(small, SIZE_MAX), FD_ERROR_INVALID_SHAPE);
+  assert_int_equal(layout_status(small, SIZE_MAX - 255), FD_ERROR_INVALID_SHAPE);
+  assert_int_equal(layout_status(small, fd::kMaxWorkspaceBytes - 256), FD_ERROR_INVALID_SHAPE);
+  assert_int_equal(layout_status(small, 1 << 20), FD_SUCCESS);
+  // Partials of 2^63 bytes: no wrap in size_t, but beyond PTRDIFF_MAX.
+  fd::Problem huge = dense(int64_t{1} << 31, 4096, 8, 4096, 256);
+  huge.requested_splits = 1024;
+  assert_int_equal(layout_status(huge, 0), FD_ERROR_INVALID_SHAPE);
+  // Rows that overflow int64 (internal callers only: validation bounds them).
+  fd::Problem rows = dense(int64_t{1} << 40, 1 << 12, 8, 4096, 64);
+  rows.q_len = int64_t{1} << 30;
+  assert_int_equal(layout_status(rows, 0), FD_ERROR_INVALID_SHAPE);
+}
+
+fd_status allocatable_status(size_t bytes) {
+  try {
+    fd::require_allocatable_workspace(bytes, "workspace");
+  } catch (const fd::Error &error) {
+    return error.status();
+  }
+  return FD_SUCCESS;
+}
+
+void test_allocatable_limit(void **) {
+  assert_int_equal(fd::kMaxWorkspaceBytes % fd::kWorkspaceAlignment, 0);
+  assert_true(fd::kMaxWorkspaceBytes <= static_cast<size_t>(PTRDIFF_MAX));
+  assert_int_equal(allocatable_status(fd::kMaxWorkspaceBytes), FD_SUCCESS);
+  assert_int_equal(allocatable_status(fd::kMaxWorkspaceBytes + 1), FD_ERROR_OUT_OF_MEMORY);
+  assert_int_equal(allocatable_status(SIZE_MAX - 255), FD_ERROR_OUT_OF_MEMORY);
+  assert_int_equal(allocatable_status(SIZE_MAX), FD_ERROR_OUT_OF_MEMORY);
+}
+
 }  // namespace
 
 int main(void) {
@@ -160,6 +207,8 @@ int main(void) {
       cmocka_unit_test(test_wave_model_on_benchmark_shapes),
       cmocka_unit_test(test_manual_and_ragged_splits),
       cmocka_unit_test(test_workspace_overflow_rejected),
+      cmocka_unit_test(test_layout_limits),
+      cmocka_unit_test(test_allocatable_limit),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -191,8 +192,13 @@ class CpuBackend final : public Backend {
     return layout_plan(p, estimate_splits(p, model).splits, model.split_granularity, 0);
   }
 
+  // The size is checked first: the aligned operator new rounds it up to the
+  // alignment, which for sizes within 255 of SIZE_MAX wraps to a tiny block.
   void *allocate_workspace(size_t bytes) override {
-    return ::operator new(bytes, std::align_val_t(kWorkspaceAlignment));
+    require_allocatable_workspace(bytes, "workspace");
+    void *memory = ::operator new(bytes, std::align_val_t(kWorkspaceAlignment), std::nothrow);
+    if (memory == nullptr) fail(FD_ERROR_OUT_OF_MEMORY, "workspace: allocating %zu bytes of host memory failed", bytes);
+    return memory;
   }
   void free_workspace(void *workspace) noexcept override {
     ::operator delete(workspace, std::align_val_t(kWorkspaceAlignment));

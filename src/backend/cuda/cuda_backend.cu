@@ -184,6 +184,7 @@ class CudaBackend final : public Backend {
   }
 
   void *allocate_workspace(size_t bytes) override {
+    require_allocatable_workspace(bytes, "workspace");  // before cudaMalloc rounds it to its granularity
     DeviceGuard guard(device_, primary_context_);
     void *memory = nullptr;
     const cudaError_t err = cudaMalloc(&memory, bytes);
