@@ -38,11 +38,11 @@ FileEntry = Tuple[str, bytes, int]  # archive path, contents, permission bits
 
 
 def read_project(pyproject: Path = ROOT / "pyproject.toml") -> Dict[str, Any]:
-    """The ``[project]`` table (with ``optional-dependencies``) of pyproject.toml.
+    """The ``[project]`` table (with ``optional-dependencies`` and ``urls``) of pyproject.toml.
 
-    Uses tomllib where it exists (3.11+). Before that, reads the one-line
-    ``key = value`` entries this project keeps: TOML strings and arrays of
-    strings are also Python literals.
+    Uses tomllib where it exists (3.11+). Before that, reads the ``key =
+    value`` entries this project keeps: TOML strings and arrays of strings are
+    also Python literals (an array may span lines).
     """
     text = pyproject.read_text(encoding="utf-8")
     try:
@@ -52,39 +52,74 @@ def read_project(pyproject: Path = ROOT / "pyproject.toml") -> Dict[str, Any]:
     else:
         return dict(tomllib.loads(text)["project"])
     project: Dict[str, Any] = {}
+    tables = {"project": project}
+    for name in ("optional-dependencies", "urls"):
+        tables[f"project.{name}"] = project.setdefault(name, {})
     table: Optional[Dict[str, Any]] = None
+    pending: Optional[Tuple[str, str]] = None  # a key whose value continues on the next line
     for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            name = line.strip("[]").strip()
-            if name == "project":
-                table = project
-            elif name == "project.optional-dependencies":
-                table = project.setdefault("optional-dependencies", {})
-            else:
-                table = None
-            continue
-        if table is not None:
+        if pending is not None:
+            key, value = pending[0], f"{pending[1]}\n{raw}"
+        else:
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("["):
+                table = tables.get(line.strip("[]").strip())
+                continue
+            if table is None:
+                continue
             key, _, value = line.partition("=")
-            table[key.strip()] = ast.literal_eval(value.strip())
-    return project
+            key, value = key.strip(), value.strip()
+        assert table is not None
+        try:
+            table[key] = ast.literal_eval(value)
+            pending = None
+        except SyntaxError:
+            pending = (key, value)
+    if pending is not None:
+        raise ValueError(f"{pyproject}: the value of {pending[0]} does not end")
+    return {key: value for key, value in project.items() if value != {}}
+
+
+def _license_files(project: Mapping[str, Any]) -> List[Path]:
+    """The files ``license-files`` names (globs in the project folder); each pattern must match one (PEP 639)."""
+    files: List[Path] = []
+    for pattern in project.get("license-files", []):
+        matches = sorted(path for path in ROOT.glob(pattern) if path.is_file())
+        if not matches:
+            raise FileNotFoundError(f"pyproject.toml: license-files: {pattern!r} matches no file in {ROOT}")
+        files += [path for path in matches if path not in files]
+    return files
 
 
 def _metadata(project: Mapping[str, Any]) -> bytes:
+    """Core metadata 2.4: 2.4 is the first version with License-Expression and License-File (PEP 639)."""
     lines = [
-        "Metadata-Version: 2.1",
+        "Metadata-Version: 2.4",
         f"Name: {project['name']}",
         f"Version: {project['version']}",
         f"Summary: {project['description']}",
-        f"Requires-Python: {project['requires-python']}",
     ]
+    if project.get("keywords"):
+        lines.append(f"Keywords: {','.join(project['keywords'])}")
+    lines += [f"Project-URL: {label}, {url}" for label, url in project.get("urls", {}).items()]
+    lines.append(f"License-Expression: {project['license']}")
+    lines += [f"License-File: {path.relative_to(ROOT).as_posix()}" for path in _license_files(project)]
+    lines += [f"Classifier: {classifier}" for classifier in project.get("classifiers", [])]
+    lines.append(f"Requires-Python: {project['requires-python']}")
     lines += [f"Requires-Dist: {requirement}" for requirement in project.get("dependencies", [])]
     for extra, requirements in project.get("optional-dependencies", {}).items():
         lines.append(f"Provides-Extra: {extra}")
         lines += [f'Requires-Dist: {requirement}; extra == "{extra}"' for requirement in requirements]
-    return ("\n".join(lines) + "\n").encode()
+    text = "\n".join(lines) + "\n"
+    readme = project.get("readme")
+    if readme:
+        if not readme.endswith(".md"):
+            raise ValueError(f"pyproject.toml: readme {readme!r}: this backend knows Markdown (.md) only")
+        text += "Description-Content-Type: text/markdown; charset=UTF-8\n\n"
+        text += (ROOT / readme).read_text(encoding="utf-8")
+    return text.encode()
 
 
 def _package_files() -> List[FileEntry]:
@@ -129,10 +164,15 @@ def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool
         "Wheel-Version: 1.0\nGenerator: flashdecode_build\n"
         f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n"
     ).encode()
+    licenses = [
+        (f"{dist_info}/licenses/{path.relative_to(ROOT).as_posix()}", path.read_bytes(), 0o644)
+        for path in _license_files(project)
+    ]
     entries = files + [
         (f"{dist_info}/METADATA", _metadata(project), 0o644),
         (f"{dist_info}/WHEEL", wheel_info, 0o644),
         (f"{dist_info}/top_level.txt", f"{PACKAGE}\n".encode(), 0o644),
+        *licenses,
     ]
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in entries)
     entries.append((f"{dist_info}/RECORD", (record + f"{dist_info}/RECORD,,\n").encode(), 0o644))
@@ -186,10 +226,12 @@ def build_editable(
 
 
 def build_sdist(sdist_directory: str, config_settings: Optional[Mapping[str, Any]] = None) -> str:
-    """A source distribution: pyproject.toml, this backend, the package and its tests."""
+    """A source distribution: pyproject.toml, this backend, README and license, the package and its tests."""
     project = read_project()
     base = f"{project['name']}-{project['version']}"
-    sources = [ROOT / "pyproject.toml", Path(__file__).resolve()]
+    sources = [ROOT / "pyproject.toml", Path(__file__).resolve(), *_license_files(project)]
+    if project.get("readme"):
+        sources.append(ROOT / project["readme"])
     for folder in ("src", "tests"):
         sources += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     filename = f"{base}.tar.gz"

@@ -7,6 +7,7 @@ runs the README quickstart from it.)"""
 from __future__ import annotations
 
 import base64
+import email.parser
 import hashlib
 import importlib.util
 import os
@@ -21,31 +22,66 @@ import pytest
 import flashdecode
 
 BINDING_ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = BINDING_ROOT.parent.parent
+VERSION = flashdecode.__version__
+DIST_INFO = f"flashdecode-{VERSION}.dist-info"
 
 
-@pytest.fixture(scope="module")
-def backend() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "flashdecode_build", BINDING_ROOT / "build_backend" / "flashdecode_build.py"
-    )
+def load_backend(root: Path, name: str = "flashdecode_build") -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, root / "build_backend" / "flashdecode_build.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+@pytest.fixture(scope="module")
+def backend() -> ModuleType:
+    return load_backend(BINDING_ROOT)
+
+
+@pytest.fixture(autouse=True)
+def no_build_environment(monkeypatch) -> None:
+    """The backend's environment variables, unset: each test says what it wants."""
+    for name in ("FLASHDECODE_BUNDLE_LIBRARY",):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_project_table_without_tomllib(backend, monkeypatch) -> None:
     parsed = backend.read_project()
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python < 3.11
     assert backend.read_project() == parsed
-    assert parsed["name"] == "flashdecode" and parsed["version"] == flashdecode.__version__
+    assert parsed["name"] == "flashdecode" and parsed["version"] == VERSION
     assert parsed["dependencies"] == ["numpy>=1.21"]
+    assert len(parsed["classifiers"]) > 5 and parsed["urls"]["Repository"].startswith("https://")
+
+
+def test_multiline_arrays_without_tomllib(backend, tmp_path, monkeypatch) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[project]\nname = "x"\nkeywords = [\n  "a",  # why\n  "b[c]",\n]\n[tool.other]\nkeys = [\n "z"]\n'
+        '[project.urls]\nRepository = "https://example.org/x"\n'
+    )
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    assert backend.read_project(pyproject) == {
+        "name": "x",
+        "keywords": ["a", "b[c]"],
+        "urls": {"Repository": "https://example.org/x"},
+    }
+    pyproject.write_text('[project]\nkeywords = [\n  "a",\n')
+    with pytest.raises(ValueError, match="keywords"):
+        backend.read_project(pyproject)
+
+
+def test_license_is_the_repository_license() -> None:
+    # pyproject.toml's license-files cannot reach outside bindings/python: it keeps a copy.
+    assert (BINDING_ROOT / "LICENSE").read_bytes() == (REPOSITORY / "LICENSE").read_bytes()
 
 
 def wheel_entries(path: Path) -> dict:
     with zipfile.ZipFile(path) as wheel:
         entries = {info.filename: (wheel.read(info), info.external_attr >> 16) for info in wheel.infolist()}
-    record = entries[f"flashdecode-{flashdecode.__version__}.dist-info/RECORD"][0].decode().splitlines()
+    record = entries[f"{DIST_INFO}/RECORD"][0].decode().splitlines()
     for line in record:
         name, digest, size = line.rsplit(",", 2)
         if name.endswith("RECORD"):
@@ -57,29 +93,58 @@ def wheel_entries(path: Path) -> dict:
     return entries
 
 
-def test_pure_wheel(backend, tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv("FLASHDECODE_BUNDLE_LIBRARY", raising=False)
+def check_metadata(text: str) -> None:
+    """Core metadata 2.4 as PyPI wants it: PEP 639 license fields, a URL, classifiers, the README."""
+    metadata = email.parser.Parser().parsestr(text)
+    assert metadata["Metadata-Version"] == "2.4"
+    assert metadata["Name"] == "flashdecode" and metadata["Version"] == VERSION
+    assert metadata["License-Expression"] == "Apache-2.0" and metadata.get_all("License-File") == ["LICENSE"]
+    # PyPI refuses license classifiers beside License-Expression.
+    classifiers = metadata.get_all("Classifier")
+    assert classifiers and not any(classifier.startswith("License ::") for classifier in classifiers)
+    assert metadata.get_all("Project-URL") == ["Repository, https://github.com/flashdecode/flashdecode"]
+    assert metadata["Requires-Python"] == ">=3.8"
+    assert "Requires-Dist: numpy>=1.21" in text and 'Requires-Dist: ml_dtypes; extra == "bf16"' in text
+    assert metadata["Description-Content-Type"] == "text/markdown; charset=UTF-8"
+    assert metadata.get_payload() == (BINDING_ROOT / "README.md").read_text(encoding="utf-8")
+    try:
+        from packaging.metadata import Metadata  # 24.1 and newer know 2.4
+        from packaging.version import Version
+        import packaging
+    except ImportError:
+        return
+    if Version(packaging.__version__) >= Version("24.1"):
+        Metadata.from_email(text, validate=True)
+
+
+def test_pure_wheel(backend, tmp_path) -> None:
     name = backend.build_wheel(str(tmp_path))
-    assert name == f"flashdecode-{flashdecode.__version__}-py3-none-any.whl"
+    assert name == f"flashdecode-{VERSION}-py3-none-any.whl"
     entries = wheel_entries(tmp_path / name)
     assert "flashdecode/__init__.py" in entries and "flashdecode/py.typed" in entries
     assert not any(entry.startswith("flashdecode/_lib/") or "__pycache__" in entry for entry in entries)
-    wheel_info = entries[f"flashdecode-{flashdecode.__version__}.dist-info/WHEEL"][0].decode()
+    wheel_info = entries[f"{DIST_INFO}/WHEEL"][0].decode()
     assert "Root-Is-Purelib: true" in wheel_info and "Tag: py3-none-any" in wheel_info
-    metadata = entries[f"flashdecode-{flashdecode.__version__}.dist-info/METADATA"][0].decode()
-    assert "Requires-Dist: numpy>=1.21" in metadata and 'Requires-Dist: ml_dtypes; extra == "bf16"' in metadata
+    check_metadata(entries[f"{DIST_INFO}/METADATA"][0].decode())
+    assert entries[f"{DIST_INFO}/licenses/LICENSE"][0] == (REPOSITORY / "LICENSE").read_bytes()
 
 
-def test_wheel_bundling_the_library(backend, tmp_path) -> None:
+@pytest.fixture
+def library() -> str:
     library = os.environ.get("FLASHDECODE_LIBRARY")
     if not library:
         pytest.skip("FLASHDECODE_LIBRARY names no library to bundle")
+    return library
+
+
+def test_wheel_bundling_the_library(backend, library, tmp_path) -> None:
     name = backend.build_wheel(str(tmp_path), {"bundle-library": library})
-    assert name.startswith(f"flashdecode-{flashdecode.__version__}-py3-none-linux_")
+    assert name.startswith(f"flashdecode-{VERSION}-py3-none-linux_")
     entries = wheel_entries(tmp_path / name)
     data, mode = entries["flashdecode/_lib/libflashdecode.so.0"]
     assert data == Path(library).read_bytes() and mode & 0o777 == 0o755
-    assert "Root-Is-Purelib: false" in entries[f"flashdecode-{flashdecode.__version__}.dist-info/WHEEL"][0].decode()
+    assert "Root-Is-Purelib: false" in entries[f"{DIST_INFO}/WHEEL"][0].decode()
+    assert f"{DIST_INFO}/licenses/LICENSE" in entries
     with pytest.raises(FileNotFoundError, match="bundle-library"):
         backend.build_wheel(str(tmp_path), {"bundle-library": str(tmp_path / "missing.so")})
     # A relative path is read from the backend's working folder, which pip chooses: the message says so.
@@ -90,16 +155,19 @@ def test_wheel_bundling_the_library(backend, tmp_path) -> None:
 def test_sdist_and_editable(backend, tmp_path) -> None:
     sdist = backend.build_sdist(str(tmp_path))
     with tarfile.open(tmp_path / sdist) as archive:
-        names = set(archive.getnames())
-    base = f"flashdecode-{flashdecode.__version__}"
+        members = {member.name: archive.extractfile(member).read() for member in archive.getmembers()}
+    base = f"flashdecode-{VERSION}"
     for member in (
         "pyproject.toml",
         "PKG-INFO",
+        "README.md",
+        "LICENSE",
         "build_backend/flashdecode_build.py",
         "src/flashdecode/_library.py",
         "tests/conftest.py",
     ):
-        assert f"{base}/{member}" in names
+        assert f"{base}/{member}" in members
+    check_metadata(members[f"{base}/PKG-INFO"].decode())
     editable = wheel_entries(tmp_path / backend.build_editable(str(tmp_path)))
     assert editable["_flashdecode_editable.pth"][0].decode().strip() == (BINDING_ROOT / "src").as_posix()
     assert backend.get_requires_for_build_wheel() == []
