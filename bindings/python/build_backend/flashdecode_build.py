@@ -5,7 +5,9 @@ Not setuptools, so that building needs nothing from the network (pip has
 nothing to install into the build environment, and machines without a
 package index can still ``pip install`` the package), and so that a wheel
 bundling libflashdecode gets the right tag: ``py3-none-<platform>`` (ctypes
-works on any Python 3, but the library is for one platform).
+works on any Python 3, but the library is for one platform), or the
+manylinux tag PyPI wants, when told it (see bindings/README.md, "Building the
+Python package").
 
 Config settings (``pip wheel -C key=value``), or the environment:
 
@@ -13,6 +15,12 @@ Config settings (``pip wheel -C key=value``), or the environment:
     Path of a built ``libflashdecode.so.0`` to ship as
     ``flashdecode/_lib/libflashdecode.so.0``, which the package loads before
     looking on the system.
+
+``platform-tag`` / ``FLASHDECODE_PLATFORM_TAG`` (with a library)
+    The wheel's platform tag instead of this machine's ``linux_<arch>``, e.g.
+    ``manylinux_2_35_x86_64``: a claim about the library's symbol versions
+    and dependencies, which ``auditwheel show`` checks (this backend does
+    not). ``bindings/tools/python_dist.sh`` takes the tag from auditwheel.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import base64
 import hashlib
 import io
 import os
+import re
 import sysconfig
 import tarfile
 import zipfile
@@ -131,12 +140,20 @@ def _package_files() -> List[FileEntry]:
     ]
 
 
-def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional[Path]:
+def _setting(config_settings: Optional[Mapping[str, Any]], name: str, env: str) -> Optional[str]:
+    """A config setting (``name`` or ``name`` with underscores; the last one if given twice), else ``$env``."""
     settings = config_settings or {}
-    value = (
-        settings.get("bundle-library") or settings.get("bundle_library") or os.environ.get("FLASHDECODE_BUNDLE_LIBRARY")
-    )
-    if not value:
+    value = settings.get(name, settings.get(name.replace("-", "_")))
+    if isinstance(value, list):
+        value = value[-1] if value else None
+    if value is None or value == "":
+        value = os.environ.get(env)
+    return value or None
+
+
+def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional[Path]:
+    value = _setting(config_settings, "bundle-library", "FLASHDECODE_BUNDLE_LIBRARY")
+    if value is None:
         return None
     library = Path(value)
     if not library.is_file():
@@ -147,8 +164,17 @@ def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional
     return library
 
 
-def _platform_tag() -> str:
-    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+def _platform_tag(config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """``platform-tag`` when given (a claim; ``auditwheel show`` checks it), else this machine's ``linux_<arch>``."""
+    native = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    claimed = _setting(config_settings, "platform-tag", "FLASHDECODE_PLATFORM_TAG")
+    if claimed is None:
+        return native
+    arch = native.partition("_")[2]
+    form = rf"(linux|(many|musl)linux_\d+_\d+)_{re.escape(arch)}"
+    if not native.startswith("linux_") or not re.fullmatch(form, claimed):
+        raise ValueError(f"platform-tag: {claimed!r} is not a Linux tag for {arch}, e.g. manylinux_2_35_{arch}")
+    return claimed
 
 
 def _record_hash(data: bytes) -> str:
@@ -210,9 +236,11 @@ def build_wheel(
     files = _package_files()
     library = _library_to_bundle(config_settings)
     if library is None:
+        if _setting(config_settings, "platform-tag", "FLASHDECODE_PLATFORM_TAG"):
+            raise ValueError("platform-tag: a wheel without the library is py3-none-any")
         return _write_wheel(wheel_directory, files, "py3-none-any", purelib=True)
     files.append((f"{PACKAGE}/_lib/{SONAME}", library.read_bytes(), 0o755))
-    return _write_wheel(wheel_directory, files, f"py3-none-{_platform_tag()}", purelib=False)
+    return _write_wheel(wheel_directory, files, f"py3-none-{_platform_tag(config_settings)}", purelib=False)
 
 
 def build_editable(

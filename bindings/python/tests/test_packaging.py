@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The in-tree build backend: metadata, wheel contents, sdist and editable installs.
+"""The in-tree build backend: metadata, wheel contents and tags, sdist and editable installs.
 
-(The CTest suite also builds a wheel with pip, installs it into a venv and
-runs the README quickstart from it.)"""
+(The CTest suite also makes the wheel as for PyPI, checks its tag with
+auditwheel, installs it into a venv and runs the READMEs' quickstarts from it.)"""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def backend() -> ModuleType:
 @pytest.fixture(autouse=True)
 def no_build_environment(monkeypatch) -> None:
     """The backend's environment variables, unset: each test says what it wants."""
-    for name in ("FLASHDECODE_BUNDLE_LIBRARY",):
+    for name in ("FLASHDECODE_BUNDLE_LIBRARY", "FLASHDECODE_PLATFORM_TAG"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -127,6 +127,8 @@ def test_pure_wheel(backend, tmp_path) -> None:
     assert "Root-Is-Purelib: true" in wheel_info and "Tag: py3-none-any" in wheel_info
     check_metadata(entries[f"{DIST_INFO}/METADATA"][0].decode())
     assert entries[f"{DIST_INFO}/licenses/LICENSE"][0] == (REPOSITORY / "LICENSE").read_bytes()
+    with pytest.raises(ValueError, match="platform-tag"):
+        backend.build_wheel(str(tmp_path), {"platform-tag": "manylinux_2_35_x86_64"})
 
 
 @pytest.fixture
@@ -150,6 +152,21 @@ def test_wheel_bundling_the_library(backend, library, tmp_path) -> None:
     # A relative path is read from the backend's working folder, which pip chooses: the message says so.
     with pytest.raises(FileNotFoundError, match="relative path, read from"):
         backend.build_wheel(str(tmp_path), {"bundle-library": "build/stage/lib/missing.so"})
+
+
+def test_claimed_platform_tag(backend, tmp_path, monkeypatch) -> None:
+    arch = backend._platform_tag().partition("_")[2]
+    stand_in = tmp_path / "libflashdecode.so.0"  # the backend bundles the file as it is
+    stand_in.write_bytes(b"\x7fELF")
+    monkeypatch.setenv("FLASHDECODE_BUNDLE_LIBRARY", str(stand_in))
+    name = backend.build_wheel(str(tmp_path), {"platform-tag": f"manylinux_2_35_{arch}"})
+    assert name == f"flashdecode-{VERSION}-py3-none-manylinux_2_35_{arch}.whl"
+    assert f"Tag: py3-none-manylinux_2_35_{arch}\n" in wheel_entries(tmp_path / name)[f"{DIST_INFO}/WHEEL"][0].decode()
+    monkeypatch.setenv("FLASHDECODE_PLATFORM_TAG", f"linux_{arch}")
+    assert backend.build_wheel(str(tmp_path)) == f"flashdecode-{VERSION}-py3-none-linux_{arch}.whl"
+    for wrong in ("manylinux2014_x86_64", "linux_2_35_x86_64", "manylinux_2_35_other", "any"):
+        with pytest.raises(ValueError, match="not a Linux tag"):
+            backend.build_wheel(str(tmp_path), {"platform-tag": wrong})
 
 
 def test_sdist_and_editable(backend, tmp_path) -> None:
