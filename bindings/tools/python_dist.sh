@@ -3,7 +3,7 @@
 # Makes the Python package's files for PyPI and checks the wheel with auditwheel:
 #   python_dist.sh <python> <libflashdecode.so.0 to bundle> <out dir>
 # <out dir> gets
-#   flashdecode-<version>.tar.gz      the sdist: the package and its tests
+#   flashdecode-<version>.tar.gz      the sdist: the package, its tests, the C sources
 #   flashdecode-<version>-py3-none-manylinux_<glibc>_<arch>.whl
 # auditwheel decides the tag: `auditwheel show` reads the library's symbol
 # versions and dependencies in a first wheel (tagged linux_<arch>) and names

@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks a flashdecode installed by pip, as a user would meet it.
 
-    python_installed.py <venv> <README.md to run the quickstart of>
+    python_installed.py <venv> <README.md to run the quickstart of> [--built-without-cuda]
 
 Run with the venv's interpreter, outside the source tree, with no library
 path set: the library loaded must be the copy inside the package; the
 distribution's metadata must be complete (license per PEP 639, project URL,
 README as the description); a small GQA decode, ragged with the log-sum-exp,
 must match a float64 reference; the README's first ``python`` block must
-run.
+run. With --built-without-cuda, CUDA handles must be refused as the CPU-only
+library refuses them.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("venv", type=Path)
     parser.add_argument("readme", type=Path)
+    parser.add_argument("--built-without-cuda", action="store_true")
     args = parser.parse_args()
 
     info = flashdecode.load_library()
@@ -96,6 +98,13 @@ def main() -> None:
     check_metadata()
     check_decode()
     run_quickstart(args.readme)
+    if args.built_without_cuda:
+        try:
+            flashdecode.Handle("cuda")
+        except flashdecode.NoDeviceError as error:
+            assert "built without CUDA" in str(error), error
+        else:
+            raise AssertionError("a CUDA handle from a library built with FLASHDECODE_CUDA=OFF")
     print("the installed package: bundled library, metadata, decode against float64 and the README quickstart: ok")
 
 

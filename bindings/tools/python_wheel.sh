@@ -8,7 +8,8 @@
 # python_installed.py: the bundled library loads, the metadata is complete, a
 # decode matches float64, the package README's quickstart runs.
 #   python_wheel.sh <python> <libflashdecode.so.N to bundle> <source dir> <work dir>
-# The environment stays in <work dir>/venv for the README quickstart test.
+# The environment stays in <work dir>/venv for the README quickstart test, the
+# files in <work dir>/dist for the sdist test.
 set -euo pipefail
 python=$1
 library=$2

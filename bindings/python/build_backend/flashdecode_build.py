@@ -1,45 +1,73 @@
 # SPDX-License-Identifier: Apache-2.0
 """PEP 517 build backend for the flashdecode package, standard library only.
 
-Not setuptools, so that building needs nothing from the network (pip has
-nothing to install into the build environment, and machines without a
-package index can still ``pip install`` the package), and so that a wheel
-bundling libflashdecode gets the right tag: ``py3-none-<platform>`` (ctypes
-works on any Python 3, but the library is for one platform), or the
-manylinux tag PyPI wants, when told it (see bindings/README.md, "Building the
-Python package").
+Not setuptools nor scikit-build-core, so that building needs nothing from the
+network: pip has nothing to install into its isolated build environment
+(unless no CMake >= 3.24 is on PATH), and machines without a package index can
+still ``pip install`` the package or its sdist. A wheel carrying
+libflashdecode is tagged ``py3-none-<platform>`` (ctypes works on any Python
+3, the library is for one platform), or with the manylinux tag PyPI wants,
+when told it (see bindings/README.md, "Building the Python package").
 
 Config settings (``pip wheel -C key=value``), or the environment:
 
 ``bundle-library`` / ``FLASHDECODE_BUNDLE_LIBRARY``
-    Path of a built ``libflashdecode.so.0`` to ship as
-    ``flashdecode/_lib/libflashdecode.so.0``, which the package loads before
-    looking on the system.
+    What the wheel carries as ``flashdecode/_lib/libflashdecode.so.0``, which
+    the package loads before looking on the system:
+
+    - a path: that built ``libflashdecode.so.0``;
+    - ``build``: a library built here with CMake from the C sources (the
+      sdist's ``libflashdecode/`` folder, or the repository around
+      ``bindings/python``);
+    - ``none``: nothing; the package finds the library on the system.
+
+    Unset: ``build`` in an sdist (which carries the C sources), ``none`` in the
+    repository's ``bindings/python``.
 
 ``platform-tag`` / ``FLASHDECODE_PLATFORM_TAG`` (with a library)
     The wheel's platform tag instead of this machine's ``linux_<arch>``, e.g.
     ``manylinux_2_35_x86_64``: a claim about the library's symbol versions
     and dependencies, which ``auditwheel show`` checks (this backend does
     not). ``bindings/tools/python_dist.sh`` takes the tag from auditwheel.
+
+``cuda`` / ``FLASHDECODE_CUDA`` (``build`` only)
+    ``ON``, ``OFF`` or ``AUTO`` (CMake's default: CUDA when nvcc is found).
+
+``cmake-args`` / ``CMAKE_ARGS`` (``build`` only)
+    More CMake arguments, split like a shell line and given last, e.g.
+    ``-DFLASHDECODE_CUDA_ARCHS=90a-real``. ``CMAKE_BUILD_PARALLEL_LEVEL`` and
+    ``CMAKE_GENERATOR`` are honoured as CMake honours them.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import gzip
 import hashlib
 import io
 import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 import sysconfig
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "flashdecode"
 SONAME = "libflashdecode.so.0"
+# Where an sdist keeps the C project (the repository's CMake project, less its tests and bindings).
+SDIST_C_DIR = "libflashdecode"
+# What of the repository the library's CMake build reads, with FLASHDECODE_TESTS=OFF.
+C_PROJECT_FILES = ("CMakeLists.txt", "LICENSE", "flashdecode.pc.in", "docs/CMakeLists.txt", "docs/Doxyfile.in")
+C_PROJECT_FOLDERS = ("include", "src")
+CMAKE_MINIMUM = (3, 24)  # the top-level CMakeLists.txt's cmake_minimum_required
 # Fixed timestamps make wheels and sdists reproducible (the zip format starts at 1980).
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -151,17 +179,89 @@ def _setting(config_settings: Optional[Mapping[str, Any]], name: str, env: str) 
     return value or None
 
 
-def _library_to_bundle(config_settings: Optional[Mapping[str, Any]]) -> Optional[Path]:
+def c_project_root() -> Optional[Path]:
+    """The C project to build: the sdist's copy, else the repository around bindings/python, else None."""
+    for root in (ROOT / SDIST_C_DIR, ROOT.parent.parent):
+        if (root / "CMakeLists.txt").is_file() and (root / "include" / "flashdecode.h").is_file():
+            return root
+    return None
+
+
+def library_choice(config_settings: Optional[Mapping[str, Any]] = None) -> str:
+    """``"none"``, ``"build"`` or the path of a library to bundle, as ``bundle-library`` says (see the module)."""
     value = _setting(config_settings, "bundle-library", "FLASHDECODE_BUNDLE_LIBRARY")
     if value is None:
-        return None
-    library = Path(value)
+        return "build" if (ROOT / SDIST_C_DIR / "CMakeLists.txt").is_file() else "none"
+    return value
+
+
+def _library_to_bundle(choice: str) -> Path:
+    library = Path(choice)
     if not library.is_file():
         where = ""
         if not library.is_absolute():
             where = f" (a relative path, read from {Path.cwd()}: pip runs this backend there)"
         raise FileNotFoundError(f"bundle-library: {library} is not a file{where}")
     return library
+
+
+def _cmake_version(cmake: str) -> Optional[Tuple[int, ...]]:
+    try:
+        output = subprocess.run([cmake, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    match = re.search(r"version (\d+)\.(\d+)", output)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def find_cmake() -> Optional[str]:
+    """``cmake`` on PATH if it is recent enough for the project, else None."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        return None
+    version = _cmake_version(cmake)
+    return cmake if version is not None and version >= CMAKE_MINIMUM else None
+
+
+def cmake_configure_args(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
+    """The project's CMake options for a bundled library, then ``cuda``, then ``cmake-args`` (later ones win)."""
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DCMAKE_INSTALL_LIBDIR=lib"]
+    if "CMAKE_GENERATOR" not in os.environ and shutil.which("ninja"):
+        args += ["-G", "Ninja"]
+    cuda = _setting(config_settings, "cuda", "FLASHDECODE_CUDA")
+    if cuda is not None:
+        if cuda.upper() not in ("ON", "OFF", "AUTO"):
+            raise ValueError(f"cuda / FLASHDECODE_CUDA: {cuda!r} is not ON, OFF or AUTO")
+        args.append(f"-DFLASHDECODE_CUDA={cuda.upper()}")
+    extra = _setting(config_settings, "cmake-args", "CMAKE_ARGS")
+    if extra:
+        args += shlex.split(extra)
+    return args
+
+
+def _run(command: Sequence[str]) -> None:
+    print("flashdecode_build:", shlex.join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True)
+
+
+def build_library(config_settings: Optional[Mapping[str, Any]], workdir: Path) -> Path:
+    """Configures, builds and installs libflashdecode under ``workdir``; the installed library."""
+    source = c_project_root()
+    if source is None:
+        raise FileNotFoundError(
+            f"bundle-library=build: no C sources: neither {ROOT / SDIST_C_DIR} nor {ROOT.parent.parent} "
+            "holds flashdecode's CMakeLists.txt and include/flashdecode.h"
+        )
+    cmake = find_cmake()
+    if cmake is None:
+        wanted = ".".join(map(str, CMAKE_MINIMUM))
+        raise RuntimeError(f"bundle-library=build needs CMake >= {wanted} on PATH (pip install cmake, or apt)")
+    build, prefix = workdir / "build", workdir / "install"
+    _run([cmake, "-S", str(source), "-B", str(build), *cmake_configure_args(config_settings)])
+    parallel = [] if os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") else ["--parallel", str(os.cpu_count() or 1)]
+    _run([cmake, "--build", str(build), *parallel])
+    _run([cmake, "--install", str(build), "--prefix", str(prefix)])
+    return prefix / "lib" / SONAME
 
 
 def _platform_tag(config_settings: Optional[Mapping[str, Any]] = None) -> str:
@@ -182,10 +282,10 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool) -> str:
+def _dist_info(tag: str, purelib: bool) -> Tuple[str, List[FileEntry]]:
+    """The name of the wheel's .dist-info folder, and its files but RECORD."""
     project = read_project()
-    name, version = project["name"], project["version"]
-    dist_info = f"{name}-{version}.dist-info"
+    dist_info = f"{project['name']}-{project['version']}.dist-info"
     wheel_info = (
         "Wheel-Version: 1.0\nGenerator: flashdecode_build\n"
         f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n"
@@ -194,15 +294,29 @@ def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool
         (f"{dist_info}/licenses/{path.relative_to(ROOT).as_posix()}", path.read_bytes(), 0o644)
         for path in _license_files(project)
     ]
-    entries = files + [
+    return dist_info, [
         (f"{dist_info}/METADATA", _metadata(project), 0o644),
         (f"{dist_info}/WHEEL", wheel_info, 0o644),
         (f"{dist_info}/top_level.txt", f"{PACKAGE}\n".encode(), 0o644),
         *licenses,
     ]
+
+
+def _wheel_tag(config_settings: Optional[Mapping[str, Any]]) -> Tuple[str, bool]:
+    """The wheel's tag, and whether it is pure Python: a wheel carrying the library is for one platform."""
+    if library_choice(config_settings) == "none":
+        if _setting(config_settings, "platform-tag", "FLASHDECODE_PLATFORM_TAG"):
+            raise ValueError("platform-tag: a wheel without the library (bundle-library=none) is py3-none-any")
+        return "py3-none-any", True
+    return f"py3-none-{_platform_tag(config_settings)}", False
+
+
+def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool) -> str:
+    dist_info, metadata = _dist_info(tag, purelib)
+    entries = files + metadata
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in entries)
     entries.append((f"{dist_info}/RECORD", (record + f"{dist_info}/RECORD,,\n").encode(), 0o644))
-    filename = f"{name}-{version}-{tag}.whl"
+    filename = f"{dist_info[: -len('.dist-info')]}-{tag}.whl"
     with zipfile.ZipFile(Path(directory) / filename, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
         for path, data, mode in entries:
             info = zipfile.ZipInfo(path, date_time=ZIP_TIME)
@@ -216,6 +330,9 @@ def _write_wheel(directory: str, files: List[FileEntry], tag: str, purelib: bool
 
 
 def get_requires_for_build_wheel(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
+    """Nothing, unless the library is to be built and no recent enough CMake is on PATH."""
+    if library_choice(config_settings) == "build" and find_cmake() is None:
+        return [f"cmake>={'.'.join(map(str, CMAKE_MINIMUM))}"]
     return []
 
 
@@ -227,20 +344,32 @@ def get_requires_for_build_editable(config_settings: Optional[Mapping[str, Any]]
     return []
 
 
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: Optional[Mapping[str, Any]] = None
+) -> str:
+    """The wheel's .dist-info, without building the library: pip resolves the dependencies first."""
+    dist_info, entries = _dist_info(*_wheel_tag(config_settings))
+    for path, data, _ in entries:
+        target = Path(metadata_directory) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return dist_info
+
+
 def build_wheel(
     wheel_directory: str,
     config_settings: Optional[Mapping[str, Any]] = None,
     metadata_directory: Optional[str] = None,
 ) -> str:
-    """A wheel of the package; with ``bundle-library``, one carrying the library too."""
+    """A wheel of the package, carrying the library ``bundle-library`` chooses (see the module)."""
+    tag, purelib = _wheel_tag(config_settings)
     files = _package_files()
-    library = _library_to_bundle(config_settings)
-    if library is None:
-        if _setting(config_settings, "platform-tag", "FLASHDECODE_PLATFORM_TAG"):
-            raise ValueError("platform-tag: a wheel without the library is py3-none-any")
-        return _write_wheel(wheel_directory, files, "py3-none-any", purelib=True)
-    files.append((f"{PACKAGE}/_lib/{SONAME}", library.read_bytes(), 0o755))
-    return _write_wheel(wheel_directory, files, f"py3-none-{_platform_tag(config_settings)}", purelib=False)
+    choice = library_choice(config_settings)
+    if choice != "none":
+        with tempfile.TemporaryDirectory(prefix="flashdecode-build-") as workdir:
+            library = build_library(config_settings, Path(workdir)) if choice == "build" else _library_to_bundle(choice)
+            files.append((f"{PACKAGE}/_lib/{SONAME}", library.read_bytes(), 0o755))
+    return _write_wheel(wheel_directory, files, tag, purelib)
 
 
 def build_editable(
@@ -253,25 +382,43 @@ def build_editable(
     return _write_wheel(wheel_directory, [(f"_{PACKAGE}_editable.pth", pth, 0o644)], "py3-none-any", purelib=True)
 
 
+def sdist_files() -> List[Tuple[str, Path]]:
+    """(path in the sdist, file here): the Python project, its tests, and the C project under libflashdecode/."""
+    project = read_project()
+    python = [ROOT / "pyproject.toml", Path(__file__).resolve(), *_license_files(project)]
+    if project.get("readme"):
+        python.append(ROOT / project["readme"])
+    for folder in ("src", "tests"):
+        python += sorted(
+            p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
+    files = [(path.relative_to(ROOT).as_posix(), path) for path in python]
+    c_root = c_project_root()
+    if c_root is None:
+        raise FileNotFoundError(
+            f"build_sdist: flashdecode's C project is neither in {ROOT / SDIST_C_DIR} nor in {ROOT.parent.parent}"
+        )
+    c_files = [c_root / name for name in C_PROJECT_FILES]
+    for folder in C_PROJECT_FOLDERS:
+        c_files += sorted(p for p in (c_root / folder).rglob("*") if p.is_file())
+    files += [(f"{SDIST_C_DIR}/{path.relative_to(c_root).as_posix()}", path) for path in c_files]
+    return files
+
+
 def build_sdist(sdist_directory: str, config_settings: Optional[Mapping[str, Any]] = None) -> str:
-    """A source distribution: pyproject.toml, this backend, README and license, the package and its tests."""
+    """A source distribution from which ``pip install`` builds the library and bundles it."""
     project = read_project()
     base = f"{project['name']}-{project['version']}"
-    sources = [ROOT / "pyproject.toml", Path(__file__).resolve(), *_license_files(project)]
-    if project.get("readme"):
-        sources.append(ROOT / project["readme"])
-    for folder in ("src", "tests"):
-        sources += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     filename = f"{base}.tar.gz"
-    with tarfile.open(Path(sdist_directory) / filename, "w:gz", format=tarfile.PAX_FORMAT) as sdist:
-
-        def add(path: str, data: bytes) -> None:
+    members = [(path, source.read_bytes()) for path, source in sdist_files()]
+    members.append(("PKG-INFO", _metadata(project)))
+    # gzip's header carries a time and a file name: zero and none, for a reproducible archive.
+    with open(Path(sdist_directory) / filename, "wb") as raw, gzip.GzipFile(
+        filename="", mode="wb", fileobj=raw, mtime=0
+    ) as compressed, tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as sdist:
+        for path, data in members:
             info = tarfile.TarInfo(f"{base}/{path}")
             info.size = len(data)
             info.mode = 0o644
             sdist.addfile(info, io.BytesIO(data))
-
-        for source in sources:
-            add(source.relative_to(ROOT).as_posix(), source.read_bytes())
-        add("PKG-INFO", _metadata(project))
     return filename

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The in-tree build backend: metadata, wheel contents and tags, sdist and editable installs.
+"""The in-tree build backend: metadata, wheel contents and tags, the sdist, build settings, editable installs.
 
-(The CTest suite also makes the wheel as for PyPI, checks its tag with
-auditwheel, installs it into a venv and runs the READMEs' quickstarts from it.)"""
+(The CTest suite also makes the wheel and the sdist as for PyPI, checks the
+wheel's tag with auditwheel, installs both into fresh venvs — the sdist by
+building the library — and runs the READMEs' quickstarts from them.)"""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def backend() -> ModuleType:
 @pytest.fixture(autouse=True)
 def no_build_environment(monkeypatch) -> None:
     """The backend's environment variables, unset: each test says what it wants."""
-    for name in ("FLASHDECODE_BUNDLE_LIBRARY", "FLASHDECODE_PLATFORM_TAG"):
+    for name in ("FLASHDECODE_BUNDLE_LIBRARY", "FLASHDECODE_PLATFORM_TAG", "FLASHDECODE_CUDA", "CMAKE_ARGS"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -162,6 +163,16 @@ def test_claimed_platform_tag(backend, tmp_path, monkeypatch) -> None:
     name = backend.build_wheel(str(tmp_path), {"platform-tag": f"manylinux_2_35_{arch}"})
     assert name == f"flashdecode-{VERSION}-py3-none-manylinux_2_35_{arch}.whl"
     assert f"Tag: py3-none-manylinux_2_35_{arch}\n" in wheel_entries(tmp_path / name)[f"{DIST_INFO}/WHEEL"][0].decode()
+    # pip asks for the metadata before the wheel: the same files, without building anything.
+    prepared = tmp_path / "prepared"
+    assert (
+        backend.prepare_metadata_for_build_wheel(str(prepared), {"platform-tag": f"manylinux_2_35_{arch}"}) == DIST_INFO
+    )
+    entries = wheel_entries(tmp_path / name)
+    for path in prepared.rglob("*"):
+        if path.is_file():
+            assert path.read_bytes() == entries[path.relative_to(prepared).as_posix()][0], path
+    assert (prepared / DIST_INFO / "licenses" / "LICENSE").is_file()
     monkeypatch.setenv("FLASHDECODE_PLATFORM_TAG", f"linux_{arch}")
     assert backend.build_wheel(str(tmp_path)) == f"flashdecode-{VERSION}-py3-none-linux_{arch}.whl"
     for wrong in ("manylinux2014_x86_64", "linux_2_35_x86_64", "manylinux_2_35_other", "any"):
@@ -169,22 +180,81 @@ def test_claimed_platform_tag(backend, tmp_path, monkeypatch) -> None:
             backend.build_wheel(str(tmp_path), {"platform-tag": wrong})
 
 
-def test_sdist_and_editable(backend, tmp_path) -> None:
-    sdist = backend.build_sdist(str(tmp_path))
-    with tarfile.open(tmp_path / sdist) as archive:
+def unpack(sdist: Path, into: Path) -> Path:
+    with tarfile.open(sdist) as archive:
+        # The "data" filter where this Python has it (3.8.17, 3.11.4 and newer), as 3.14 makes it the default.
+        archive.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return into / f"flashdecode-{VERSION}"
+
+
+def test_sdist(backend, tmp_path) -> None:
+    sdist = tmp_path / backend.build_sdist(str(tmp_path))
+    assert sdist.name == f"flashdecode-{VERSION}.tar.gz"
+    with tarfile.open(sdist) as archive:
         members = {member.name: archive.extractfile(member).read() for member in archive.getmembers()}
-    base = f"flashdecode-{VERSION}"
-    for member in (
-        "pyproject.toml",
-        "PKG-INFO",
-        "README.md",
-        "LICENSE",
-        "build_backend/flashdecode_build.py",
-        "src/flashdecode/_library.py",
-        "tests/conftest.py",
-    ):
-        assert f"{base}/{member}" in members
-    check_metadata(members[f"{base}/PKG-INFO"].decode())
+    base = f"flashdecode-{VERSION}/"
+    names = {name[len(base) :] for name in members}
+    python = {"pyproject.toml", "PKG-INFO", "README.md", "LICENSE", "build_backend/flashdecode_build.py"}
+    python |= {"src/flashdecode/__init__.py", "src/flashdecode/_library.py", "tests/conftest.py"}
+    assert python <= names
+    # The C project, as the repository has it: every file of include/ and src/ and what CMake reads besides.
+    c_project = {"CMakeLists.txt", "LICENSE", "flashdecode.pc.in", "docs/CMakeLists.txt", "docs/Doxyfile.in"}
+    for folder in ("include", "src"):
+        c_project |= {path.relative_to(REPOSITORY).as_posix() for path in (REPOSITORY / folder).rglob("*")}
+    c_project = {name for name in c_project if not (REPOSITORY / name).is_dir()}
+    assert {name[len("libflashdecode/") :] for name in names if name.startswith("libflashdecode/")} == c_project
+    assert members[f"{base}libflashdecode/src/CMakeLists.txt"] == (REPOSITORY / "src" / "CMakeLists.txt").read_bytes()
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
+    check_metadata(members[f"{base}PKG-INFO"].decode())
+
+    # Reproducible, and an sdist made from the unpacked sdist is the same archive.
+    again = tmp_path / "again"
+    again.mkdir()
+    assert (again / backend.build_sdist(str(again))).read_bytes() == sdist.read_bytes()
+    unpacked = unpack(sdist, tmp_path / "unpacked")
+    from_sdist = tmp_path / "from_sdist"
+    from_sdist.mkdir()
+    sdist_backend = load_backend(unpacked, "flashdecode_build_in_sdist")
+    assert (from_sdist / sdist_backend.build_sdist(str(from_sdist))).read_bytes() == sdist.read_bytes()
+    # In an sdist the library is built by default; in the repository the system's is used.
+    assert sdist_backend.library_choice() == "build" and backend.library_choice() == "none"
+    assert sdist_backend.c_project_root() == unpacked / "libflashdecode"
+    assert backend.c_project_root() == REPOSITORY
+
+
+def test_build_settings(backend, monkeypatch) -> None:
+    defaults = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DCMAKE_INSTALL_LIBDIR=lib"]
+    args = backend.cmake_configure_args()
+    assert args[:3] == defaults and not any("FLASHDECODE_CUDA" in arg for arg in args)
+    args = backend.cmake_configure_args({"cuda": "off", "cmake-args": "-DFLASHDECODE_CUDA_ARCHS='90a-real;80-real'"})
+    assert args[-2:] == ["-DFLASHDECODE_CUDA=OFF", "-DFLASHDECODE_CUDA_ARCHS=90a-real;80-real"]
+    monkeypatch.setenv("FLASHDECODE_CUDA", "on")
+    monkeypatch.setenv("CMAKE_ARGS", "-DA=1 -DB=2")
+    assert backend.cmake_configure_args()[-3:] == ["-DFLASHDECODE_CUDA=ON", "-DA=1", "-DB=2"]
+    # A config setting wins over the environment; given twice, the last one counts.
+    assert backend.cmake_configure_args({"cuda": ["ON", "AUTO"]})[-3] == "-DFLASHDECODE_CUDA=AUTO"
+    with pytest.raises(ValueError, match="FLASHDECODE_CUDA"):
+        backend.cmake_configure_args({"cuda": "yes"})
+    monkeypatch.setenv("CMAKE_GENERATOR", "Unix Makefiles")
+    assert "-G" not in backend.cmake_configure_args()
+
+    assert backend.library_choice({"bundle_library": "build"}) == "build"
+    monkeypatch.setenv("FLASHDECODE_BUNDLE_LIBRARY", "build")
+    assert backend.library_choice() == "build"
+    assert backend.get_requires_for_build_wheel({"bundle-library": "none"}) == []
+    monkeypatch.setattr(backend, "find_cmake", lambda: None)
+    assert backend.get_requires_for_build_wheel() == ["cmake>=3.24"]
+    with pytest.raises(RuntimeError, match="CMake >= 3.24"):
+        backend.build_library(None, Path("/nonexistent"))
+
+
+def test_cmake_minimum_matches_the_project(backend) -> None:
+    text = (REPOSITORY / "CMakeLists.txt").read_text()
+    wanted = ".".join(map(str, backend.CMAKE_MINIMUM))
+    assert f"cmake_minimum_required(VERSION {wanted})" in text
+
+
+def test_editable(backend, tmp_path) -> None:
     editable = wheel_entries(tmp_path / backend.build_editable(str(tmp_path)))
     assert editable["_flashdecode_editable.pth"][0].decode().strip() == (BINDING_ROOT / "src").as_posix()
-    assert backend.get_requires_for_build_wheel() == []
+    assert backend.get_requires_for_build_wheel() == [] and backend.get_requires_for_build_sdist() == []
