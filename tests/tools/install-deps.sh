@@ -8,6 +8,10 @@
 # The bindings' tests (FD_DEPS_BINDINGS=0 skips them) need Go, cargo, and a
 # python3 with venv, NumPy and pytest: a distribution's Python (PEP 668,
 # EXTERNALLY-MANAGED) gets NumPy and pytest from apt, any other from pip.
+# The Python wheel's test also needs auditwheel, which Debian does not
+# package: pip installs it into any other python3; beside a distribution's
+# Python, pipx installs it into an environment of its own, with the command
+# in /usr/local/bin.
 set -euo pipefail
 
 need=()
@@ -22,6 +26,7 @@ have_cmd clang-format || need+=(clang-format)
 have_cmd nm || need+=(binutils)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
 pip_need=()
+pipx_need=()
 if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then
   have_cmd go || need+=(golang-go)
   have_cmd cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need+=(cargo)
@@ -30,15 +35,23 @@ if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then
   for module in numpy pytest; do
     python3 -c "import $module" >/dev/null 2>&1 || pip_need+=("$module")
   done
+  python3 -c 'import auditwheel' >/dev/null 2>&1 || have_cmd auditwheel || pip_need+=(auditwheel)
   # No python3 yet means apt's, which is externally managed.
   if [ ${#pip_need[@]} -gt 0 ] && { ! have_cmd python3 || python3 -c 'import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; }; then
-    for module in "${pip_need[@]}"; do need+=("python3-$module"); done
+    for module in "${pip_need[@]}"; do
+      if [ "$module" = auditwheel ]; then
+        pipx_need+=(auditwheel)
+        have_cmd pipx || need+=(pipx)
+      else
+        need+=("python3-$module")
+      fi
+    done
     pip_need=()
   fi
 fi
 
-if [ ${#need[@]} -eq 0 ] && [ ${#pip_need[@]} -eq 0 ]; then
+if [ ${#need[@]} -eq 0 ] && [ ${#pip_need[@]} -eq 0 ] && [ ${#pipx_need[@]} -eq 0 ]; then
   echo "install-deps: nothing missing"
   exit 0
 fi
@@ -58,4 +71,19 @@ if [ ${#pip_need[@]} -gt 0 ]; then
     echo "install-deps: could not pip-install ${pip_need[*]} for $(command -v python3)" >&2
     exit 1
   }
+fi
+if [ ${#pipx_need[@]} -gt 0 ]; then
+  pipx_env=(PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing ${pipx_need[*]}; run: sudo env ${pipx_env[*]} pipx install ${pipx_need[*]}" >&2
+    exit 1
+  fi
+  for app in "${pipx_need[@]}"; do
+    echo "install-deps: pipx install $app (command in /usr/local/bin)"
+    log=$(env "${pipx_env[@]}" pipx install "$app" 2>&1) || {
+      echo "$log" >&2
+      echo "install-deps: could not pipx-install $app" >&2
+      exit 1
+    }
+  done
 fi
