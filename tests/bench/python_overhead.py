@@ -15,7 +15,9 @@ round runs --iters calls in batches of --batch, and on CUDA synchronises
 between batches without timing the synchronisation, so the launch queue
 never fills and only host time is measured (a batch stays far below the
 queue's depth). The table gives the median over rounds (and the fastest
-round); binding time subtracts the C call's median of the same backend.
+round); binding time subtracts the C call's median of the same kind of
+arrays, and "binding (min)" subtracts fastest from fastest, the steadier
+figure on a loaded machine.
 
 The default problem is tiny on the CPU (batch 1, 4 query heads over 1 KV
 head, 16 tokens, head_dim 64, float32), so that the C call's own time and
@@ -24,6 +26,7 @@ timing, every Python entry point is checked against a float64 reference.
 ``--binding DIR`` times another copy of the package (e.g. an older commit's
 ``bindings/python/src``) against the same library.
 """
+
 import argparse
 import ctypes
 import json
@@ -38,7 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", help="libflashdecode to load (default: $FLASHDECODE_LIBRARY, else the package's search)")
+    parser.add_argument(
+        "--lib", help="libflashdecode to load (default: $FLASHDECODE_LIBRARY, else the package's search)"
+    )
     parser.add_argument(
         "--binding", default=os.path.join(HERE, "..", "..", "bindings", "python", "src"), help="the package's folder"
     )
@@ -127,7 +132,9 @@ def main():
         arrays = problem(kind)
         q, k, v, out = arrays["q"], arrays["k"], arrays["v"], arrays["out"]
         # Handle.decode's default layout is NHD: the same memory, seen as [B, 1, H, D] and [B, L, Hkv, D].
-        q_nhd, k_nhd, v_nhd, out_nhd = (x.transpose(0, 2, 1, 3) if kind == "numpy" else x.transpose(1, 2) for x in (q, k, v, out))
+        q_nhd, k_nhd, v_nhd, out_nhd = (
+            x.transpose(0, 2, 1, 3) if kind == "numpy" else x.transpose(1, 2) for x in (q, k, v, out)
+        )
         handle = flashdecode.Handle(backend, num_threads=args.threads) if not cuda else flashdecode.Handle("cuda")
         handles.append(handle)
 
@@ -146,7 +153,13 @@ def main():
         check(flashdecode.flash_decode(q, k, v), "flash_decode")
         check(handle.decode(q, k, v, layout="HND"), "Handle.decode(layout='HND')")
 
-        rows.append(("Handle.decode(q, k, v, out=out)", kind, lambda h=handle, a=(q_nhd, k_nhd, v_nhd), o=out_nhd: h.decode(*a, out=o)))
+        rows.append(
+            (
+                "Handle.decode(q, k, v, out=out)",
+                kind,
+                lambda h=handle, a=(q_nhd, k_nhd, v_nhd), o=out_nhd: h.decode(*a, out=o),
+            )
+        )
         rows.append(("Handle.decode(q, k, v)", kind, lambda h=handle, a=(q_nhd, k_nhd, v_nhd): h.decode(*a)))
         rows.append(("flash_decode(q, k, v)", kind, lambda a=(q, k, v): flashdecode.flash_decode(*a)))
         if kind == "torch" and hasattr(torch.nn.functional, "scaled_dot_product_attention"):
@@ -221,6 +234,7 @@ def main():
 
     results = []
     c_median = {kind: statistics.median(samples[index]) for index, (_, kind, _) in enumerate(cases[: len(kinds)])}
+    c_min = {kind: min(samples[index]) for index, (_, kind, _) in enumerate(cases[: len(kinds)])}
     for index, (label, kind, _) in enumerate(cases):
         median, fastest = statistics.median(samples[index]), min(samples[index])
         is_binding_call = index >= len(kinds) and not label.startswith("torch SDPA")
@@ -231,21 +245,26 @@ def main():
                 "median_us": median,
                 "min_us": fastest,
                 "binding_us": median - c_median[kind] if is_binding_call else None,
+                "binding_min_us": fastest - c_min[kind] if is_binding_call else None,
             }
         )
 
     print(
         f"flashdecode {info.version} ({info.path}); binding {os.path.abspath(args.binding)}\n"
         f"device {args.device}, {dtype}, batch {batch}, heads {heads}/{kv_heads}, kv_len {kv_len}, head_dim {dim}; "
-        f"{args.rounds} rounds x {iters} calls"
-        + (f", CPU threads {args.threads or 'all'}" if not cuda else "")
+        f"{args.rounds} rounds x {iters} calls" + (f", CPU threads {args.threads or 'all'}" if not cuda else "")
     )
     width = max(len(r["case"]) for r in results)
-    print(f"{'case':<{width}}  {'arrays':<6}  {'median us':>9}  {'min us':>7}  {'binding us':>10}")
+    print(
+        f"{'case':<{width}}  {'arrays':<6}  {'median us':>9}  {'min us':>7}  {'binding us':>10}  {'binding (min)':>13}"
+    )
     for r in results:
         binding = "" if r["binding_us"] is None else f"{r['binding_us']:10.1f}"
-        print(f"{r['case']:<{width}}  {r['arrays']:<6}  {r['median_us']:9.1f}  {r['min_us']:7.1f}  {binding:>10}")
-    print("binding us = median us - the C call's median us (same arrays kind)")
+        binding_min = "" if r["binding_min_us"] is None else f"{r['binding_min_us']:13.1f}"
+        print(
+            f"{r['case']:<{width}}  {r['arrays']:<6}  {r['median_us']:9.1f}  {r['min_us']:7.1f}  {binding:>10}  {binding_min:>13}"
+        )
+    print("binding us = median us - the C call's median us; binding (min) = min us - the C call's min us (same arrays)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -16,9 +16,12 @@ Everything else goes through a :class:`Handle`::
         out, lse = handle.decode(q, k, v, seq_lens=lens, return_lse=True, layout="HND")
 
 NumPy arrays run on the CPU backend; CUDA arrays from any library with
-``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend.
-Failures raise :class:`FlashDecodeError` subclasses carrying the library's
-message. The library is found as :func:`load_library` describes.
+``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend;
+PyTorch tensors, CPU or CUDA, are read directly. Failures raise
+:class:`FlashDecodeError` subclasses carrying the library's message. The
+library is found as :func:`load_library` describes.
+
+PyTorch is optional and never imported by this package.
 """
 
 from ._arrays import DType
