@@ -301,3 +301,51 @@ def test_torch_fast_path_alternates_and_follows_the_stream() -> None:
         explicit = handle.decode(doubled, k, v, layout="HND", stream=side)
         side.synchronize()
         expect_hnd(torch, explicit, doubled, k, v)
+
+
+def test_torch_op_in_a_captured_graph() -> None:
+    """torch.ops.flashdecode.decode captured after a warm-up on the capturing stream; a larger
+    decode on that stream afterwards runs on a new handle and leaves the graph's workspace alone."""
+    torch = cuda_torch()
+    op = flashdecode.torch_op()
+    q, k, v = hnd_problem(torch, 4, 32, 8, 1024, 128, 4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(q, k, v, None, None, None, None, "HND")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out, lse = op(q, k, v, None, None, None, None, "HND")
+    larger = hnd_problem(torch, 16, 64, 8, 8192, 128, 5)
+    with torch.cuda.stream(side):
+        expect_hnd(torch, op(*larger, None, None, None, None, "HND")[0], *larger)
+    torch.cuda.synchronize()
+    for seed in (6, 7):
+        q.copy_(hnd_problem(torch, 4, 32, 8, 1, 128, seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        expect_hnd(torch, out, q, k, v)
+        assert lse.shape == (4, 32, 1) and torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("backend,mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
+def test_torch_compile_on_cuda(backend, mode) -> None:
+    """flash_decode inside torch.compile, CUDA graphs (mode='reduce-overhead') included, for two shapes."""
+    torch = cuda_torch()
+    torch._dynamo.reset()
+
+    def step(q: Any, k: Any, v: Any) -> Any:
+        return flashdecode.flash_decode(q * 1.0, k, v) + 0.0
+
+    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    shapes = [(4, 32, 8, 1024, 128), (2, 8, 2, 4096, 64)]
+    with torch.no_grad():
+        for round_index in range(4):
+            for index, shape in enumerate(shapes):
+                q, k, v = hnd_problem(torch, *shape, seed=10 * round_index + index)
+                if mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = compiled(q, k, v).clone()
+                torch.cuda.synchronize()
+                expect_hnd(torch, out, q, k, v)

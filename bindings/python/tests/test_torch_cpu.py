@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch CPU tensors: read directly (no DLPack), errors in torch's words,
-requires_grad. Skipped without PyTorch; test_gpu.py has the CUDA side."""
+requires_grad, and torch.ops.flashdecode.decode under torch.compile and fake
+tensors. Skipped without PyTorch; test_gpu.py has the CUDA side."""
 
 from __future__ import annotations
 
@@ -117,8 +118,110 @@ def test_alternating_tensors_of_one_shape(cpu) -> None:
             np.testing.assert_allclose(nhd(flashdecode.flash_decode(q, k, v), "HND")[:, 0], expected, atol=2e-5)
 
 
+# ---- the custom op --------------------------------------------------------------
+
+needs_custom_op = pytest.mark.skipif(
+    not hasattr(torch.library, "custom_op"), reason="torch.library.custom_op needs PyTorch 2.4"
+)
+
+
+@needs_custom_op
+def test_op_matches_the_reference() -> None:
+    op = flashdecode.torch_op()
+    assert op is torch.ops.flashdecode.decode
+    q, k, v, expected, expected_lse = problem(3, layout="NHD")
+    lens = torch.tensor([50, 17], dtype=torch.int32)
+    out, lse = op(q, k, v)
+    np.testing.assert_allclose(out.numpy()[:, 0], expected, atol=2e-5)
+    np.testing.assert_allclose(lse.numpy()[:, 0], expected_lse, atol=1e-4)
+    out, _ = op(q, k, v, lens, None, 0.25, 2, "NHD")
+    reference, _ = attention(*(x.double().numpy() for x in (q[:, 0], k, v)), scale=0.25, seq_lens=[50, 17])
+    np.testing.assert_allclose(out.numpy()[:, 0], reference, atol=2e-5)
+
+
+@needs_custom_op
+def test_opcheck() -> None:
+    """PyTorch's own checks of the schema, the fake implementation and autograd registration."""
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs PyTorch 2.4")
+    q, k, v, _, _ = problem(4)
+    torch.library.opcheck(flashdecode.torch_op(), (q, k, v, None, None, None, None, "HND"))
+    lens = torch.tensor([3, 50], dtype=torch.int32)
+    torch.library.opcheck(flashdecode.torch_op(), (q, k, v, lens, None, 0.5, 3, "HND"))
+
+
+@needs_custom_op
+def test_fake_tensor_shapes() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(3, 16, 1, 128, dtype=torch.bfloat16)
+        k = torch.empty(3, 4, 4096, 128, dtype=torch.bfloat16)
+        out, lse = torch.ops.flashdecode.decode(q, k, k, layout="HND")
+        assert out.shape == q.shape and out.dtype == torch.bfloat16
+        assert lse.shape == (3, 16, 1) and lse.dtype == torch.float32
+        q3 = torch.empty(3, 16, 128, dtype=torch.float16)
+        out, lse = torch.ops.flashdecode.decode(q3, k.half(), k.half())
+        assert out.shape == (3, 16, 128) and lse.shape == (3, 16)
+
+
+@needs_custom_op
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile(backend) -> None:
+    """flash_decode and Handle.decode inside a compiled function (fullgraph: no graph break)."""
+    torch._dynamo.reset()
+    handle = flashdecode.Handle("cpu")
+
+    def step(q: Any, k: Any, v: Any) -> Any:
+        scaled = q * 2
+        a = flashdecode.flash_decode(scaled, k, v)
+        b, lse = handle.decode(scaled, k, v, layout="HND", return_lse=True, softmax_scale=0.1)
+        return a + 1, b, lse
+
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    for seed in (5, 6):  # a second call with other data reuses the compiled graph
+        q, k, v, _, _ = problem(seed)
+        a, b, lse = compiled(q, k, v)
+        expected_a, expected_b, expected_lse = step(q, k, v)
+        torch.testing.assert_close(a, expected_a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b, expected_b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)
+        reference, _ = attention(
+            *(x.double().numpy() for x in ((q * 2).transpose(1, 2)[:, 0], k.transpose(1, 2), v.transpose(1, 2)))
+        )
+        np.testing.assert_allclose(nhd(a - 1, "HND")[:, 0], reference, atol=2e-5)
+    handle.close()
+
+
+@needs_custom_op
+def test_torch_compile_with_outputs_given() -> None:
+    torch._dynamo.reset()
+    q, k, v, expected, _ = problem(7)
+
+    def step(q: Any, k: Any, v: Any, out: Any) -> Any:
+        return flashdecode.flash_decode(q, k, v, out=out)
+
+    out = torch.zeros_like(q)
+    result = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, out)
+    np.testing.assert_allclose(nhd(out, "HND")[:, 0], expected, atol=2e-5)
+    np.testing.assert_allclose(nhd(result, "HND")[:, 0], expected, atol=2e-5)
+
+
 def test_importing_flashdecode_does_not_import_torch() -> None:
     code = "import sys, flashdecode; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     env = dict(os.environ)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_op_registered_when_torch_comes_after_flashdecode() -> None:
+    code = (
+        "import flashdecode, torch\n"
+        "q = torch.randn(1, 2, 1, 16); k = torch.randn(1, 1, 9, 16)\n"
+        "flashdecode.flash_decode(q, k, k)\n"
+        "print(hasattr(torch.ops.flashdecode, 'decode') or not hasattr(torch.library, 'custom_op'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr

@@ -31,6 +31,7 @@ from ._errors import (
     InvalidDTypeError,
     InvalidHandleError,
     InvalidShapeError,
+    WorkspaceTooSmallError,
     error_from_status,
     refuse,
 )
@@ -159,6 +160,7 @@ class Handle:
         self._pointer: Optional[int] = None  # first, so that __del__ works if creation fails
         self._lock = threading.Lock()
         self._workspace: Optional[ArrayView] = None
+        self._captured = False  # served a CUDA graph capture through torch.ops.flashdecode.decode
         self._plans: Dict[Any, _Plan] = {}
         self._last: Tuple[Any, Optional[_Plan]] = ((), None)  # the last plan used, and its key
         lib = library()
@@ -284,7 +286,9 @@ class Handle:
         PyTorch tensors are read directly (no DLPack). Inputs that require
         grad are read as ``.detach()`` would read them: decode has no
         backward and its results never require grad; an ``out`` or ``lse``
-        that requires grad is refused.
+        that requires grad is refused. Inside ``torch.compile`` the call
+        becomes ``torch.ops.flashdecode.decode`` (see :func:`torch_op`), run
+        on this thread's handle for the tensors' device and current stream.
 
         Returns:
             ``out``, or ``(out, lse)`` with ``return_lse=True``: arrays of
@@ -296,6 +300,13 @@ class Handle:
                 message naming the argument at fault; nothing is written.
             TypeError: an argument is not an array at all.
         """
+        if type(q) is not _ndarray:
+            torch_state = _torch.get()
+            if torch_state is not None and torch_state.op is not None and torch_state.is_compiling():
+                return _compiled_decode(
+                    torch_state, q, k, v, out, lse, return_lse, seq_lens, block_table,
+                    softmax_scale, num_splits, layout, dtype, stream,
+                )  # fmt: skip
         signature = _signature(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype
         )
@@ -993,19 +1004,27 @@ def _softmax_scale(value: Optional[float]) -> float:
 # ---- the Triton split-K reference kernel's entry point ---------------------------
 
 _per_thread = threading.local()
+_retired: List[Handle] = []
+"""Handles whose workspace a captured CUDA graph may use: kept, never destroyed (see :func:`op_decode`)."""
 
 
-def _thread_handle(backend: Backend, device: int, stream: int) -> Handle:
+def _thread_handle(backend: Backend, device: int, stream: int, capturing: bool = False) -> Handle:
     """This thread's handle for a device and stream: reused, so its workspace and plans are too.
 
     One per stream, because calls on different streams may overlap on the GPU
-    and must not share a workspace.
+    and must not share a workspace. A handle that served a CUDA graph capture
+    is not used again outside one: a later decode could grow its workspace,
+    freeing the memory the graph replays into; it is retired, and a new one
+    takes its place.
     """
     handles: Optional[Dict[Tuple[Backend, int, int], Handle]] = getattr(_per_thread, "handles", None)
     if handles is None:
         handles = _per_thread.handles = {}
     key = (backend, device, stream)
     handle = handles.get(key)
+    if handle is not None and handle._captured and not capturing:
+        _retired.append(handle)
+        handle = None
     if handle is None:
         handle = handles[key] = Handle(backend, device=device)
     return handle
@@ -1048,6 +1067,10 @@ def flash_decode(
         )
     torch_state = _torch.get()
     if torch_state is not None and isinstance(q, torch_state.Tensor):
+        if torch_state.op is not None and torch_state.is_compiling():
+            return _compiled_decode(
+                torch_state, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
+            )
         if q.is_cuda:
             device = q.get_device()
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
@@ -1066,3 +1089,94 @@ def flash_decode(
     return _thread_handle(Backend.CPU, 0, 0).decode(
         q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
     )
+
+
+# ---- PyTorch: the custom op and torch.compile -------------------------------------
+
+
+def op_decode(
+    q: Any,
+    k: Any,
+    v: Any,
+    seq_lens: Any,
+    block_table: Any,
+    softmax_scale: Optional[float],
+    num_splits: Optional[int],
+    layout: str,
+) -> Tuple[Any, Any]:
+    """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
+    handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
+
+    Under CUDA graph capture the library cannot allocate: the handle of the
+    capturing stream must have run the decode before (a warm-up on that
+    stream, which torch.compile's CUDA graphs do). That handle is then kept
+    for the graph and never grown again (:func:`_thread_handle`).
+    """
+    torch_state = _torch.get()
+    assert torch_state is not None
+    capturing = False
+    if q.is_cuda:
+        device = q.get_device()
+        stream: Optional[int] = torch_state.current_stream(device)
+        capturing = bool(torch_state.torch.cuda.is_current_stream_capturing())
+        handle = _thread_handle(Backend.CUDA, device, stream, capturing)  # type: ignore[arg-type]
+    else:
+        stream, handle = None, _thread_handle(Backend.CPU, 0, 0)
+    try:
+        result: Tuple[Any, Any] = handle.decode(
+            q,
+            k,
+            v,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            softmax_scale=softmax_scale,
+            num_splits=num_splits,
+            layout=layout,
+            return_lse=True,
+            stream=stream,
+        )
+    except WorkspaceTooSmallError as error:
+        if not capturing:
+            raise
+        raise WorkspaceTooSmallError(
+            f"{error.message}; torch.ops.flashdecode.decode keeps a handle per thread, device and stream: run "
+            "the same decode once on the capturing stream before capture (a warm-up, as torch.compile's "
+            "mode='reduce-overhead' does) so that the handle's workspace is reserved"
+        ) from None
+    if capturing:
+        handle._captured = True  # the graph holds its workspace: see _thread_handle
+    return result
+
+
+def _compiled_decode(
+    torch_state: "_torch.TorchState",
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    return_lse: Any,
+    seq_lens: Any,
+    block_table: Any,
+    softmax_scale: Any,
+    num_splits: Any,
+    layout: Any,
+    dtype: Any,
+    stream: Any,
+) -> Any:
+    """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
+    (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
+    if dtype is not None or stream is not None:
+        raise refuse(
+            InvalidArgumentError,
+            "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
+            "and the op runs on PyTorch's current stream",
+        )
+    result, result_lse = torch_state.op(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    if lse is not None:
+        lse.copy_(result_lse)
+        result_lse = lse
+    return (result, result_lse) if return_lse else result
