@@ -53,7 +53,7 @@ from ._errors import (
     WorkspaceTooSmallError,
 )
 from . import _torch
-from ._handle import LAYOUTS, Backend, Handle, Merge, PlanInfo, flash_decode, host_workspace
+from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.2.0"
@@ -109,6 +109,7 @@ __all__ = [
     "InvalidShapeError",
     "InvalidSplitsError",
     "InvalidStrideError",
+    "Layout",
     "LibraryError",
     "LibraryInfo",
     "Merge",

@@ -8,7 +8,7 @@ import enum
 import numbers
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 
@@ -27,15 +27,26 @@ from ._arrays import (
     view_array,
 )
 from ._errors import (
+    FlashDecodeError,
     InvalidArgumentError,
     InvalidDTypeError,
     InvalidHandleError,
+    InvalidHeadCountError,
+    InvalidHeadDimError,
     InvalidShapeError,
+    NoDeviceError,
+    UnsupportedError,
     WorkspaceTooSmallError,
     error_from_status,
     refuse,
 )
 from ._library import FdDecodeArgs, FdTensor, check, last_error_message, library
+
+Layout = Literal["NHD", "HND"]
+"""The ``layout=`` argument: see :data:`LAYOUTS` (lower case is accepted too)."""
+
+ArrayT = TypeVar("ArrayT")
+"""An array type: decode returns arrays of q's kind (NumPy in, NumPy out; a torch.Tensor in, a torch.Tensor out)."""
 
 
 class Backend(enum.IntEnum):
@@ -92,11 +103,14 @@ class PlanInfo:
     blocks: int
 
 
-LAYOUTS = ("NHD", "HND")
-"""Dimension orders: ``"NHD"`` puts the sequence before the heads (q
-``[batch, 1, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-the C API's order); ``"HND"`` puts the heads first (the order of the Triton
-split-K reference kernel and of PyTorch SDPA). Any other layout is a strided view of one of these."""
+LAYOUTS: Tuple[Layout, Layout] = ("NHD", "HND")
+"""Dimension orders, for q and out as well as for the cache: ``"NHD"`` puts
+the sequence before the heads (q ``[batch, 1, heads, head_dim]``, k/v
+``[batch, kv_len, kv_heads, head_dim]``, the C API's order); ``"HND"`` puts
+the heads first (q ``[batch, heads, 1, head_dim]``, k/v ``[batch, kv_heads,
+kv_len, head_dim]``: the order of the Triton split-K reference kernel and of
+PyTorch SDPA). :meth:`Handle.decode` defaults to ``"NHD"``, :func:`flash_decode`
+to ``"HND"``. Any other layout is a strided view of one of these."""
 
 _QUERY_SHAPES = {"NHD": "[batch, 1, heads, head_dim]", "HND": "[batch, heads, 1, head_dim]"}
 _CACHE_SHAPES = {"NHD": "[batch, kv_len, kv_heads, head_dim]", "HND": "[batch, kv_heads, kv_len, head_dim]"}
@@ -152,7 +166,9 @@ class Handle:
         num_threads: worker threads of the CPU backend; 0 uses every core.
 
     Raises:
-        NoDeviceError: CUDA was asked for but the device or CUDA support is missing.
+        NoDeviceError: CUDA was asked for but there is no usable GPU (no
+            NVIDIA driver, no device with that ordinal, one the build cannot
+            run on) or the library was built without CUDA; the message says which.
         InvalidArgumentError: a bad backend, device or thread count.
     """
 
@@ -170,7 +186,12 @@ class Handle:
         options.device = _int32(device, "device")
         options.num_threads = _int32(num_threads, "num_threads")
         pointer = ctypes.c_void_p()
-        check(lib.fd_create(ctypes.byref(pointer), ctypes.byref(options)))
+        status = lib.fd_create(ctypes.byref(pointer), ctypes.byref(options))
+        if status:
+            error = error_from_status(status, last_error_message())
+            if isinstance(error, NoDeviceError):
+                error = NoDeviceError(_no_gpu_message(error.message))
+            raise error
         self._pointer = pointer.value
         resolved = _library.c_enum()
         check(lib.fd_get_backend(self._pointer, ctypes.byref(resolved)))
@@ -222,6 +243,44 @@ class Handle:
         state = "closed" if self.closed else f"backend={self._backend.name.lower()} device={self._device}"
         return f"<flashdecode.Handle {state}>"
 
+    @overload
+    def decode(
+        self,
+        q: ArrayT,
+        k: ArrayT,
+        v: ArrayT,
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[False] = False,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        softmax_scale: Optional[float] = None,
+        num_splits: Optional[int] = None,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> ArrayT: ...
+
+    @overload
+    def decode(
+        self,
+        q: ArrayT,
+        k: ArrayT,
+        v: ArrayT,
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[True],
+        seq_lens: Any = None,
+        block_table: Any = None,
+        softmax_scale: Optional[float] = None,
+        num_splits: Optional[int] = None,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> Tuple[ArrayT, ArrayT]: ...
+
     def decode(
         self,
         q: Any,
@@ -235,7 +294,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
     ) -> Any:
@@ -245,8 +304,8 @@ class Handle:
         where g is the KV head of query head h's group (GQA; MQA with one KV head).
 
         Args:
-            q: queries, ``[batch, 1, heads, head_dim]`` (``layout="NHD"``),
-                ``[batch, heads, 1, head_dim]`` (``"HND"``), or
+            q: queries, ``[batch, 1, heads, head_dim]`` (``layout="NHD"``, the
+                default), ``[batch, heads, 1, head_dim]`` (``"HND"``), or
                 ``[batch, heads, head_dim]``.
             k, v: a dense cache ``[batch, kv_len, kv_heads, head_dim]``
                 (``"NHD"``) / ``[batch, kv_heads, kv_len, head_dim]``
@@ -266,7 +325,10 @@ class Handle:
                 are then a paged cache.
             softmax_scale: multiplies q.k; None means 1/sqrt(head_dim).
             num_splits: KV splits; None (or 0) lets the library choose.
-            layout: ``"NHD"`` or ``"HND"``, see :data:`LAYOUTS`.
+            layout: ``"NHD"`` or ``"HND"``: the dimension order of q and out
+                as well as of k and v (and lse's), see :data:`LAYOUTS`.
+                :func:`flash_decode` defaults to ``"HND"``, this method to
+                ``"NHD"``; when the shapes only fit the other one, the error says so.
             dtype: the element type of q, k and v when their storage does not
                 say it: ``"bfloat16"`` or ``"float16"`` for ``uint16`` arrays
                 holding the bits.
@@ -355,30 +417,36 @@ class Handle:
                 status = self._decode_raw(pointer, plan.address, stream_value or None)
                 if not status:
                     return (out, lse) if return_lse else out
-                error = error_from_status(status, last_error_message())
+                error: Optional[FlashDecodeError] = error_from_status(status, last_error_message())
             else:
-                call = self._prepare(
-                    q,
-                    k,
-                    v,
-                    out=out,
-                    lse=lse,
-                    return_lse=return_lse,
-                    seq_lens=seq_lens,
-                    block_table=block_table,
-                    softmax_scale=softmax_scale,
-                    num_splits=num_splits,
-                    layout=layout,
-                    dtype=dtype,
-                    stream=stream,
-                )
-                status = library().fd_decode(pointer, ctypes.byref(call.args), call.stream or None)
-                if not status:
-                    if signature is not None:
-                        self._remember(signature, call)
-                    return (call.out, call.lse) if return_lse else call.out
-                error = error_from_status(status, last_error_message())
-        raise error
+                error = None
+                try:
+                    call = self._prepare(
+                        q,
+                        k,
+                        v,
+                        out=out,
+                        lse=lse,
+                        return_lse=return_lse,
+                        seq_lens=seq_lens,
+                        block_table=block_table,
+                        softmax_scale=softmax_scale,
+                        num_splits=num_splits,
+                        layout=layout,
+                        dtype=dtype,
+                        stream=stream,
+                    )
+                except (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError) as refused:
+                    error = refused
+                else:
+                    status = library().fd_decode(pointer, ctypes.byref(call.args), call.stream or None)
+                    if not status:
+                        if signature is not None:
+                            self._remember(signature, call)
+                        return (call.out, call.lse) if return_lse else call.out
+                    error = error_from_status(status, last_error_message())
+        assert error is not None
+        raise self._with_layout_hint(error, q, k, v, out, lse, seq_lens, block_table, layout, dtype)
 
     def workspace_size(
         self,
@@ -392,7 +460,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
         """Bytes of workspace :meth:`decode` needs for these arguments on this handle.
@@ -430,7 +498,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
         """What :meth:`decode` would run for these arguments on this handle, without running it.
@@ -537,6 +605,41 @@ class Handle:
         plan = plans[key] = _Plan(call, pointer_of, torch_state.current_stream if cuda and torch_state else None)
         self._last = (key, plan)
 
+    def _with_layout_hint(
+        self,
+        error: FlashDecodeError,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        seq_lens: Any,
+        block_table: Any,
+        layout: Any,
+        dtype: Any,
+    ) -> FlashDecodeError:
+        """``error``, saying so when the arguments only fit the other layout.
+
+        Asks the library itself: the shape-only query fd_workspace_size
+        validates the other layout's view of the same arrays as decode would.
+        """
+        if not isinstance(error, _LAYOUT_ERRORS) or not isinstance(layout, str) or layout.upper() not in LAYOUTS:
+            return error
+        other: Layout = "HND" if layout.upper() == "NHD" else "NHD"
+        try:
+            self.workspace_size(
+                q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, layout=other, dtype=dtype
+            )
+        except Exception:  # the other layout does not fit either (or cannot be asked): no hint
+            return error
+        cache = (_PAGE_POOL_SHAPES if block_table is not None else _CACHE_SHAPES)[other]
+        hinted = type(error)(
+            f"{error.message}; these shapes fit layout={other!r} (q {_QUERY_SHAPES[other]}, k and v {cache}): "
+            "did you mean it?"
+        )
+        hinted.status = error.status
+        return hinted
+
     def _check_location(self, name: str, array: Any, location: str, device: Optional[int]) -> None:
         """Host memory for the CPU backend, the handle's device for CUDA: anything else
         would be dereferenced in the wrong address space."""
@@ -571,7 +674,7 @@ class Handle:
         block_table: Any,
         softmax_scale: Optional[float],
         num_splits: Optional[int],
-        layout: str,
+        layout: Layout,
         dtype: Any,
         stream: Any,
         size_query: bool = False,
@@ -647,6 +750,7 @@ _ndarray = np.ndarray
 _ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table")
 _MAX_PLANS = 16
 """Signatures a handle remembers; the oldest is dropped beyond that."""
+_LAYOUT_ERRORS = (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError)
 _SCALE_TYPES = (float, int)  # bool is refused by the full path: type() is not isinstance()
 _DTYPE_ARGUMENT_TYPES = (str, DType)
 
@@ -868,6 +972,49 @@ def _raw_decode(lib: ctypes.CDLL) -> Any:
     return prototype(("fd_decode", lib))
 
 
+# ---- errors said plainly -------------------------------------------------------------
+
+
+def _no_gpu_message(message: str) -> str:
+    """The library's NO_DEVICE message, saying plainly when this machine has no usable GPU at all."""
+    if "built without CUDA" in message:
+        return message + "; use Handle('cpu'), or a libflashdecode built with CUDA (-DFLASHDECODE_CUDA=ON)"
+    marker = "no CUDA device is usable ("
+    start = message.find(marker)
+    if start < 0:  # a device ordinal out of range, or a GPU this build cannot run on: the library says it
+        return message
+    why = _gpu_absence()
+    if why is None:  # a driver that sees GPUs: the runtime's reason is the real one
+        return message
+    runtime = message[start + len(marker) :].rstrip(")")
+    return f"{message[:start]}this machine has no usable GPU: {why} (the CUDA runtime says: {runtime})"
+
+
+def _gpu_absence() -> Optional[str]:
+    """Why the NVIDIA driver offers no GPU, or None if it offers some (asked only after a failure)."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)"
+    try:
+        cu_init, cu_count = driver.cuInit, driver.cuDeviceGetCount
+    except AttributeError:
+        return None
+    cu_init.argtypes, cu_init.restype = [ctypes.c_uint], ctypes.c_int
+    cu_count.argtypes, cu_count.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    result = cu_init(0)
+    if result == 100:  # CUDA_ERROR_NO_DEVICE
+        return "the NVIDIA driver finds no GPU"
+    if result == 34:  # CUDA_ERROR_STUB_LIBRARY
+        return "no NVIDIA driver is installed (libcuda.so.1 is the CUDA toolkit's stub)"
+    if result != 0:
+        return f"the NVIDIA driver does not start (cuInit error {result})"
+    count = ctypes.c_int(0)
+    if cu_count(ctypes.byref(count)) == 0 and count.value == 0:
+        return "the NVIDIA driver finds no GPU"
+    return None
+
+
 def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -> Optional[DType]:
     """Names the float type of 16-bit integer storage and checks an explicit ``dtype`` against the arrays."""
     explicit = None if dtype is None else as_dtype(dtype)
@@ -971,9 +1118,9 @@ def _as_backend(value: Union[Backend, str]) -> Backend:
     raise refuse(InvalidArgumentError, f"backend: expected 'auto', 'cpu' or 'cuda', got {value!r}")
 
 
-def _as_layout(value: str) -> str:
+def _as_layout(value: Any) -> Layout:
     if isinstance(value, str) and value.upper() in LAYOUTS:
-        return value.upper()
+        return cast(Layout, value.upper())
     raise refuse(InvalidArgumentError, f"layout: expected 'NHD' or 'HND', got {value!r}")
 
 
@@ -1031,36 +1178,48 @@ def _thread_handle(backend: Backend, device: int, stream: int, capturing: bool =
 
 
 def flash_decode(
-    q: Any,
-    k: Any,
-    v: Any,
-    sm_scale: Optional[float] = None,
+    q: ArrayT,
+    k: ArrayT,
+    v: ArrayT,
+    softmax_scale: Optional[float] = None,
     num_splits: Optional[int] = None,
     *,
-    out: Any = None,
+    sm_scale: Optional[float] = None,
+    out: Optional[ArrayT] = None,
+    layout: Layout = "HND",
     stream: Any = None,
-) -> Any:
+) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
     Args:
-        q: ``[batch, heads, 1, head_dim]``.
-        k, v: ``[batch, kv_heads, kv_len, head_dim]``; kv_heads may divide
+        q: ``[batch, heads, 1, head_dim]`` (``[batch, 1, heads, head_dim]``
+            with ``layout="NHD"``).
+        k, v: ``[batch, kv_heads, kv_len, head_dim]`` (``[batch, kv_len,
+            kv_heads, head_dim]`` with ``layout="NHD"``); kv_heads may divide
             heads (grouped-query attention).
-        sm_scale: softmax scale; None means 1/sqrt(head_dim).
+        softmax_scale: multiplies q.k; None means 1/sqrt(head_dim). The
+            fourth positional argument, as the reference kernel's ``sm_scale``.
         num_splits: KV splits; None lets the library choose.
+        sm_scale: the reference kernel's name for ``softmax_scale``; pass one of the two.
         out: optional output, shaped like q.
+        layout: ``"HND"`` (the default here, the reference kernel's order)
+            or ``"NHD"`` (:meth:`Handle.decode`'s default); it orders q and
+            out as well as k and v, see :data:`LAYOUTS`.
         stream: CUDA stream (see :meth:`Handle.decode`).
 
     Returns:
-        ``[batch, heads, 1, head_dim]`` in q's dtype, of q's kind: a NumPy
-        array (computed on the CPU backend) for NumPy input, a tensor on the
-        same device for PyTorch (CPU or CUDA) or CuPy input.
+        q's shape in q's dtype, of q's kind: a NumPy array (computed on the
+        CPU backend) for NumPy input, a tensor on the same device for
+        PyTorch (CPU or CUDA) or CuPy input.
 
     Each thread keeps one handle per device and stream, so the workspace is
     reused across calls. For more (paged caches, ragged lengths, LSE,
     workspace control) use :class:`Handle`.
     """
-    softmax_scale, layout = sm_scale, "HND"
+    if sm_scale is not None:
+        if softmax_scale is not None:
+            raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
+        softmax_scale = sm_scale
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0).decode(
             q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
@@ -1068,7 +1227,7 @@ def flash_decode(
     torch_state = _torch.get()
     if torch_state is not None and isinstance(q, torch_state.Tensor):
         if torch_state.op is not None and torch_state.is_compiling():
-            return _compiled_decode(
+            return _compiled_decode(  # type: ignore[no-any-return]
                 torch_state, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
             )
         if q.is_cuda:
@@ -1123,7 +1282,7 @@ def op_decode(
     else:
         stream, handle = None, _thread_handle(Backend.CPU, 0, 0)
     try:
-        result: Tuple[Any, Any] = handle.decode(
+        result = handle.decode(
             q,
             k,
             v,
@@ -1131,7 +1290,7 @@ def op_decode(
             block_table=block_table,
             softmax_scale=softmax_scale,
             num_splits=num_splits,
-            layout=layout,
+            layout=_as_layout(layout),
             return_lse=True,
             stream=stream,
         )
