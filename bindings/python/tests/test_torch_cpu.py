@@ -225,3 +225,20 @@ def test_op_registered_when_torch_comes_after_flashdecode() -> None:
         [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+
+
+@needs_custom_op
+def test_first_call_compiled_with_torch_imported_after_flashdecode() -> None:
+    """isort's order (flashdecode before torch) and a first call inside torch.compile(fullgraph=True):
+    the op is registered at trace time rather than traced."""
+    code = (
+        "import flashdecode, torch\n"
+        "step = torch.compile(lambda q, k: flashdecode.flash_decode(q * 1.0, k, k), backend='eager', fullgraph=True)\n"
+        "q = torch.randn(1, 4, 1, 32); k = torch.randn(1, 2, 20, 32)\n"
+        "torch.testing.assert_close(step(q, k), flashdecode.flash_decode(q, k, k))\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

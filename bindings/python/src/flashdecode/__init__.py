@@ -73,8 +73,8 @@ def torch_op() -> Any:
     implementation, so that it works under ``torch.compile`` (any backend)
     and in captured CUDA graphs. It runs on this thread's handle for q's
     device and PyTorch's current stream. It is registered as soon as this
-    package sees PyTorch imported (at import, or at the first call with a
-    tensor); call this to make sure.
+    package sees PyTorch imported (at import, at the first call with a
+    tensor, or when torch.compile first traces a call); call this to make sure.
 
     Raises:
         ImportError: PyTorch is not installed.

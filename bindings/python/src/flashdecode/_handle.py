@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import numbers
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast, overload
@@ -363,10 +364,10 @@ class Handle:
             TypeError: an argument is not an array at all.
         """
         if type(q) is not _ndarray:
-            torch_state = _torch.get()
-            if torch_state is not None and torch_state.op is not None and torch_state.is_compiling():
+            torch = _modules.get("torch")
+            if torch is not None and _torch.compiling(torch):
                 return _compiled_decode(
-                    torch_state, q, k, v, out, lse, return_lse, seq_lens, block_table,
+                    torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
                     softmax_scale, num_splits, layout, dtype, stream,
                 )  # fmt: skip
         signature = _signature(
@@ -747,6 +748,7 @@ class Handle:
 # ---- the fast path: per-handle plans keyed by call signatures ------------------
 
 _ndarray = np.ndarray
+_modules = sys.modules
 _ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table")
 _MAX_PLANS = 16
 """Signatures a handle remembers; the oldest is dropped beyond that."""
@@ -1224,12 +1226,13 @@ def flash_decode(
         return _thread_handle(Backend.CPU, 0, 0).decode(
             q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
         )
+    torch = _modules.get("torch")
+    if torch is not None and _torch.compiling(torch):
+        return _compiled_decode(  # type: ignore[no-any-return]
+            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
+        )
     torch_state = _torch.get()
     if torch_state is not None and isinstance(q, torch_state.Tensor):
-        if torch_state.op is not None and torch_state.is_compiling():
-            return _compiled_decode(  # type: ignore[no-any-return]
-                torch_state, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
-            )
         if q.is_cuda:
             device = q.get_device()
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
@@ -1308,7 +1311,7 @@ def op_decode(
 
 
 def _compiled_decode(
-    torch_state: "_torch.TorchState",
+    torch: Any,
     q: Any,
     k: Any,
     v: Any,
@@ -1325,13 +1328,15 @@ def _compiled_decode(
 ) -> Any:
     """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
     (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
+    if not _torch.op_available():  # registers it, at trace time, if this is the first look at PyTorch
+        raise NotImplementedError("flashdecode: decoding inside torch.compile needs PyTorch 2.4 or later")
     if dtype is not None or stream is not None:
         raise refuse(
             InvalidArgumentError,
             "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
             "and the op runs on PyTorch's current stream",
         )
-    result, result_lse = torch_state.op(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
+    result, result_lse = torch.ops.flashdecode.decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
     if out is not None:
         out.copy_(result)
         result = out

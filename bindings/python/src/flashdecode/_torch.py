@@ -26,8 +26,6 @@ class TorchState:
         self.current_stream: Callable[[int], int] = (
             raw if raw is not None else (lambda index: int(torch.cuda.current_stream(index).cuda_stream))
         )
-        compiler = getattr(torch, "compiler", None)
-        self.is_compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
         # fd_dtype values (pinned by the C API); 16-bit integers may hold the bits of a 16-bit float.
         self.dtypes: Dict[Any, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
         self.raw_16_bit = {torch.int16} | ({torch.uint16} if hasattr(torch, "uint16") else set())
@@ -46,10 +44,10 @@ def get() -> Optional[TorchState]:
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor") or not hasattr(torch, "_C"):
         return None  # absent, or still importing
-    return _setup(torch)
+    return _set_up(torch)
 
 
-def _setup(torch: Any) -> TorchState:
+def _set_up(torch: Any) -> TorchState:
     global state
     with _setup_lock:
         if state is None:
@@ -57,6 +55,26 @@ def _setup(torch: Any) -> TorchState:
             state = created
             created.op = _register_op(torch)
         return state
+
+
+def compiling(torch: Any) -> bool:
+    """Whether ``torch.compile`` (dynamo) is tracing: True there, as a constant, False when running."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and bool(compiler.is_compiling())
+
+
+def op_available() -> bool:
+    """Registers ``torch.ops.flashdecode.decode`` if it is not yet; whether it exists (PyTorch 2.4+)."""
+    found = get()
+    return found is not None and found.op is not None
+
+
+# The first look at PyTorch can happen inside torch.compile's trace (flashdecode
+# imported before torch, and the first call compiled): dynamo can neither trace
+# a lock nor an op's registration. This mark, the one that
+# torch.compiler.assume_constant_result sets, makes dynamo call the function
+# for real at trace time and keep its result (a bool) as a constant.
+op_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def require() -> TorchState:
