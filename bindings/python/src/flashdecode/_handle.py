@@ -370,6 +370,27 @@ class Handle:
                     torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
                     softmax_scale, num_splits, layout, dtype, stream,
                 )  # fmt: skip
+        return self._decode(
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype, stream
+        )
+
+    def _decode(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        return_lse: Any,
+        seq_lens: Any,
+        block_table: Any,
+        softmax_scale: Any,
+        num_splits: Any,
+        layout: Any,
+        dtype: Any,
+        stream: Any,
+    ) -> Any:
+        """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
         signature = _signature(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype
         )
@@ -1223,8 +1244,8 @@ def flash_decode(
             raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
         softmax_scale = sm_scale
     if type(q) is _ndarray:
-        return _thread_handle(Backend.CPU, 0, 0).decode(
-            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
+        return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
         )
     torch = _modules.get("torch")
     if torch is not None and _torch.compiling(torch):
@@ -1236,11 +1257,11 @@ def flash_decode(
         if q.is_cuda:
             device = q.get_device()
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
-            return _thread_handle(Backend.CUDA, device, stream_value).decode(
-                q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout, stream=stream_value
+            return _thread_handle(Backend.CUDA, device, stream_value)._decode(  # type: ignore[no-any-return]
+                q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream_value
             )
-        return _thread_handle(Backend.CPU, 0, 0).decode(
-            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
+        return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
         )
     location, device_index = locate(q)
     if location == CUDA:
