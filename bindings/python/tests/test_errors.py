@@ -13,6 +13,7 @@ import pytest
 import flashdecode
 from flashdecode import Status
 from flashdecode import _library
+from reference import attention
 
 SENTINEL = 7.0
 
@@ -274,13 +275,97 @@ def test_handle_options_rejected() -> None:
 
 
 def test_cuda_handle_without_a_usable_gpu() -> None:
+    """Says there is no usable GPU (or no CUDA in this build), not the CUDA runtime's
+    "driver version is insufficient" alone, which is what it reports without a driver."""
     try:
         handle = flashdecode.Handle("cuda")
-    except (flashdecode.NoDeviceError, flashdecode.UnsupportedError) as error:
-        assert "CUDA" in str(error) or "cuda" in str(error)
+    except flashdecode.NoDeviceError as error:
+        message = str(error)
+        assert message.startswith("no device: options: CUDA device 0 ")
+        assert "built without CUDA; use Handle('cpu')" in message or "no usable GPU: " in message, message
     else:
         handle.close()
         pytest.skip("a CUDA device is usable here: see test_gpu.py")
+
+
+@pytest.mark.parametrize(
+    "absence,library_message,expected",
+    [
+        (
+            "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)",
+            "options: CUDA device 0 is not available: no CUDA device is usable "
+            "(CUDA driver version is insufficient for CUDA runtime version)",
+            "options: CUDA device 0 is not available: this machine has no usable GPU: no NVIDIA driver is installed "
+            "(libcuda.so.1 cannot be loaded) (the CUDA runtime says: CUDA driver version is insufficient for CUDA "
+            "runtime version)",
+        ),
+        (  # a driver that sees GPUs: the runtime's own reason stands
+            None,
+            "options: CUDA device 0 is not available: no CUDA device is usable (CUDA driver version is insufficient "
+            "for CUDA runtime version)",
+            "options: CUDA device 0 is not available: no CUDA device is usable (CUDA driver version is insufficient "
+            "for CUDA runtime version)",
+        ),
+        ("unused", "options: CUDA device 9 is not available: 2 CUDA device(s) found", None),
+        (
+            "unused",
+            "options: CUDA device 0 requested, but this libflashdecode was built without CUDA",
+            "options: CUDA device 0 requested, but this libflashdecode was built without CUDA; use Handle('cpu'), "
+            "or a libflashdecode built with CUDA (-DFLASHDECODE_CUDA=ON)",
+        ),
+    ],
+)
+def test_no_gpu_messages(monkeypatch, absence, library_message, expected) -> None:
+    from flashdecode import _handle
+
+    monkeypatch.setattr(_handle, "_gpu_absence", lambda: absence)
+    assert _handle._no_gpu_message(library_message) == (expected or library_message)
+
+
+def test_layout_mistakes_say_which_layout_fits(cpu, rng) -> None:
+    """The issue's trap: HND arrays with Handle.decode's default NHD, and NHD ones with flash_decode's HND."""
+    q = rng.standard_normal((4, 32, 1, 64)).astype(np.float32)  # HND
+    k = rng.standard_normal((4, 8, 512, 64)).astype(np.float32)
+    hint_hnd = r"; these shapes fit layout='HND' \(q \[batch, heads, 1, head_dim\], .*\): did you mean it\?$"
+    with pytest.raises(
+        flashdecode.InvalidHeadCountError, match=r"q_heads \(1\) must be a multiple of kv_heads \(512\)" + hint_hnd
+    ):
+        cpu.decode(q, k, k)
+    q_nhd, k_nhd = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k))
+    with pytest.raises(
+        flashdecode.FlashDecodeError, match=r"these shapes fit layout='NHD' \(q \[batch, 1, heads, head_dim\]"
+    ):
+        flashdecode.flash_decode(q_nhd, k_nhd, k_nhd)
+    with pytest.raises(flashdecode.FlashDecodeError, match="these shapes fit layout='NHD'"):
+        cpu.decode(q_nhd, k_nhd, k_nhd, layout="HND")
+    # Shapes that fit neither layout: the error alone.
+    with pytest.raises(flashdecode.InvalidHeadCountError) as caught:
+        cpu.decode(q, k[:, :3], k[:, :3])
+    assert "did you mean" not in str(caught.value)
+    with pytest.raises(flashdecode.InvalidShapeError) as caught:
+        cpu.decode(q_nhd, k_nhd[..., :32], k_nhd[..., :32])
+    assert "did you mean" not in str(caught.value) and str(caught.value).startswith("invalid shape: ")
+    # The right layout still works, and the hint did not disturb the handle.
+    expected, _ = attention(q[:, :, 0], k_nhd, k_nhd)
+    np.testing.assert_allclose(cpu.decode(q, k, k, layout="HND")[:, :, 0], expected, atol=2e-5)
+
+
+def test_flash_decode_scale_names(rng) -> None:
+    """softmax_scale as in Handle.decode; sm_scale, the reference kernel's name, as an alias; positional as before."""
+    q = rng.standard_normal((2, 4, 1, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 30, 32)).astype(np.float32)
+    expected, _ = attention(q[:, :, 0], k.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), scale=0.3)
+    for result in (
+        flashdecode.flash_decode(q, k, k, softmax_scale=0.3),
+        flashdecode.flash_decode(q, k, k, sm_scale=0.3),
+        flashdecode.flash_decode(q, k, k, 0.3),
+        flashdecode.flash_decode(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), 0.3, layout="NHD"
+        ).transpose(0, 2, 1, 3),
+    ):
+        np.testing.assert_allclose(result[:, :, 0], expected, atol=2e-5)
+    with pytest.raises(flashdecode.InvalidArgumentError, match="sm_scale: is softmax_scale's other name"):
+        flashdecode.flash_decode(q, k, k, softmax_scale=0.3, sm_scale=0.3)
 
 
 def test_closed_handle(rng) -> None:

@@ -257,3 +257,95 @@ def test_cupy_stream_from_the_array_interface() -> None:
     host_k, host_v = (cupy.asnumpy(x).transpose(0, 2, 1, 3) for x in (k, v))
     reference, _ = attention(cupy.asnumpy(q)[:, :, 0], host_k, host_v, seq_lens=[1234])
     np.testing.assert_allclose(cupy.asnumpy(result)[:, :, 0], reference, atol=TOLERANCE["float32"])
+
+
+def hnd_problem(torch: Any, batch: int, heads: int, kv_heads: int, kv_len: int, dim: int, seed: int) -> Tuple[Any, ...]:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(
+        torch.randn(shape, device="cuda", dtype=torch.float16, generator=generator)
+        for shape in ((batch, heads, 1, dim), (batch, kv_heads, kv_len, dim), (batch, kv_heads, kv_len, dim))
+    )
+
+
+def expect_hnd(torch: Any, out: Any, q: Any, k: Any, v: Any) -> None:
+    group = q.shape[1] // k.shape[1]
+    expected = seed_reference(
+        torch, q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), 1 / math.sqrt(q.shape[-1])
+    )
+    torch.testing.assert_close(out.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_torch_fast_path_alternates_and_follows_the_stream() -> None:
+    """Repeated signatures take the fast path: other tensors, other shapes, another current
+    stream (used), an explicit stream that is not the current one (the full path: it waits)."""
+    torch = cuda_torch()
+    problems = [
+        hnd_problem(torch, 4, 32, 8, 1024, 128, 1),
+        hnd_problem(torch, 4, 32, 8, 1024, 128, 2),
+        hnd_problem(torch, 2, 8, 2, 333, 64, 3),
+    ]
+    with flashdecode.Handle("cuda") as handle:
+        for _ in range(3):
+            for q, k, v in problems:
+                out = handle.decode(q, k, v, layout="HND")
+                expect_hnd(torch, out, q, k, v)
+                expect_hnd(torch, flashdecode.flash_decode(q, k, v), q, k, v)
+        q, k, v = problems[0]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = handle.decode(q, k, v, layout="HND")
+        side.synchronize()
+        expect_hnd(torch, on_side, q, k, v)
+        doubled = q * 2  # queued on the current stream; the side stream must wait for it
+        explicit = handle.decode(doubled, k, v, layout="HND", stream=side)
+        side.synchronize()
+        expect_hnd(torch, explicit, doubled, k, v)
+
+
+def test_torch_op_in_a_captured_graph() -> None:
+    """torch.ops.flashdecode.decode captured after a warm-up on the capturing stream; a larger
+    decode on that stream afterwards runs on a new handle and leaves the graph's workspace alone."""
+    torch = cuda_torch()
+    op = flashdecode.torch_op()
+    q, k, v = hnd_problem(torch, 4, 32, 8, 1024, 128, 4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(q, k, v, None, None, None, None, "HND")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out, lse = op(q, k, v, None, None, None, None, "HND")
+    larger = hnd_problem(torch, 16, 64, 8, 8192, 128, 5)
+    with torch.cuda.stream(side):
+        expect_hnd(torch, op(*larger, None, None, None, None, "HND")[0], *larger)
+    torch.cuda.synchronize()
+    for seed in (6, 7):
+        q.copy_(hnd_problem(torch, 4, 32, 8, 1, 128, seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        expect_hnd(torch, out, q, k, v)
+        assert lse.shape == (4, 32, 1) and torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("backend,mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
+def test_torch_compile_on_cuda(backend, mode) -> None:
+    """flash_decode inside torch.compile, CUDA graphs (mode='reduce-overhead') included, for two shapes."""
+    torch = cuda_torch()
+    torch._dynamo.reset()
+
+    def step(q: Any, k: Any, v: Any) -> Any:
+        return flashdecode.flash_decode(q * 1.0, k, v) + 0.0
+
+    compiled = torch.compile(step, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    shapes = [(4, 32, 8, 1024, 128), (2, 8, 2, 4096, 64)]
+    with torch.no_grad():
+        for round_index in range(4):
+            for index, shape in enumerate(shapes):
+                q, k, v = hnd_problem(torch, *shape, seed=10 * round_index + index)
+                if mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = compiled(q, k, v).clone()
+                torch.cuda.synchronize()
+                expect_hnd(torch, out, q, k, v)

@@ -16,10 +16,18 @@ Everything else goes through a :class:`Handle`::
         out, lse = handle.decode(q, k, v, seq_lens=lens, return_lse=True, layout="HND")
 
 NumPy arrays run on the CPU backend; CUDA arrays from any library with
-``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend.
-Failures raise :class:`FlashDecodeError` subclasses carrying the library's
-message. The library is found as :func:`load_library` describes.
+``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend;
+PyTorch tensors, CPU or CUDA, are read directly. Failures raise
+:class:`FlashDecodeError` subclasses carrying the library's message. The
+library is found as :func:`load_library` describes.
+
+PyTorch is optional and never imported by this package. Where it is
+imported, ``torch.ops.flashdecode.decode`` is registered (see
+:func:`torch_op`), and :func:`flash_decode` and :meth:`Handle.decode` call it
+inside ``torch.compile``.
 """
+
+from typing import Any
 
 from ._arrays import DType
 from ._errors import (
@@ -44,7 +52,8 @@ from ._errors import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
-from ._handle import LAYOUTS, Backend, Handle, Merge, PlanInfo, flash_decode, host_workspace
+from . import _torch
+from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.2.0"
@@ -53,6 +62,31 @@ __version__ = "0.2.0"
 def version() -> str:
     """The loaded library's version string, e.g. ``"0.2.0"`` (loads it if needed)."""
     return load_library().version
+
+
+def torch_op() -> Any:
+    """``torch.ops.flashdecode.decode``, registered if it is not yet (imports PyTorch).
+
+    ``decode(q, k, v, seq_lens=None, block_table=None, softmax_scale=None,
+    num_splits=None, layout="NHD") -> (out, lse)``: :meth:`Handle.decode`
+    with ``return_lse=True``, as a PyTorch custom op with a fake
+    implementation, so that it works under ``torch.compile`` (any backend)
+    and in captured CUDA graphs. It runs on this thread's handle for q's
+    device and PyTorch's current stream. It is registered as soon as this
+    package sees PyTorch imported (at import, at the first call with a
+    tensor, or when torch.compile first traces a call); call this to make sure.
+
+    Raises:
+        ImportError: PyTorch is not installed.
+        NotImplementedError: PyTorch is older than 2.4 (no ``torch.library.custom_op``).
+    """
+    op = _torch.require().op
+    if op is None:
+        raise NotImplementedError("flashdecode: torch.ops.flashdecode.decode needs PyTorch 2.4 or later")
+    return op
+
+
+_torch.get()  # registers the op now if PyTorch is already imported; a dict look-up otherwise
 
 
 __all__ = [
@@ -75,6 +109,7 @@ __all__ = [
     "InvalidShapeError",
     "InvalidSplitsError",
     "InvalidStrideError",
+    "Layout",
     "LibraryError",
     "LibraryInfo",
     "Merge",
@@ -88,5 +123,6 @@ __all__ = [
     "flash_decode",
     "host_workspace",
     "load_library",
+    "torch_op",
     "version",
 ]

@@ -2,22 +2,26 @@
 """Arrays from NumPy and from GPU libraries, seen as the C API sees them.
 
 Host memory comes from NumPy arrays, from anything NumPy can turn into one
-(inputs only), or from objects exporting CPU memory through DLPack (PyTorch
-CPU tensors). Device memory comes through ``__dlpack__`` (PyTorch, CuPy, JAX) or
-``__cuda_array_interface__`` (Numba, CuPy, PyTorch, JAX). None of those
-libraries is imported here: only the protocols are used.
+(inputs only), or from objects exporting CPU memory through DLPack. Device
+memory comes through ``__dlpack__`` (CuPy, JAX) or ``__cuda_array_interface__``
+(Numba, CuPy, JAX). PyTorch tensors, CPU or CUDA, are read directly
+(``data_ptr()``, ``stride()``, ``dtype``): far cheaper than a DLPack capsule,
+and their errors can name torch dtypes. None of those libraries is imported
+here: only the protocols are used, and PyTorch once the process has imported it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import _torch
 from ._errors import InvalidArgumentError, InvalidDTypeError, InvalidStrideError, refuse
 
 HOST = "host"
@@ -128,10 +132,14 @@ def view_array(
         writable: the call writes it: it must not be read-only, and must be
             an array (a list would be written as a temporary copy).
         cuda_stream: the stream the call runs on, passed to ``__dlpack__`` so
-            that the producer orders its pending work before it.
+            that the producer orders its pending work before it (for a
+            PyTorch tensor: when it is not PyTorch's current stream).
     """
+    torch_state = _torch.get() if not isinstance(obj, np.ndarray) else None
     if isinstance(obj, np.ndarray):
         view = _from_numpy(obj, name, kind)
+    elif torch_state is not None and isinstance(obj, torch_state.Tensor):
+        view = _from_torch(obj, name, kind, writable, cuda_stream, torch_state)
     elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         # DLPack first: its dtypes are exact, while PyTorch describes bfloat16
         # as "<f2" (float16) in __cuda_array_interface__.
@@ -175,6 +183,9 @@ def locate(obj: Any) -> Tuple[str, Optional[int]]:
     """Where an array lives: (:data:`HOST`, None) or (:data:`CUDA`, ordinal or None)."""
     if isinstance(obj, np.ndarray):
         return HOST, None
+    torch_state = _torch.get()
+    if torch_state is not None and isinstance(obj, torch_state.Tensor):
+        return (CUDA, obj.get_device()) if obj.is_cuda else (HOST, None)
     device = _dlpack_device(obj)
     if device is not None:
         device_type, device_id = device
@@ -216,16 +227,17 @@ def stream_pointer(stream: Any) -> int:
 def default_stream(q: Any) -> int:
     """The stream to run on when the caller names none.
 
-    The stream q's CUDA Array Interface asks consumers to use, else PyTorch's
-    current stream for a PyTorch tensor, else the legacy default stream (0).
+    PyTorch's current stream on q's device for a PyTorch tensor, else the
+    stream q's CUDA Array Interface asks consumers to use, else the legacy
+    default stream (0).
     """
+    torch_state = _torch.get()
+    if torch_state is not None and isinstance(q, torch_state.Tensor):
+        return int(torch_state.current_stream(q.get_device()))
     interface, _ = cuda_array_interface(q)
     if interface is not None and interface.get("stream") is not None:
         stream = int(interface["stream"])
         return 0 if stream == 1 else stream  # 1 is the legacy default stream, NULL in the C API
-    torch = _torch_of(q)
-    if torch is not None:
-        return int(torch.cuda.current_stream(q.device).cuda_stream)
     return 0
 
 
@@ -235,21 +247,34 @@ def allocate_like(reference: Any, shape: Tuple[int, ...], name: str, *, float32:
     The dtype is ``reference``'s, or float32. NumPy, PyTorch and libraries
     with an ``empty(shape, dtype=...)`` function (CuPy) are supported.
     """
+    return allocator_like(reference, shape, name, float32=float32)()
+
+
+def allocator_like(reference: Any, shape: Tuple[int, ...], name: str, *, float32: bool = False) -> Callable[[], Any]:
+    """What :func:`allocate_like` would call, to be called as often as needed:
+    every array it returns is contiguous, of the same shape, dtype and device."""
+    shape = tuple(shape)
     if isinstance(reference, np.ndarray):
-        return np.empty(shape, dtype=np.float32 if float32 else reference.dtype)
-    torch = _torch_of(reference)
-    if torch is not None:
-        return reference.new_empty(shape, dtype=torch.float32 if float32 else reference.dtype)
+        return functools.partial(np.empty, shape, np.float32 if float32 else reference.dtype)
+    torch_state = _torch.get()
+    if torch_state is not None and isinstance(reference, torch_state.Tensor):
+        torch = torch_state.torch
+        dtype = torch.float32 if float32 else reference.dtype
+        return functools.partial(torch.empty, shape, dtype=dtype, device=reference.device)
     module = sys.modules.get(type(reference).__module__.partition(".")[0])
     empty = getattr(module, "empty", None)
     if not callable(empty):
         raise TypeError(f"{name}: cannot allocate it like a {type(reference).__name__}; pass {name}= explicitly")
     dtype = "float32" if float32 else reference.dtype
     device: Any = getattr(reference, "device", None)
-    if hasattr(device, "__enter__"):  # CuPy: entering the array's device makes it current
-        with device:
-            return empty(shape, dtype=dtype)
-    return empty(shape, dtype=dtype)
+
+    def allocate() -> Any:
+        if hasattr(device, "__enter__"):  # CuPy: entering the array's device makes it current
+            with device:
+                return empty(shape, dtype=dtype)
+        return empty(shape, dtype=dtype)
+
+    return allocate
 
 
 # ---- NumPy -----------------------------------------------------------------
@@ -357,11 +382,79 @@ def _cuda_ordinal(obj: Any) -> Optional[int]:
     return None
 
 
-def _torch_of(obj: Any) -> Any:
-    """The torch module if ``obj`` is a PyTorch tensor (never imports torch)."""
-    if type(obj).__module__.partition(".")[0] != "torch":
-        return None
-    return sys.modules.get("torch")
+# ---- PyTorch -----------------------------------------------------------------
+
+_TORCH_HINTS = {
+    "float": "use torch.float32, torch.float16 or torch.bfloat16",
+    "int32": "it must be torch.int32",
+    "bytes": "",
+}
+
+
+def _from_torch(
+    tensor: Any, name: str, kind: str, writable: bool, cuda_stream: Optional[int], torch_state: "_torch.TorchState"
+) -> ArrayView:
+    """A PyTorch tensor, read directly rather than through DLPack.
+
+    Inputs that require grad are read as ``tensor.detach()`` would be: decode
+    has no backward, and its results never require grad. An output that
+    requires grad is refused: writing it behind autograd's back would leave
+    autograd's record of it wrong.
+    """
+    device = tensor.device
+    if device.type == "cuda":
+        location, ordinal = CUDA, device.index
+    elif device.type == "cpu":
+        location, ordinal = HOST, None
+    else:
+        raise refuse(
+            InvalidArgumentError,
+            f"{name}: is a PyTorch tensor on device '{device}'; flashdecode reads CPU or CUDA memory",
+        )
+    if writable and tensor.requires_grad:
+        raise refuse(
+            InvalidArgumentError,
+            f"{name}: requires grad; decode writes it in place and has no backward: pass a tensor that does "
+            "not require grad (e.g. allocate it under torch.no_grad(), or let decode allocate it)",
+        )
+    if tensor.is_neg() or tensor.is_conj():
+        raise refuse(
+            InvalidArgumentError,
+            f"{name}: is a lazily negated or conjugated PyTorch view; call .resolve_neg() / .resolve_conj() first",
+        )
+    dtype: Optional[DType] = None
+    if kind != "bytes":
+        code = torch_state.dtypes.get(tensor.dtype)
+        if code is not None:
+            dtype = DType(code)
+        elif not (kind == "float" and tensor.dtype in torch_state.raw_16_bit):  # 16-bit storage: dtype= names it
+            raise refuse(InvalidDTypeError, f"{name}: dtype {tensor.dtype} is not supported; {_TORCH_HINTS[kind]}")
+    if location == CUDA and cuda_stream is not None and cuda_stream != torch_state.current_stream(ordinal):
+        # Another stream than PyTorch's current one: it waits for the work
+        # PyTorch has queued so far, as a DLPack export to it would.
+        _wait_for_current_stream(torch_state.torch, ordinal, cuda_stream)
+    return ArrayView(
+        pointer=tensor.data_ptr(),
+        dtype=dtype,
+        itemsize=tensor.element_size(),
+        shape=tuple(tensor.shape),
+        strides=tuple(tensor.stride()),
+        location=location,
+        device=ordinal,
+        readonly=False,
+        array=tensor,
+    )
+
+
+def _wait_for_current_stream(torch: Any, device: int, stream: int) -> None:
+    """Makes ``stream`` (0: the legacy default stream) wait for PyTorch's current stream on ``device``."""
+    cuda = torch.cuda
+    current = cuda.current_stream(device)
+    target = cuda.default_stream(device) if stream == 0 else cuda.ExternalStream(stream, device=device)
+    if target.cuda_stream != current.cuda_stream:
+        event = cuda.Event()
+        event.record(current)
+        target.wait_event(event)
 
 
 # ---- DLPack ----------------------------------------------------------------

@@ -6,19 +6,20 @@ from __future__ import annotations
 import ctypes
 import enum
 import numbers
+import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 
-from . import _library
+from . import _library, _torch
 from ._arrays import (
     CUDA,
     HOST,
     ArrayView,
     DType,
-    allocate_like,
+    allocator_like,
     as_dtype,
     default_stream,
     dtype_name,
@@ -27,13 +28,26 @@ from ._arrays import (
     view_array,
 )
 from ._errors import (
+    FlashDecodeError,
     InvalidArgumentError,
     InvalidDTypeError,
     InvalidHandleError,
+    InvalidHeadCountError,
+    InvalidHeadDimError,
     InvalidShapeError,
+    NoDeviceError,
+    UnsupportedError,
+    WorkspaceTooSmallError,
+    error_from_status,
     refuse,
 )
-from ._library import FdDecodeArgs, FdTensor, check, library
+from ._library import FdDecodeArgs, FdTensor, check, last_error_message, library
+
+Layout = Literal["NHD", "HND"]
+"""The ``layout=`` argument: see :data:`LAYOUTS` (lower case is accepted too)."""
+
+ArrayT = TypeVar("ArrayT")
+"""An array type: decode returns arrays of q's kind (NumPy in, NumPy out; a torch.Tensor in, a torch.Tensor out)."""
 
 
 class Backend(enum.IntEnum):
@@ -90,11 +104,14 @@ class PlanInfo:
     blocks: int
 
 
-LAYOUTS = ("NHD", "HND")
-"""Dimension orders: ``"NHD"`` puts the sequence before the heads (q
-``[batch, 1, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-the C API's order); ``"HND"`` puts the heads first (the order of the Triton
-split-K reference kernel and of PyTorch SDPA). Any other layout is a strided view of one of these."""
+LAYOUTS: Tuple[Layout, Layout] = ("NHD", "HND")
+"""Dimension orders, for q and out as well as for the cache: ``"NHD"`` puts
+the sequence before the heads (q ``[batch, 1, heads, head_dim]``, k/v
+``[batch, kv_len, kv_heads, head_dim]``, the C API's order); ``"HND"`` puts
+the heads first (q ``[batch, heads, 1, head_dim]``, k/v ``[batch, kv_heads,
+kv_len, head_dim]``: the order of the Triton split-K reference kernel and of
+PyTorch SDPA). :meth:`Handle.decode` defaults to ``"NHD"``, :func:`flash_decode`
+to ``"HND"``. Any other layout is a strided view of one of these."""
 
 _QUERY_SHAPES = {"NHD": "[batch, 1, heads, head_dim]", "HND": "[batch, heads, 1, head_dim]"}
 _CACHE_SHAPES = {"NHD": "[batch, kv_len, kv_heads, head_dim]", "HND": "[batch, kv_heads, kv_len, head_dim]"}
@@ -122,8 +139,11 @@ class _PreparedCall:
     args: FdDecodeArgs
     stream: int
     views: List[ArrayView] = field(default_factory=list)  # keeps every array (and capsule) alive
+    named: Dict[str, ArrayView] = field(default_factory=dict)
     out: Any = None
     lse: Any = None
+    out_allocator: Optional[Callable[[], Any]] = None  # set when decode allocated out
+    lse_allocator: Optional[Callable[[], Any]] = None
 
 
 class Handle:
@@ -134,6 +154,12 @@ class Handle:
     its library-owned workspace. Calls on one handle are serialised by a lock,
     so sharing one between threads is safe but not concurrent.
 
+    A handle remembers, for the last few argument signatures it decoded
+    (array types, dtypes, shapes, strides, devices, and the other
+    arguments), the C arguments it built; a call with the same signature
+    only writes the new data pointers into them. Every pointer is read anew
+    on every call.
+
     Args:
         backend: ``"auto"`` (CUDA when the library can use the device, else
             the CPU), ``"cpu"`` or ``"cuda"``; or a :class:`Backend`.
@@ -141,7 +167,9 @@ class Handle:
         num_threads: worker threads of the CPU backend; 0 uses every core.
 
     Raises:
-        NoDeviceError: CUDA was asked for but the device or CUDA support is missing.
+        NoDeviceError: CUDA was asked for but there is no usable GPU (no
+            NVIDIA driver, no device with that ordinal, one the build cannot
+            run on) or the library was built without CUDA; the message says which.
         InvalidArgumentError: a bad backend, device or thread count.
     """
 
@@ -149,13 +177,22 @@ class Handle:
         self._pointer: Optional[int] = None  # first, so that __del__ works if creation fails
         self._lock = threading.Lock()
         self._workspace: Optional[ArrayView] = None
+        self._captured = False  # served a CUDA graph capture through torch.ops.flashdecode.decode
+        self._plans: Dict[Any, _Plan] = {}
+        self._last: Tuple[Any, Optional[_Plan]] = ((), None)  # the last plan used, and its key
         lib = library()
+        self._decode_raw = _raw_decode(lib)
         options = _library.new_options()
         options.backend = _as_backend(backend)
         options.device = _int32(device, "device")
         options.num_threads = _int32(num_threads, "num_threads")
         pointer = ctypes.c_void_p()
-        check(lib.fd_create(ctypes.byref(pointer), ctypes.byref(options)))
+        status = lib.fd_create(ctypes.byref(pointer), ctypes.byref(options))
+        if status:
+            error = error_from_status(status, last_error_message())
+            if isinstance(error, NoDeviceError):
+                error = NoDeviceError(_no_gpu_message(error.message))
+            raise error
         self._pointer = pointer.value
         resolved = _library.c_enum()
         check(lib.fd_get_backend(self._pointer, ctypes.byref(resolved)))
@@ -186,6 +223,8 @@ class Handle:
         with self._lock:
             pointer, self._pointer = self._pointer, None
             self._workspace = None
+            self._plans.clear()
+            self._last = ((), None)
             if pointer is not None:
                 check(library().fd_destroy(pointer))
 
@@ -205,6 +244,44 @@ class Handle:
         state = "closed" if self.closed else f"backend={self._backend.name.lower()} device={self._device}"
         return f"<flashdecode.Handle {state}>"
 
+    @overload
+    def decode(
+        self,
+        q: ArrayT,
+        k: ArrayT,
+        v: ArrayT,
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[False] = False,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        softmax_scale: Optional[float] = None,
+        num_splits: Optional[int] = None,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> ArrayT: ...
+
+    @overload
+    def decode(
+        self,
+        q: ArrayT,
+        k: ArrayT,
+        v: ArrayT,
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[True],
+        seq_lens: Any = None,
+        block_table: Any = None,
+        softmax_scale: Optional[float] = None,
+        num_splits: Optional[int] = None,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> Tuple[ArrayT, ArrayT]: ...
+
     def decode(
         self,
         q: Any,
@@ -218,7 +295,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
     ) -> Any:
@@ -228,8 +305,8 @@ class Handle:
         where g is the KV head of query head h's group (GQA; MQA with one KV head).
 
         Args:
-            q: queries, ``[batch, 1, heads, head_dim]`` (``layout="NHD"``),
-                ``[batch, heads, 1, head_dim]`` (``"HND"``), or
+            q: queries, ``[batch, 1, heads, head_dim]`` (``layout="NHD"``, the
+                default), ``[batch, heads, 1, head_dim]`` (``"HND"``), or
                 ``[batch, heads, head_dim]``.
             k, v: a dense cache ``[batch, kv_len, kv_heads, head_dim]``
                 (``"NHD"``) / ``[batch, kv_heads, kv_len, head_dim]``
@@ -249,14 +326,18 @@ class Handle:
                 are then a paged cache.
             softmax_scale: multiplies q.k; None means 1/sqrt(head_dim).
             num_splits: KV splits; None (or 0) lets the library choose.
-            layout: ``"NHD"`` or ``"HND"``, see :data:`LAYOUTS`.
+            layout: ``"NHD"`` or ``"HND"``: the dimension order of q and out
+                as well as of k and v (and lse's), see :data:`LAYOUTS`.
+                :func:`flash_decode` defaults to ``"HND"``, this method to
+                ``"NHD"``; when the shapes only fit the other one, the error says so.
             dtype: the element type of q, k and v when their storage does not
                 say it: ``"bfloat16"`` or ``"float16"`` for ``uint16`` arrays
                 holding the bits.
             stream: CUDA backend: the stream to enqueue on (an int
-                ``cudaStream_t`` or a PyTorch/CuPy/Numba stream). Default: the
-                stream q's ``__cuda_array_interface__`` names, else PyTorch's
-                current stream, else the legacy default stream. The call is
+                ``cudaStream_t`` or a PyTorch/CuPy/Numba stream). Default:
+                PyTorch's current stream for PyTorch tensors, else the stream
+                q's ``__cuda_array_interface__`` names, else the legacy
+                default stream. The call is
                 asynchronous on it: the arrays must stay alive until the
                 stream has run it. With a stream other than the one your
                 array library allocates on, a temporary argument (``k.half()``
@@ -265,33 +346,129 @@ class Handle:
                 (or ``record_stream`` them, in PyTorch) until the stream is
                 done. Ignored by the CPU backend.
 
+        PyTorch tensors are read directly (no DLPack). Inputs that require
+        grad are read as ``.detach()`` would read them: decode has no
+        backward and its results never require grad; an ``out`` or ``lse``
+        that requires grad is refused. Inside ``torch.compile`` the call
+        becomes ``torch.ops.flashdecode.decode`` (see :func:`torch_op`), run
+        on this thread's handle for the tensors' device and current stream.
+
         Returns:
-            ``out``, or ``(out, lse)`` with ``return_lse=True``.
+            ``out``, or ``(out, lse)`` with ``return_lse=True``: arrays of
+            q's kind (NumPy for NumPy input, a tensor of q's library and
+            device otherwise) unless given.
 
         Raises:
             FlashDecodeError: a subclass per status, with the library's
                 message naming the argument at fault; nothing is written.
             TypeError: an argument is not an array at all.
         """
+        if type(q) is not _ndarray:
+            torch = _modules.get("torch")
+            if torch is not None and _torch.compiling(torch):
+                return _compiled_decode(
+                    torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
+                    softmax_scale, num_splits, layout, dtype, stream,
+                )  # fmt: skip
+        return self._decode(
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype, stream
+        )
+
+    def _decode(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        return_lse: Any,
+        seq_lens: Any,
+        block_table: Any,
+        softmax_scale: Any,
+        num_splits: Any,
+        layout: Any,
+        dtype: Any,
+        stream: Any,
+    ) -> Any:
+        """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
+        signature = _signature(
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype
+        )
         with self._lock:
-            pointer = self._live_pointer()
-            call = self._prepare(
-                q,
-                k,
-                v,
-                out=out,
-                lse=lse,
-                return_lse=return_lse,
-                seq_lens=seq_lens,
-                block_table=block_table,
-                softmax_scale=softmax_scale,
-                num_splits=num_splits,
-                layout=layout,
-                dtype=dtype,
-                stream=stream,
-            )
-            check(library().fd_decode(pointer, ctypes.byref(call.args), call.stream or None))
-        return (call.out, call.lse) if return_lse else call.out
+            pointer = self._pointer
+            if pointer is None:
+                raise refuse(InvalidHandleError, "this Handle was closed")
+            plan = None
+            if signature is not None:
+                last = self._last
+                if last[0] == signature[0]:  # cheaper than hashing the key
+                    plan = last[1]
+                else:
+                    plan = self._plans.get(signature[0])
+                    if plan is not None:
+                        self._last = (signature[0], plan)
+            stream_value = 0
+            if plan is not None and plan.cuda:
+                # Only PyTorch's current stream is fast: another one must first
+                # wait for PyTorch's queued work, which the full path arranges.
+                current = plan.current_stream(self._device)
+                stream_value = current if stream is None else stream_pointer(stream)
+                if stream_value != current:
+                    plan = None
+            if plan is not None:
+                # The fast path: the signature matched, so every check the
+                # binding makes has passed for these types, dtypes, shapes,
+                # strides and devices; only the data pointers are new.
+                pointers = signature[1]  # type: ignore[index]
+                plan.q.value, plan.k.value, plan.v.value = pointers[0], pointers[1], pointers[2]
+                if out is None:
+                    out = plan.new_out()
+                    plan.out.value = plan.pointer_of(out) or _EMPTY_ADDRESS
+                else:
+                    plan.out.value = pointers[3]
+                if plan.lse is not None:
+                    if lse is None:
+                        lse = plan.new_lse()
+                        plan.lse.value = plan.pointer_of(lse) or _EMPTY_ADDRESS
+                    else:
+                        plan.lse.value = pointers[4]
+                if plan.seq_lens is not None:
+                    plan.seq_lens.value = pointers[5]
+                if plan.block_table is not None:
+                    plan.block_table.value = pointers[6]
+                status = self._decode_raw(pointer, plan.address, stream_value or None)
+                if not status:
+                    return (out, lse) if return_lse else out
+                error: Optional[FlashDecodeError] = error_from_status(status, last_error_message())
+            else:
+                error = None
+                try:
+                    call = self._prepare(
+                        q,
+                        k,
+                        v,
+                        out=out,
+                        lse=lse,
+                        return_lse=return_lse,
+                        seq_lens=seq_lens,
+                        block_table=block_table,
+                        softmax_scale=softmax_scale,
+                        num_splits=num_splits,
+                        layout=layout,
+                        dtype=dtype,
+                        stream=stream,
+                    )
+                except (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError) as refused:
+                    error = refused
+                else:
+                    status = library().fd_decode(pointer, ctypes.byref(call.args), call.stream or None)
+                    if not status:
+                        if signature is not None:
+                            self._remember(signature, call)
+                        return (call.out, call.lse) if return_lse else call.out
+                    error = error_from_status(status, last_error_message())
+        assert error is not None
+        raise self._with_layout_hint(error, q, k, v, out, lse, seq_lens, block_table, layout, dtype)
 
     def workspace_size(
         self,
@@ -305,7 +482,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
         """Bytes of workspace :meth:`decode` needs for these arguments on this handle.
@@ -343,7 +520,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
-        layout: str = "NHD",
+        layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
         """What :meth:`decode` would run for these arguments on this handle, without running it.
@@ -425,6 +602,66 @@ class Handle:
             raise refuse(InvalidHandleError, "this Handle was closed")
         return self._pointer
 
+    def _remember(self, signature: "_Signature", call: _PreparedCall) -> None:
+        """Keeps ``call``'s C arguments for later calls of the same signature (under the lock).
+
+        Not when the signature's pointers differ from the ones the full path
+        read (the two ways of reading an array disagree: trust neither), nor
+        for outputs allocated by a library the fast path cannot read.
+        """
+        key, pointers = signature
+        for name, pointer in zip(_ARGUMENTS, pointers):
+            if pointer is not None and call.named[name].pointer != pointer:
+                return
+        cuda = self._backend is Backend.CUDA
+        torch_state = _torch.state
+        if cuda and torch_state is None:
+            return
+        allocated = [found for found in (call.out, call.lse) if found is not None]
+        pointer_of = _pointer_reader(type(allocated[0])) if allocated else None
+        if allocated and (pointer_of is None or any(type(found) is not type(allocated[0]) for found in allocated)):
+            return
+        plans = self._plans
+        if len(plans) >= _MAX_PLANS:
+            del plans[next(iter(plans))]  # the oldest
+        plan = plans[key] = _Plan(call, pointer_of, torch_state.current_stream if cuda and torch_state else None)
+        self._last = (key, plan)
+
+    def _with_layout_hint(
+        self,
+        error: FlashDecodeError,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        seq_lens: Any,
+        block_table: Any,
+        layout: Any,
+        dtype: Any,
+    ) -> FlashDecodeError:
+        """``error``, saying so when the arguments only fit the other layout.
+
+        Asks the library itself: the shape-only query fd_workspace_size
+        validates the other layout's view of the same arrays as decode would.
+        """
+        if not isinstance(error, _LAYOUT_ERRORS) or not isinstance(layout, str) or layout.upper() not in LAYOUTS:
+            return error
+        other: Layout = "HND" if layout.upper() == "NHD" else "NHD"
+        try:
+            self.workspace_size(
+                q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, layout=other, dtype=dtype
+            )
+        except Exception:  # the other layout does not fit either (or cannot be asked): no hint
+            return error
+        cache = (_PAGE_POOL_SHAPES if block_table is not None else _CACHE_SHAPES)[other]
+        hinted = type(error)(
+            f"{error.message}; these shapes fit layout={other!r} (q {_QUERY_SHAPES[other]}, k and v {cache}): "
+            "did you mean it?"
+        )
+        hinted.status = error.status
+        return hinted
+
     def _check_location(self, name: str, array: Any, location: str, device: Optional[int]) -> None:
         """Host memory for the CPU backend, the handle's device for CUDA: anything else
         would be dereferenced in the wrong address space."""
@@ -459,7 +696,7 @@ class Handle:
         block_table: Any,
         softmax_scale: Optional[float],
         num_splits: Optional[int],
-        layout: str,
+        layout: Layout,
         dtype: Any,
         stream: Any,
         size_query: bool = False,
@@ -481,6 +718,7 @@ class Handle:
             found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
             self._check_location(name, found.array, found.location, found.device)
             call.views.append(found)
+            call.named[name] = found
             return found
 
         q_view, k_view, v_view = view(q, "q"), view(k, "k"), view(v, "v")
@@ -498,7 +736,8 @@ class Handle:
             _fill(call.args.out, q_view, (shape, _contiguous(shape)))
         else:
             if out is None:
-                out = allocate_like(q_view.array, q_view.shape, "out")
+                call.out_allocator = allocator_like(q_view.array, q_view.shape, "out")
+                out = call.out_allocator()
             out_view = view(out, "out", writable=True)
             if out_view.dtype is None:  # uint16 storage holds q's 16-bit type
                 if element not in (DType.F16, DType.BF16):
@@ -508,7 +747,8 @@ class Handle:
             call.out = out
 
         if lse is None and return_lse and not size_query:
-            lse = allocate_like(q_view.array, q_view.shape[:-1], "lse", float32=True)
+            call.lse_allocator = allocator_like(q_view.array, q_view.shape[:-1], "lse", float32=True)
+            lse = call.lse_allocator()
         if lse is not None:
             lse_view = view(lse, "lse", writable=True)
             if lse_view.dtype is None:  # 16-bit integer storage: only q, k, v and out may be 16-bit floats
@@ -524,6 +764,278 @@ class Handle:
         call.args.softmax_scale = _softmax_scale(softmax_scale)
         call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits")
         return call
+
+
+# ---- the fast path: per-handle plans keyed by call signatures ------------------
+
+_ndarray = np.ndarray
+_modules = sys.modules
+_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table")
+_MAX_PLANS = 16
+"""Signatures a handle remembers; the oldest is dropped beyond that."""
+_LAYOUT_ERRORS = (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError)
+_SCALE_TYPES = (float, int)  # bool is refused by the full path: type() is not isinstance()
+_DTYPE_ARGUMENT_TYPES = (str, DType)
+
+# (key, data pointers in _ARGUMENTS order; None for an absent argument)
+_Signature = Tuple[Tuple[Any, ...], Tuple[Optional[int], ...]]
+
+
+def _signature(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    return_lse: Any,
+    seq_lens: Any,
+    block_table: Any,
+    softmax_scale: Any,
+    num_splits: Any,
+    layout: Any,
+    dtype: Any,
+) -> Optional[_Signature]:
+    """The key of a decode call's plan, and its data pointers.
+
+    The key holds everything the binding's checks and the C arguments depend
+    on: each array's type, dtype, shape, strides, device (and, for outputs,
+    whether it may be written), and the other arguments. None sends the call
+    down the full path: arrays other than NumPy arrays or plain PyTorch
+    tensors (all of one kind), a NULL pointer, or an argument of a type the
+    key does not hold exactly (e.g. a NumPy integer as num_splits).
+    """
+    if not (
+        (softmax_scale is None or type(softmax_scale) in _SCALE_TYPES)
+        and (num_splits is None or type(num_splits) is int)
+        and (dtype is None or type(dtype) in _DTYPE_ARGUMENT_TYPES)
+        and type(layout) is str
+    ):
+        return None
+    cls = type(q)
+    if cls is _ndarray:
+        arrays = _numpy_signature(q, k, v, out, lse, seq_lens, block_table)
+    else:
+        torch_state = _torch.state
+        if torch_state is None or cls is not torch_state.Tensor:
+            return None
+        arrays = _torch_signature(cls, q, k, v, out, lse, seq_lens, block_table)
+    if arrays is None:
+        return None
+    return (layout, dtype, softmax_scale, num_splits, bool(return_lse)) + arrays[0], arrays[1]
+
+
+def _numpy_signature(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, seq_lens: Any, block_table: Any
+) -> Optional[_Signature]:
+    """:func:`_signature`'s arrays when all are NumPy arrays: dtype (not the typestr, which
+    ml_dtypes' bfloat16 shares with raw void), the real strides, and for outputs writeability."""
+    ndarray, data = _ndarray, _numpy_pointer
+    if type(k) is not ndarray or type(v) is not ndarray:
+        return None
+    key: Tuple[Any, ...] = (
+        "numpy",
+        q.dtype,
+        q.shape,
+        q.strides,
+        k.dtype,
+        k.shape,
+        k.strides,
+        v.dtype,
+        v.shape,
+        v.strides,
+    )
+    pointers: Tuple[Optional[int], ...] = (data(q), data(k), data(v))
+    for array, output in ((out, True), (lse, True), (seq_lens, False), (block_table, False)):
+        if array is None:
+            key += (None,)
+            pointers += (None,)
+        elif type(array) is ndarray:
+            key += (array.dtype, array.shape, array.strides, array.flags.writeable if output else None)
+            pointers += (data(array),)
+        else:
+            return None
+    if 0 in pointers:
+        return None
+    return key, pointers
+
+
+def _torch_signature(
+    tensor: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, seq_lens: Any, block_table: Any
+) -> Optional[_Signature]:
+    """:func:`_signature`'s arrays when all are plain PyTorch tensors: dtype, shape, strides,
+    device, the lazy negative bit (refused), and for outputs requires_grad (inputs are read detached)."""
+    if type(k) is not tensor or type(v) is not tensor:
+        return None
+    key: Tuple[Any, ...] = (
+        "torch",
+        q.dtype, q.shape, q.stride(), q.device, q.is_neg(),
+        k.dtype, k.shape, k.stride(), k.device, k.is_neg(),
+        v.dtype, v.shape, v.stride(), v.device, v.is_neg(),
+    )  # fmt: skip
+    pointers: Tuple[Optional[int], ...] = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    for array, output in ((out, True), (lse, True), (seq_lens, False), (block_table, False)):
+        if array is None:
+            key += (None,)
+            pointers += (None,)
+        elif type(array) is tensor:
+            key += (
+                array.dtype,
+                array.shape,
+                array.stride(),
+                array.device,
+                array.is_neg(),
+                output and array.requires_grad,
+            )
+            pointers += (array.data_ptr(),)
+        else:
+            return None
+    if 0 in pointers:
+        return None
+    return key, pointers
+
+
+def _numpy_interface_pointer(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]  # type: ignore[no-any-return]
+
+
+def _numpy_pointer_reader() -> Callable[[np.ndarray], int]:
+    """How to read an ndarray's data pointer: ``__array_interface__`` builds a
+    dict of seven entries per call, the costliest step of a fast call. NumPy's
+    array object (``PyArrayObject_fields``) holds the ``data`` pointer right
+    after the object header, where ``PyArray_DATA`` in every compiled NumPy
+    extension reads it: read it there, when the interpreter's ``id`` is the
+    object's address (CPython) and the read agrees with ``__array_interface__``
+    on arrays of every sort (views, read-only, empty); else use the interface.
+    """
+    offset = object.__basicsize__  # sizeof(PyObject): the header
+    read = ctypes.c_void_p.from_address
+
+    def pointer(array: np.ndarray) -> int:
+        return read(id(array) + offset).value or 0
+
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    frozen = np.frombuffer(b"flashdecode", dtype=np.uint8)
+    samples = (base, base[1:, ::2, 1:], base.transpose(2, 0, 1), frozen, np.zeros(0, np.int32), np.empty((3, 0)))
+    try:
+        agree = all(pointer(sample) == _numpy_interface_pointer(sample) for sample in samples)
+    except (ValueError, OverflowError):  # an id that is no address
+        agree = False
+    return pointer if agree else _numpy_interface_pointer
+
+
+_numpy_pointer = _numpy_pointer_reader()
+
+
+def _pointer_reader(cls: type) -> Optional[Callable[[Any], int]]:
+    """How to read the data pointer of arrays of ``cls`` that decode allocated."""
+    if cls is _ndarray:
+        return _numpy_pointer
+    torch_state = _torch.state
+    if torch_state is None:
+        return None
+    tensor: Any = torch_state.Tensor
+    data_ptr: Callable[[Any], int] = tensor.data_ptr
+    return data_ptr if cls is tensor else None
+
+
+class _Plan:
+    """The C arguments of one call signature, built by the full path; each call writes only the data pointers."""
+
+    __slots__ = (
+        "args",
+        "address",
+        "q",
+        "k",
+        "v",
+        "out",
+        "lse",
+        "seq_lens",
+        "block_table",
+        "new_out",
+        "new_lse",
+        "pointer_of",
+        "cuda",
+        "current_stream",
+    )
+
+    def __init__(
+        self,
+        call: _PreparedCall,
+        pointer_of: Optional[Callable[[Any], int]],
+        current_stream: Optional[Callable[[int], int]],
+    ) -> None:
+        self.args = FdDecodeArgs.from_buffer_copy(call.args)
+        self.address = ctypes.addressof(self.args)
+
+        def data(name: str) -> ctypes.c_void_p:
+            """The ``data`` member of the fd_tensor ``name`` in ``args``, as a ctypes object sharing its memory."""
+            offset = getattr(FdDecodeArgs, name).offset + FdTensor.data.offset
+            return ctypes.c_void_p.from_buffer(self.args, offset)
+
+        def optional(name: str) -> Optional[ctypes.c_void_p]:
+            return data(name) if name in call.named else None
+
+        self.q, self.k, self.v, self.out = data("q"), data("k"), data("v"), data("out")
+        self.lse, self.seq_lens, self.block_table = optional("lse"), optional("seq_lens"), optional("block_table")
+        # The fast path calls these only when the signature says the output was allocated.
+        self.new_out: Callable[[], Any] = call.out_allocator or _unreachable
+        self.new_lse: Callable[[], Any] = call.lse_allocator or _unreachable
+        self.pointer_of: Callable[[Any], int] = pointer_of or _unreachable
+        self.cuda = current_stream is not None
+        self.current_stream: Callable[[int], int] = current_stream or _unreachable
+
+
+def _unreachable(*args: Any) -> Any:
+    raise AssertionError("flashdecode: a plan was used against its signature")
+
+
+def _raw_decode(lib: ctypes.CDLL) -> Any:
+    """``fd_decode`` taking plain addresses: no ``byref`` per call (ints convert fastest)."""
+    prototype = ctypes.CFUNCTYPE(_library.c_enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    return prototype(("fd_decode", lib))
+
+
+# ---- errors said plainly -------------------------------------------------------------
+
+
+def _no_gpu_message(message: str) -> str:
+    """The library's NO_DEVICE message, saying plainly when this machine has no usable GPU at all."""
+    if "built without CUDA" in message:
+        return message + "; use Handle('cpu'), or a libflashdecode built with CUDA (-DFLASHDECODE_CUDA=ON)"
+    marker = "no CUDA device is usable ("
+    start = message.find(marker)
+    if start < 0:  # a device ordinal out of range, or a GPU this build cannot run on: the library says it
+        return message
+    why = _gpu_absence()
+    if why is None:  # a driver that sees GPUs: the runtime's reason is the real one
+        return message
+    runtime = message[start + len(marker) :].rstrip(")")
+    return f"{message[:start]}this machine has no usable GPU: {why} (the CUDA runtime says: {runtime})"
+
+
+def _gpu_absence() -> Optional[str]:
+    """Why the NVIDIA driver offers no GPU, or None if it offers some (asked only after a failure)."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)"
+    try:
+        cu_init, cu_count = driver.cuInit, driver.cuDeviceGetCount
+    except AttributeError:
+        return None
+    cu_init.argtypes, cu_init.restype = [ctypes.c_uint], ctypes.c_int
+    cu_count.argtypes, cu_count.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    result = cu_init(0)
+    if result == 100:  # CUDA_ERROR_NO_DEVICE
+        return "the NVIDIA driver finds no GPU"
+    if result == 34:  # CUDA_ERROR_STUB_LIBRARY
+        return "no NVIDIA driver is installed (libcuda.so.1 is the CUDA toolkit's stub)"
+    if result != 0:
+        return f"the NVIDIA driver does not start (cuInit error {result})"
+    count = ctypes.c_int(0)
+    if cu_count(ctypes.byref(count)) == 0 and count.value == 0:
+        return "the NVIDIA driver finds no GPU"
+    return None
 
 
 def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -> Optional[DType]:
@@ -551,6 +1063,7 @@ def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -
 # address (PyTorch, CuPy: 0): the library refuses NULL even where it reads
 # nothing, and wants element alignment, which 8 bytes give every dtype.
 _EMPTY_DATA = ctypes.c_uint64(0)
+_EMPTY_ADDRESS = ctypes.addressof(_EMPTY_DATA)
 
 
 def _fill(tensor: FdTensor, view: ArrayView, dims: Dims) -> None:
@@ -628,9 +1141,9 @@ def _as_backend(value: Union[Backend, str]) -> Backend:
     raise refuse(InvalidArgumentError, f"backend: expected 'auto', 'cpu' or 'cuda', got {value!r}")
 
 
-def _as_layout(value: str) -> str:
+def _as_layout(value: Any) -> Layout:
     if isinstance(value, str) and value.upper() in LAYOUTS:
-        return value.upper()
+        return cast(Layout, value.upper())
     raise refuse(InvalidArgumentError, f"layout: expected 'NHD' or 'HND', got {value!r}")
 
 
@@ -661,60 +1174,194 @@ def _softmax_scale(value: Optional[float]) -> float:
 # ---- the Triton split-K reference kernel's entry point ---------------------------
 
 _per_thread = threading.local()
+_retired: List[Handle] = []
+"""Handles whose workspace a captured CUDA graph may use: kept, never destroyed (see :func:`op_decode`)."""
 
 
-def _thread_handle(backend: Backend, device: int, stream: int) -> Handle:
-    """This thread's handle for a device and stream: reused, so its workspace is too.
+def _thread_handle(backend: Backend, device: int, stream: int, capturing: bool = False) -> Handle:
+    """This thread's handle for a device and stream: reused, so its workspace and plans are too.
 
     One per stream, because calls on different streams may overlap on the GPU
-    and must not share a workspace.
+    and must not share a workspace. A handle that served a CUDA graph capture
+    is not used again outside one: a later decode could grow its workspace,
+    freeing the memory the graph replays into; it is retired, and a new one
+    takes its place.
     """
     handles: Optional[Dict[Tuple[Backend, int, int], Handle]] = getattr(_per_thread, "handles", None)
     if handles is None:
         handles = _per_thread.handles = {}
     key = (backend, device, stream)
     handle = handles.get(key)
+    if handle is not None and handle._captured and not capturing:
+        _retired.append(handle)
+        handle = None
     if handle is None:
         handle = handles[key] = Handle(backend, device=device)
     return handle
 
 
 def flash_decode(
-    q: Any,
-    k: Any,
-    v: Any,
-    sm_scale: Optional[float] = None,
+    q: ArrayT,
+    k: ArrayT,
+    v: ArrayT,
+    softmax_scale: Optional[float] = None,
     num_splits: Optional[int] = None,
     *,
-    out: Any = None,
+    sm_scale: Optional[float] = None,
+    out: Optional[ArrayT] = None,
+    layout: Layout = "HND",
     stream: Any = None,
-) -> Any:
+) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
     Args:
-        q: ``[batch, heads, 1, head_dim]``.
-        k, v: ``[batch, kv_heads, kv_len, head_dim]``; kv_heads may divide
+        q: ``[batch, heads, 1, head_dim]`` (``[batch, 1, heads, head_dim]``
+            with ``layout="NHD"``).
+        k, v: ``[batch, kv_heads, kv_len, head_dim]`` (``[batch, kv_len,
+            kv_heads, head_dim]`` with ``layout="NHD"``); kv_heads may divide
             heads (grouped-query attention).
-        sm_scale: softmax scale; None means 1/sqrt(head_dim).
+        softmax_scale: multiplies q.k; None means 1/sqrt(head_dim). The
+            fourth positional argument, as the reference kernel's ``sm_scale``.
         num_splits: KV splits; None lets the library choose.
+        sm_scale: the reference kernel's name for ``softmax_scale``; pass one of the two.
         out: optional output, shaped like q.
+        layout: ``"HND"`` (the default here, the reference kernel's order)
+            or ``"NHD"`` (:meth:`Handle.decode`'s default); it orders q and
+            out as well as k and v, see :data:`LAYOUTS`.
         stream: CUDA stream (see :meth:`Handle.decode`).
 
     Returns:
-        ``[batch, heads, 1, head_dim]`` in q's dtype, of q's kind: a NumPy
-        array (computed on the CPU backend) for NumPy input, a tensor on the
-        same GPU for PyTorch or CuPy CUDA input.
+        q's shape in q's dtype, of q's kind: a NumPy array (computed on the
+        CPU backend) for NumPy input, a tensor on the same device for
+        PyTorch (CPU or CUDA) or CuPy input.
 
     Each thread keeps one handle per device and stream, so the workspace is
     reused across calls. For more (paged caches, ragged lengths, LSE,
     workspace control) use :class:`Handle`.
     """
-    location, device = locate(q)
+    if sm_scale is not None:
+        if softmax_scale is not None:
+            raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
+        softmax_scale = sm_scale
+    if type(q) is _ndarray:
+        return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
+        )
+    torch = _modules.get("torch")
+    if torch is not None and _torch.compiling(torch):
+        return _compiled_decode(  # type: ignore[no-any-return]
+            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
+        )
+    torch_state = _torch.get()
+    if torch_state is not None and isinstance(q, torch_state.Tensor):
+        if q.is_cuda:
+            device = q.get_device()
+            stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
+            return _thread_handle(Backend.CUDA, device, stream_value)._decode(  # type: ignore[no-any-return]
+                q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream_value
+            )
+        return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
+        )
+    location, device_index = locate(q)
     if location == CUDA:
         stream_value = stream_pointer(stream) if stream is not None else default_stream(q)
-        handle = _thread_handle(Backend.CUDA, device or 0, stream_value)
-        return handle.decode(
-            q, k, v, out=out, softmax_scale=sm_scale, num_splits=num_splits, layout="HND", stream=stream_value
+        return _thread_handle(Backend.CUDA, device_index or 0, stream_value).decode(
+            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout, stream=stream_value
         )
-    handle = _thread_handle(Backend.CPU, 0, 0)
-    return handle.decode(q, k, v, out=out, softmax_scale=sm_scale, num_splits=num_splits, layout="HND")
+    return _thread_handle(Backend.CPU, 0, 0).decode(
+        q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
+    )
+
+
+# ---- PyTorch: the custom op and torch.compile -------------------------------------
+
+
+def op_decode(
+    q: Any,
+    k: Any,
+    v: Any,
+    seq_lens: Any,
+    block_table: Any,
+    softmax_scale: Optional[float],
+    num_splits: Optional[int],
+    layout: str,
+) -> Tuple[Any, Any]:
+    """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
+    handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
+
+    Under CUDA graph capture the library cannot allocate: the handle of the
+    capturing stream must have run the decode before (a warm-up on that
+    stream, which torch.compile's CUDA graphs do). That handle is then kept
+    for the graph and never grown again (:func:`_thread_handle`).
+    """
+    torch_state = _torch.get()
+    assert torch_state is not None
+    capturing = False
+    if q.is_cuda:
+        device = q.get_device()
+        stream: Optional[int] = torch_state.current_stream(device)
+        capturing = bool(torch_state.torch.cuda.is_current_stream_capturing())
+        handle = _thread_handle(Backend.CUDA, device, stream, capturing)  # type: ignore[arg-type]
+    else:
+        stream, handle = None, _thread_handle(Backend.CPU, 0, 0)
+    try:
+        result = handle.decode(
+            q,
+            k,
+            v,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            softmax_scale=softmax_scale,
+            num_splits=num_splits,
+            layout=_as_layout(layout),
+            return_lse=True,
+            stream=stream,
+        )
+    except WorkspaceTooSmallError as error:
+        if not capturing:
+            raise
+        raise WorkspaceTooSmallError(
+            f"{error.message}; torch.ops.flashdecode.decode keeps a handle per thread, device and stream: run "
+            "the same decode once on the capturing stream before capture (a warm-up, as torch.compile's "
+            "mode='reduce-overhead' does) so that the handle's workspace is reserved"
+        ) from None
+    if capturing:
+        handle._captured = True  # the graph holds its workspace: see _thread_handle
+    return result
+
+
+def _compiled_decode(
+    torch: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    return_lse: Any,
+    seq_lens: Any,
+    block_table: Any,
+    softmax_scale: Any,
+    num_splits: Any,
+    layout: Any,
+    dtype: Any,
+    stream: Any,
+) -> Any:
+    """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
+    (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
+    if not _torch.op_available():  # registers it, at trace time, if this is the first look at PyTorch
+        raise NotImplementedError("flashdecode: decoding inside torch.compile needs PyTorch 2.4 or later")
+    if dtype is not None or stream is not None:
+        raise refuse(
+            InvalidArgumentError,
+            "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
+            "and the op runs on PyTorch's current stream",
+        )
+    result, result_lse = torch.ops.flashdecode.decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    if lse is not None:
+        lse.copy_(result_lse)
+        result_lse = lse
+    return (result, result_lse) if return_lse else result
