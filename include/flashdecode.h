@@ -103,6 +103,19 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define FD_VERSION_NUMBER (FD_VERSION_MAJOR * 10000 + FD_VERSION_MINOR * 100 + FD_VERSION_PATCH)
 
+/** @brief Helper of #FD_VERSION_STRING: the token @p x as a string literal. Not for use elsewhere. */
+#define FD_VERSION_STR_(x) #x
+/** @brief Helper of #FD_VERSION_STRING: the expansion of the macro @p x as a string literal. */
+#define FD_VERSION_XSTR_(x) FD_VERSION_STR_(x)
+/**
+ * @brief The version as a string literal, "MAJOR.MINOR.PATCH" (e.g. "0.2.0").
+ *
+ * Made from the three numbers above, so it cannot disagree with them; the
+ * library's fd_version_string() returns it as the library was built.
+ */
+#define FD_VERSION_STRING \
+  FD_VERSION_XSTR_(FD_VERSION_MAJOR) "." FD_VERSION_XSTR_(FD_VERSION_MINOR) "." FD_VERSION_XSTR_(FD_VERSION_PATCH)
+
 /**
  * @brief Version of the loaded library, encoded like #FD_VERSION_NUMBER.
  * @return major * 10000 + minor * 100 + patch of the library at run time.
@@ -110,7 +123,8 @@ extern "C" {
 FD_API unsigned fd_version_number(void);
 
 /**
- * @brief Version of the loaded library as text, e.g. "0.2.0".
+ * @brief Version of the loaded library as text, e.g. "0.2.0": the
+ *        #FD_VERSION_STRING of the header it was built with.
  * @return A static NUL-terminated string; never NULL, never freed.
  */
 FD_API const char *fd_version_string(void);

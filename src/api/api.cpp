@@ -215,16 +215,11 @@ size_t init_sized(Struct *caller, size_t struct_size, const Struct &defaults) {
 }  // namespace
 }  // namespace fd
 
-#define FD_STRINGIFY_(x) #x
-#define FD_STRINGIFY(x) FD_STRINGIFY_(x)
-
 extern "C" {
 
 FD_API unsigned fd_version_number(void) { return FD_VERSION_NUMBER; }
 
-FD_API const char *fd_version_string(void) {
-  return FD_STRINGIFY(FD_VERSION_MAJOR) "." FD_STRINGIFY(FD_VERSION_MINOR) "." FD_STRINGIFY(FD_VERSION_PATCH);
-}
+FD_API const char *fd_version_string(void) { return FD_VERSION_STRING; }
 
 FD_API size_t fd_options_init(fd_options *options, size_t struct_size) {
   fd_options defaults;

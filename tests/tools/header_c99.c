@@ -3,4 +3,6 @@
 #include "flashdecode.h"
 
 int fd_header_c99_check(void);
-int fd_header_c99_check(void) { return FD_VERSION_NUMBER + (int)sizeof(fd_decode_args); }
+int fd_header_c99_check(void) {
+  return FD_VERSION_NUMBER + (int)sizeof(fd_decode_args) + (int)sizeof FD_VERSION_STRING;
+}

@@ -3,4 +3,6 @@
 #include "flashdecode.h"
 
 int fd_header_cxx_check();
-int fd_header_cxx_check() { return FD_VERSION_NUMBER + static_cast<int>(sizeof(fd_decode_args)); }
+int fd_header_cxx_check() {
+  return FD_VERSION_NUMBER + static_cast<int>(sizeof(fd_decode_args)) + static_cast<int>(sizeof FD_VERSION_STRING);
+}

@@ -101,6 +101,9 @@ static void test_version(void **state) {
   char expected[32];
   snprintf(expected, sizeof expected, "%d.%d.%d", FD_VERSION_MAJOR, FD_VERSION_MINOR, FD_VERSION_PATCH);
   assert_string_equal(fd_version_string(), expected);
+  /* The header's string literal is built from the same numbers. */
+  assert_string_equal(FD_VERSION_STRING, expected);
+  assert_string_equal(FD_VERSION_STRING, fd_version_string());
 }
 
 static void test_status_strings(void **state) {
