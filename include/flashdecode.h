@@ -88,7 +88,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/** @name Version
+/** @defgroup version Version
  * The macros describe the header you compiled against; the functions describe
  * the library you loaded. A binding or a dlopen() user compares the two: the
  * ABI is stable within one major version.
@@ -132,7 +132,9 @@ FD_API const char *fd_version_string(void);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Status codes and error messages
+/** @defgroup errors Status codes and error messages
+ * Every fallible call returns an ::fd_status; the calling thread's last
+ * detailed message names the argument at fault.
  * @{ */
 
 /**
@@ -203,7 +205,8 @@ FD_API size_t fd_last_error_message(char *buffer, size_t buffer_size);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Tensors
+/** @defgroup tensors Tensors
+ * Strided views of host or device memory: every input and output of a decode.
  * @{ */
 
 /** @brief Element type of a tensor. Values are pinned. */
@@ -248,7 +251,9 @@ typedef struct fd_tensor {
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Handles
+/** @defgroup handles Handles
+ * A handle holds a backend (CPU or CUDA), its device and its workspace;
+ * create one with fd_create() and reuse it across calls.
  * @{ */
 
 /** @brief An opaque decode handle: a backend, its device and its workspace. */
@@ -358,7 +363,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Decode
+/** @defgroup decode Decode
+ * The call itself: what it reads and writes (::fd_decode_args) and fd_decode().
  * @{ */
 
 /** @brief Largest accepted head_dim. */
@@ -496,7 +502,7 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Workspace
+/** @defgroup workspace Workspace
  * The per-split partial results (m, l, acc) live in a workspace. By default
  * the handle owns it, grows it on demand and reuses it across calls. To keep
  * fd_decode() free of allocation (CUDA graph capture, real-time loops),
@@ -571,7 +577,7 @@ FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t byt
 /** @} */
 
 /* ------------------------------------------------------------------------ */
-/** @name Plans
+/** @defgroup plans Plans
  * What fd_decode() would run for a problem: the split count the planner
  * chose, the kernel, how the splits are merged and how many launches that
  * takes. For logs, tuning and tests; fd_decode() needs none of it. Since 0.2.
