@@ -1,23 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-/* flashdecode: the demo / benchmark program.
+/* flashdecode: the demo / benchmark program (installed as bin/flashdecode).
  *
  * Decodes a realistic Llama-3-8B-like shape (GQA 32/8, head_dim 128, fp16) on
- * the GPU when the library has a usable CUDA backend, else on the CPU backend;
- * checks the result against a float64 reference; prints time and effective
- * bandwidth (K and V bytes of real tokens, plus q and out, over the median
- * time of the timed runs).
+ * the GPU when the library has a usable CUDA backend, else on the CPU backend
+ * (saying why not the GPU); checks the result against a float64 reference;
+ * prints time and effective bandwidth (K and V bytes of real tokens, plus q
+ * and out, over the median time of the timed runs).
  *
- *   flashdecode [--backend auto|cpu|cuda] [--batch B] [--q-heads H] [--kv-heads H]
+ *   flashdecode [--backend auto|cpu|cuda] [--threads T] [--batch B] [--q-heads H] [--kv-heads H]
  *               [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]
  *
- * Benchmark mode (CUDA backend): shapes from an argument or a file, each as
- * BATCHxQHEADS/KVHEADSxKVLENxHEADDIM (dense BNHD cache, every sequence full):
+ * Benchmark mode: shapes from an argument or a file, each as
+ * BATCHxQHEADS/KVHEADSxKVLENxHEADDIM (dense BNHD cache, every sequence full),
+ * on the backend --backend selects:
  *
- *   flashdecode --bench 1x32/8x32768x128,32x32/8x2048x128 [--dtype f16|bf16|f32]
- *               [--bench-file shapes.txt] [--rotate-mib 1024] [--iters I] [--json out.json]
+ *   flashdecode --bench 1x32/8x32768x128,32x32/8x2048x128 [--backend auto|cpu|cuda] [--dtype f16|bf16|f32]
+ *               [--bench-file shapes.txt] [--rotate-mib 1024] [--iters I] [--threads T] [--json out.json]
  *
- * For each shape it allocates as many K/V sets as make --rotate-mib (at least
- * two), so that the timed reads come from memory, not from L2; times I
+ * CUDA: for each shape it allocates as many K/V sets as make --rotate-mib (at
+ * least two), so that the timed reads come from memory, not from L2; times I
  * launches one by one with CUDA events (rotating the sets) and I replays of a
  * CUDA graph that decodes every set once; and reports medians, spread, the
  * host time of one fd_decode call (validation, plan lookup, kernel launch)
@@ -26,14 +27,19 @@
  * time including the gaps between launches), the effective bandwidth over the
  * bytes that must move (K and V once, q, out) and
  * its share of the device-to-device copy rate it measures first (bytes read +
- * written: a memory ceiling that needs no kernel of its own). A table goes to
- * stdout, JSON to --json.
+ * written: a memory ceiling that needs no kernel of its own).
+ * CPU: one K/V set per shape (refused if it needs more than half of the
+ * machine's memory); I timed calls after one warm-up, median and spread, and
+ * the effective bandwidth. A table goes to stdout, JSON to --json; progress
+ * of runs longer than a second goes to stderr.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fdt.h"
 #include "flashdecode.h"
@@ -46,6 +52,7 @@
 
 typedef struct demo_options {
   fd_backend backend;
+  int threads; /* CPU backend worker threads; 0 = every core */
   fdt_case c;
   int iters;
   const char *bench;      /* comma-separated shapes, or NULL */
@@ -54,15 +61,48 @@ typedef struct demo_options {
   long long rotate_mib;
 } demo_options;
 
-static int usage(const char *argv0) {
-  fprintf(stderr,
-          "usage: %s [--backend auto|cpu|cuda] [--batch B] [--q-heads H] [--kv-heads H] [--kv-len N]\n"
-          "          [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n"
-          "       %s --bench BxHQ/HKVxNxD[,...] | --bench-file FILE [--dtype f16|bf16|f32] [--rotate-mib M]\n"
-          "          [--iters I] [--json FILE]\n",
-          argv0, argv0);
+static void print_usage(FILE *out, const char *argv0) {
+  fprintf(out,
+          "usage: %s [--backend auto|cpu|cuda] [--threads T] [--batch B] [--q-heads H] [--kv-heads H]\n"
+          "          [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n"
+          "       %s --bench BxHQ/HKVxNxD[,...] | --bench-file FILE [--backend auto|cpu|cuda] [--threads T]\n"
+          "          [--dtype f16|bf16|f32] [--rotate-mib M] [--iters I] [--json FILE]\n"
+          "       %s --help | --version\n"
+          "\n"
+          "Without --bench: decodes one problem (default 4 sequences, 32 query heads over 8 KV heads,\n"
+          "4096 tokens, head_dim 128, f16) on the GPU if the library can use one, else on the CPU,\n"
+          "checks it against a float64 reference and prints the time and effective bandwidth.\n"
+          "With --bench: times each shape (batch x query heads / KV heads x KV length x head_dim,\n"
+          "dense cache) on the selected backend; a table to stdout, JSON to --json.\n"
+          "\n"
+          "  --backend     auto (default: CUDA if usable, else the CPU), cpu or cuda\n"
+          "  --threads     CPU backend worker threads (default 0: every core)\n"
+          "  --batch, --q-heads, --kv-heads, --kv-len, --head-dim   the problem's shape\n"
+          "  --dtype       q, k, v and out element type (default f16)\n"
+          "  --splits      KV splits (default 0: the planner chooses)\n"
+          "  --iters       timed runs (default 20)\n"
+          "  --rotate-mib  CUDA benchmark: K/V sets of at least this many MiB in all (default 1024)\n"
+          "Progress of runs longer than a second goes to stderr. Exit status: 0 ok, 1 a failure,\n"
+          "2 bad usage.\n",
+          argv0, argv0, argv0);
+}
+
+/* Names what is wrong with the command line; exit status 2. */
+static int bad_usage(const char *argv0, const char *format, ...) {
+  va_list ap;
+  va_start(ap, format);
+  fprintf(stderr, "flashdecode: ");
+  vfprintf(stderr, format, ap);
+  va_end(ap);
+  fprintf(stderr, "\nRun '%s --help' for the options.\n", argv0);
   return 2;
 }
+
+enum { PARSE_RUN = 0, PARSE_EXIT_OK = 1 }; /* or 2: bad usage */
+
+static const char *const value_flags[] = {"--backend", "--threads",    "--batch",      "--q-heads", "--kv-heads",
+                                          "--kv-len",  "--head-dim",   "--dtype",      "--splits",  "--iters",
+                                          "--bench",   "--bench-file", "--rotate-mib", "--json"};
 
 static int parse(int argc, char **argv, demo_options *o) {
   memset(o, 0, sizeof *o);
@@ -80,10 +120,22 @@ static int parse(int argc, char **argv, demo_options *o) {
   o->rotate_mib = 1024;
   for (int i = 1; i < argc; ++i) {
     const char *flag = argv[i];
-    const char *value = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) return usage(argv[0]);
-    if (value == NULL) return usage(argv[0]);
-    ++i;
+    if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
+      print_usage(stdout, argv[0]);
+      return PARSE_EXIT_OK;
+    }
+    if (strcmp(flag, "--version") == 0) {
+      printf("flashdecode %s (header %s)\n", fd_version_string(), FD_VERSION_STRING);
+      return PARSE_EXIT_OK;
+    }
+    int known = 0;
+    for (size_t f = 0; f < sizeof value_flags / sizeof value_flags[0]; ++f) known |= strcmp(flag, value_flags[f]) == 0;
+    if (!known) {
+      return flag[0] == '-' ? bad_usage(argv[0], "unknown option '%s'", flag)
+                            : bad_usage(argv[0], "unexpected argument '%s'", flag);
+    }
+    if (i + 1 >= argc) return bad_usage(argv[0], "option '%s' needs a value", flag);
+    const char *value = argv[++i];
     if (strcmp(flag, "--bench") == 0) {
       o->bench = value;
     } else if (strcmp(flag, "--bench-file") == 0) {
@@ -94,35 +146,70 @@ static int parse(int argc, char **argv, demo_options *o) {
       if (strcmp(value, "auto") == 0) o->backend = FD_BACKEND_AUTO;
       else if (strcmp(value, "cpu") == 0) o->backend = FD_BACKEND_CPU;
       else if (strcmp(value, "cuda") == 0) o->backend = FD_BACKEND_CUDA;
-      else return usage(argv[0]);
+      else return bad_usage(argv[0], "--backend must be auto, cpu or cuda, not '%s'", value);
     } else if (strcmp(flag, "--dtype") == 0) {
       if (strcmp(value, "f16") == 0) o->c.dtype = FD_DTYPE_F16;
       else if (strcmp(value, "bf16") == 0) o->c.dtype = FD_DTYPE_BF16;
       else if (strcmp(value, "f32") == 0) o->c.dtype = FD_DTYPE_F32;
-      else return usage(argv[0]);
+      else return bad_usage(argv[0], "--dtype must be f16, bf16 or f32, not '%s'", value);
       o->c.out_dtype = o->c.dtype;
     } else {
       char *end = NULL;
       const long long n = strtoll(value, &end, 10);
-      if (end == value || *end != '\0' || n < 0) return usage(argv[0]);
+      if (end == value || *end != '\0' || n < 0) {
+        return bad_usage(argv[0], "%s takes a non-negative integer, not '%s'", flag, value);
+      }
       if (strcmp(flag, "--batch") == 0) o->c.batch = n;
       else if (strcmp(flag, "--q-heads") == 0) o->c.q_heads = n;
       else if (strcmp(flag, "--kv-heads") == 0) o->c.kv_heads = n;
       else if (strcmp(flag, "--kv-len") == 0) o->c.kv_len = n;
       else if (strcmp(flag, "--head-dim") == 0) o->c.head_dim = n;
       else if (strcmp(flag, "--splits") == 0) o->c.num_splits = (int32_t)n;
-      else if (strcmp(flag, "--iters") == 0) o->iters = (int)(n > 0 ? n : 1);
-      else if (strcmp(flag, "--rotate-mib") == 0) o->rotate_mib = n > 0 ? n : 1;
-      else return usage(argv[0]);
+      else if (strcmp(flag, "--threads") == 0) o->threads = (int)(n < 1 << 20 ? n : 1 << 20);
+      else if (strcmp(flag, "--iters") == 0) o->iters = (int)(n < 1 ? 1 : n < 1000000 ? n : 1000000);
+      else o->rotate_mib = n > 0 ? n : 1; /* --rotate-mib */
     }
   }
-  return 0;
+  return PARSE_RUN;
 }
 
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- progress of long runs, on stderr ---------------------------------------
+ * Silent for the first second; then at most one line a second (rewritten in
+ * place on a terminal). */
+typedef struct progress {
+  double start, last;
+  int shown; /* a line is on a terminal and needs clearing */
+} progress;
+
+static void progress_start(progress *p) {
+  p->start = p->last = now_seconds();
+  p->shown = 0;
+}
+
+static void progress_note(progress *p, const char *format, ...) {
+  const double now = now_seconds();
+  if (now - p->last < 1.0) return;
+  p->last = now;
+  const int tty = isatty(fileno(stderr));
+  char text[200];
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(text, sizeof text, format, ap);
+  va_end(ap);
+  fprintf(stderr, tty ? "\rflashdecode: %s, %.0f s\033[K" : "flashdecode: %s, %.0f s\n", text, now - p->start);
+  fflush(stderr);
+  p->shown = tty;
+}
+
+static void progress_end(progress *p) {
+  if (p->shown) fprintf(stderr, "\r\033[K");
+  p->shown = 0;
 }
 
 static int compare_doubles(const void *a, const void *b) {
@@ -149,6 +236,52 @@ static void describe_plan(const fd_handle *h, const fd_decode_args *args, char *
   }
   const char *merge = (unsigned)info.merge < 4 ? merges[info.merge] : "?";
   snprintf(text, size, "%s %dx%lld %s", info.kernel, (int)info.num_splits, (long long)info.split_tokens, merge);
+}
+
+/* A handle on the requested backend. For auto it asks for CUDA first and,
+ * as FD_BACKEND_AUTO does, takes the CPU when the library says there is no
+ * usable device (FD_ERROR_NO_DEVICE), keeping the library's message in
+ * `why_cpu`; any other failure is reported as fd_create reported it. */
+static int open_handle(const demo_options *o, fd_handle **h, fd_backend *backend, char *why_cpu, size_t why_size) {
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.num_threads = o->threads;
+  why_cpu[0] = '\0';
+  *h = NULL;
+  fd_status s;
+  if (o->backend != FD_BACKEND_CPU) {
+    options.backend = FD_BACKEND_CUDA;
+    s = fd_create(h, &options);
+    if (s == FD_SUCCESS) {
+#ifdef FD_DEMO_WITH_CUDA
+      *backend = FD_BACKEND_CUDA;
+      return 0;
+#else
+      fd_destroy(*h);
+      *h = NULL;
+      if (o->backend == FD_BACKEND_CUDA) {
+        fprintf(stderr, "flashdecode: this flashdecode program was built without CUDA\n");
+        return 1;
+      }
+      snprintf(why_cpu, why_size, "this flashdecode program was built without CUDA");
+#endif
+    } else if (o->backend == FD_BACKEND_CUDA || s != FD_ERROR_NO_DEVICE) {
+      return fail_status("fd_create (CUDA)", s);
+    } else {
+      fd_last_error_message(why_cpu, why_size);
+    }
+  }
+  options.backend = FD_BACKEND_CPU;
+  s = fd_create(h, &options);
+  if (s != FD_SUCCESS) return fail_status("fd_create", s);
+  *backend = FD_BACKEND_CPU;
+  return 0;
+}
+
+/* "CPU backend" or "CUDA backend", and why not CUDA when auto took the CPU. */
+static void print_backend(fd_backend backend, const char *why_cpu) {
+  printf("flashdecode %s, %s backend\n", fd_version_string(), backend == FD_BACKEND_CUDA ? "CUDA" : "CPU");
+  if (backend == FD_BACKEND_CPU && why_cpu[0] != '\0') printf("why not CUDA: %s\n", why_cpu);
 }
 
 #ifdef FD_DEMO_WITH_CUDA
@@ -204,16 +337,19 @@ static int run_cpu(fd_handle *h, fdt_problem *p, int iters, double *times) {
   char plan[160];
   describe_plan(h, &p->args, plan, sizeof plan);
   printf("plan: %s\n", plan);
+  progress bar;
+  progress_start(&bar);
   for (int i = -1; i < iters; ++i) { /* one warm-up run */
     const double t0 = now_seconds();
     const fd_status s = fd_decode(h, &p->args, NULL);
     if (s != FD_SUCCESS) return fail_status("fd_decode", s);
     if (i >= 0) times[i] = now_seconds() - t0;
+    progress_note(&bar, "run %d of %d", i + 2, iters + 1);
   }
+  progress_end(&bar);
   return 0;
 }
 
-#ifdef FD_DEMO_WITH_CUDA
 /* ---- benchmark mode ---------------------------------------------------------- */
 typedef struct bench_shape {
   long long batch, q_heads, kv_heads, kv_len, head_dim;
@@ -249,7 +385,11 @@ static int collect_shapes(const demo_options *o, bench_shape **shapes, int *coun
         if (text == NULL || *text == '\0') break;
         const char *comma = strchr(text, ',');
         const size_t len = comma ? (size_t)(comma - text) : strlen(text);
-        if (len >= sizeof line) return -1;
+        if (len >= sizeof line) {
+          fprintf(stderr, "flashdecode: shape too long: '%.*s'\n", (int)len, text);
+          free(list);
+          return -1;
+        }
         memcpy(line, text, len);
         line[len] = '\0';
         text = comma ? comma + 1 : text + len;
@@ -262,7 +402,11 @@ static int collect_shapes(const demo_options *o, bench_shape **shapes, int *coun
       if (n == capacity) {
         capacity *= 2;
         bench_shape *grown = realloc(list, (size_t)capacity * sizeof *list);
-        if (grown == NULL) return -1;
+        if (grown == NULL) {
+          if (file) fclose(file);
+          free(list);
+          return -1;
+        }
         list = grown;
       }
       if (parse_shape(line, &list[n]) != 0) {
@@ -319,6 +463,132 @@ static double median_of(double *values, int n) {
   return values[n / 2];
 }
 
+static const char *dtype_name(fd_dtype dtype) {
+  return dtype == FD_DTYPE_F16 ? "f16" : dtype == FD_DTYPE_BF16 ? "bf16" : "f32";
+}
+
+static void shape_label(const bench_shape *sh, char *label, size_t size) {
+  snprintf(label, size, "%lldx%lld/%lldx%lldx%lld", sh->batch, sh->q_heads, sh->kv_heads, sh->kv_len, sh->head_dim);
+}
+
+/* Bytes of physical memory, or 0 if unknown. */
+static double physical_memory_bytes(void) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? (double)pages * (double)page_size : 0.0;
+}
+
+typedef struct cpu_result {
+  double kv_mib, bytes;
+  double median, min, max; /* seconds per call */
+  char plan[160];
+} cpu_result;
+
+/* One K/V set in host memory; one warm-up call, then o->iters timed calls. */
+static int bench_one_cpu(fd_handle *h, const bench_shape *sh, const char *label, const demo_options *o, int index,
+                         int count, cpu_result *r) {
+  const fd_dtype dtype = o->c.dtype;
+  const size_t es = fdt_dtype_size(dtype);
+  const double kv_elems_d = (double)sh->batch * (double)sh->kv_len * (double)sh->kv_heads * (double)sh->head_dim;
+  const double q_elems_d = (double)sh->batch * (double)sh->q_heads * (double)sh->head_dim;
+  const double need = (2.0 * kv_elems_d + 2.0 * q_elems_d) * (double)es;
+  const double memory = physical_memory_bytes();
+  r->kv_mib = 2.0 * kv_elems_d * (double)es / 1048576.0;
+  r->bytes = need;
+  if ((memory > 0.0 && need > memory / 2) || need > (double)(SIZE_MAX / 2)) {
+    fprintf(stderr, "flashdecode: %s needs %.0f MiB of host memory, more than half of this machine's %.0f MiB\n", label,
+            need / 1048576.0, memory / 1048576.0);
+    return 1;
+  }
+  const size_t kv_elems = (size_t)kv_elems_d, q_elems = (size_t)q_elems_d;
+  int rc = 1;
+  void *q = malloc(q_elems * es), *k = malloc(kv_elems * es), *v = malloc(kv_elems * es), *out = malloc(q_elems * es);
+  double *times = calloc((size_t)o->iters, sizeof *times);
+  if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL) {
+    fprintf(stderr, "flashdecode: out of host memory for %s (%.0f MiB)\n", label, need / 1048576.0);
+    goto done;
+  }
+  fill_random(dtype, k, kv_elems, 1);
+  fill_random(dtype, v, kv_elems, 2);
+  fill_random(dtype, q, q_elems, 3);
+  fd_decode_args args;
+  fd_decode_args_init(&args, sizeof args);
+  args.q = dense_tensor(q, dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+  args.k = dense_tensor(k, dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
+  args.v = dense_tensor(v, dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
+  args.out = dense_tensor(out, dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+  args.num_splits = o->c.num_splits;
+  size_t workspace = 0;
+  fd_status s = fd_workspace_size(h, &args, &workspace);
+  if (s == FD_SUCCESS) s = fd_reserve_workspace(h, workspace);
+  if (s != FD_SUCCESS) {
+    fail_status(label, s);
+    goto done;
+  }
+  describe_plan(h, &args, r->plan, sizeof r->plan);
+  progress bar;
+  progress_start(&bar);
+  for (int i = -1; i < o->iters; ++i) { /* one warm-up call */
+    const double t0 = now_seconds();
+    s = fd_decode(h, &args, NULL);
+    if (s != FD_SUCCESS) {
+      progress_end(&bar);
+      fail_status(label, s);
+      goto done;
+    }
+    if (i >= 0) times[i] = now_seconds() - t0;
+    progress_note(&bar, "shape %d of %d (%s), run %d of %d", index + 1, count, label, i + 2, o->iters + 1);
+  }
+  progress_end(&bar);
+  r->median = median_of(times, o->iters);
+  r->min = times[0];
+  r->max = times[o->iters - 1];
+  rc = 0;
+done:
+  free(q);
+  free(k);
+  free(v);
+  free(out);
+  free(times);
+  return rc;
+}
+
+static int run_bench_cpu(const demo_options *o, fd_handle *h, const bench_shape *shapes, int count) {
+  const char *dtype = dtype_name(o->c.dtype);
+  printf("%-26s %8s %10s %10s %10s %8s  %s\n", "shape BxHq/HkvxNxD", "KV MiB", "median us", "min us", "max us", "GB/s",
+         "plan");
+  FILE *json = o->json ? fopen(o->json, "w") : NULL;
+  if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
+  if (json) fprintf(json, "{\"backend\": \"cpu\", \"dtype\": \"%s\", \"results\": [", dtype);
+  int rc = 0, written = 0;
+  for (int i = 0; i < count; ++i) {
+    char label[64];
+    shape_label(&shapes[i], label, sizeof label);
+    cpu_result r;
+    memset(&r, 0, sizeof r);
+    if (bench_one_cpu(h, &shapes[i], label, o, i, count, &r) != 0) {
+      printf("%-26s failed\n", label);
+      rc = 1;
+      continue;
+    }
+    const double gbps = r.bytes / r.median * 1e-9;
+    printf("%-26s %8.1f %10.1f %10.1f %10.1f %8.2f  %s\n", label, r.kv_mib, r.median * 1e6, r.min * 1e6, r.max * 1e6,
+           gbps, r.plan);
+    fflush(stdout);
+    if (json) {
+      fprintf(json,
+              "%s\n {\"shape\": \"%s\", \"kv_mib\": %.3f, \"bytes\": %.0f, \"time_us\": {\"median\": %.3f, "
+              "\"min\": %.3f, \"max\": %.3f}, \"gbps\": %.3f, \"plan\": \"%s\"}",
+              written++ ? "," : "", label, r.kv_mib, r.bytes, r.median * 1e6, r.min * 1e6, r.max * 1e6, gbps, r.plan);
+    }
+  }
+  if (json) {
+    fprintf(json, "\n]}\n");
+    fclose(json);
+  }
+  return rc;
+}
+
+#ifdef FD_DEMO_WITH_CUDA
 /* Device-to-device copy rate over 1 GiB (bytes read + written), median of 7. */
 static double copy_ceiling_gbps(void) {
   const size_t bytes = (size_t)1 << 30;
@@ -381,7 +651,7 @@ static int timed_decodes(fd_handle *h, const fd_decode_args *args, int sets, int
   return 0;
 }
 
-static int bench_one(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const demo_options *o, bench_result *r) {
+static int bench_one_cuda(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const demo_options *o, bench_result *r) {
   const size_t es = fdt_dtype_size(dtype);
   const size_t kv_elems = (size_t)(sh->batch * sh->kv_len * sh->kv_heads * sh->head_dim);
   const size_t q_elems = (size_t)(sh->batch * sh->q_heads * sh->head_dim);
@@ -505,43 +775,31 @@ done:
   return rc;
 }
 
-static int run_bench(const demo_options *o) {
-  bench_shape *shapes = NULL;
-  int count = 0;
-  if (collect_shapes(o, &shapes, &count) != 0) return 2;
-  if (count == 0) {
-    fprintf(stderr, "flashdecode: no shapes to benchmark\n");
-    free(shapes);
-    return 2;
-  }
-  fd_options options;
-  fd_options_init(&options, sizeof options);
-  options.backend = FD_BACKEND_CUDA;
-  fd_handle *h = NULL;
-  fd_status s = fd_create(&h, &options);
-  if (s != FD_SUCCESS) {
-    free(shapes);
-    return fail_status("fd_create (CUDA)", s);
-  }
+static int run_bench_cuda(const demo_options *o, fd_handle *h, const bench_shape *shapes, int count) {
   const fd_dtype dtype = o->c.dtype;
-  const char *dtype_name = dtype == FD_DTYPE_F16 ? "f16" : dtype == FD_DTYPE_BF16 ? "bf16" : "f32";
   const double ceiling = copy_ceiling_gbps();
-  printf("flashdecode %s benchmark, %s; device-to-device copy %.0f GB/s (read + written)\n", fd_version_string(),
-         dtype_name, ceiling);
+  printf("%s benchmark; device-to-device copy %.0f GB/s (read + written)\n", dtype_name(dtype), ceiling);
   printf("%-26s %8s %5s %8s %8s %8s %10s %10s %10s %8s %7s  %s\n", "shape BxHq/HkvxNxD", "KV MiB", "sets", "host us",
          "burst us", "eager us", "launch us", "graph us", "spread us", "GB/s", "%copy", "plan");
   FILE *json = o->json ? fopen(o->json, "w") : NULL;
   if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
-  if (json) fprintf(json, "{\"dtype\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", dtype_name, ceiling);
+  if (json) {
+    fprintf(json, "{\"backend\": \"cuda\", \"dtype\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", dtype_name(dtype),
+            ceiling);
+  }
   int rc = 0;
+  progress bar;
+  progress_start(&bar);
   for (int i = 0; i < count; ++i) {
     const bench_shape *sh = &shapes[i];
     char label[64];
-    snprintf(label, sizeof label, "%lldx%lld/%lldx%lldx%lld", sh->batch, sh->q_heads, sh->kv_heads, sh->kv_len,
-             sh->head_dim);
+    shape_label(sh, label, sizeof label);
+    progress_note(&bar, "shape %d of %d (%s)", i + 1, count, label);
     bench_result r;
     memset(&r, 0, sizeof r);
-    if (bench_one(h, sh, dtype, o, &r) != 0) {
+    const int failed = bench_one_cuda(h, sh, dtype, o, &r) != 0;
+    progress_end(&bar); /* the row goes on a line of its own */
+    if (failed) {
       printf("%-26s failed\n", label);
       rc = 1;
       continue;
@@ -550,6 +808,7 @@ static int run_bench(const demo_options *o) {
     printf("%-26s %8.1f %5d %8.2f %8.2f %8.1f %10.1f %10.1f %10.1f %8.0f %7.1f  %s\n", label, r.kv_mib, r.sets,
            r.host_median * 1e6, r.burst_host * 1e6, r.burst_gpu * 1e6, r.event_median * 1e6, r.graph_median * 1e6,
            (r.graph_max - r.graph_min) * 1e6, gbps, ceiling > 0 ? 100.0 * gbps / ceiling : 0.0, r.plan);
+    fflush(stdout);
     if (json) {
       fprintf(json,
               "%s\n {\"shape\": \"%s\", \"kv_mib\": %.3f, \"sets\": %d, \"bytes\": %.0f, \"host_us\": %.3f, "
@@ -565,55 +824,79 @@ static int run_bench(const demo_options *o) {
     fprintf(json, "\n]}\n");
     fclose(json);
   }
-  fd_destroy(h);
-  free(shapes);
+  progress_end(&bar);
   return rc;
 }
 #endif
 
+static int run_bench(const demo_options *o) {
+  bench_shape *shapes = NULL;
+  int count = 0;
+  if (collect_shapes(o, &shapes, &count) != 0) return 2;
+  if (count == 0) {
+    fprintf(stderr, "flashdecode: no shapes to benchmark\n");
+    free(shapes);
+    return 2;
+  }
+  fd_handle *h = NULL;
+  fd_backend backend = FD_BACKEND_CPU;
+  char why_cpu[512];
+  if (open_handle(o, &h, &backend, why_cpu, sizeof why_cpu) != 0) {
+    free(shapes);
+    return 1;
+  }
+  print_backend(backend, why_cpu);
+  int rc = 1;
+#ifdef FD_DEMO_WITH_CUDA
+  if (backend == FD_BACKEND_CUDA) rc = run_bench_cuda(o, h, shapes, count);
+#endif
+  if (backend == FD_BACKEND_CPU) {
+    printf("%s benchmark, one K/V set per shape, %d timed calls each\n", dtype_name(o->c.dtype), o->iters);
+    rc = run_bench_cpu(o, h, shapes, count);
+  }
+  fd_destroy(h);
+  free(shapes);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   demo_options o;
-  if (parse(argc, argv, &o) != 0) return 2;
-  if (o.bench != NULL || o.bench_file != NULL) {
-#ifdef FD_DEMO_WITH_CUDA
-    return run_bench(&o);
-#else
-    fprintf(stderr, "flashdecode: benchmark mode needs the CUDA build\n");
-    return 2;
-#endif
-  }
+  const int parsed = parse(argc, argv, &o);
+  if (parsed == PARSE_EXIT_OK) return 0;
+  if (parsed != PARSE_RUN) return 2;
+  if (o.bench != NULL || o.bench_file != NULL) return run_bench(&o);
 
-  fd_options options;
-  fd_options_init(&options, sizeof options);
-  options.backend = o.backend;
   fd_handle *h = NULL;
-  fd_status s = fd_create(&h, &options);
-  if (s != FD_SUCCESS) return fail_status("fd_create", s);
   fd_backend backend = FD_BACKEND_CPU;
-  fd_get_backend(h, &backend);
+  char why_cpu[512];
+  if (open_handle(&o, &h, &backend, why_cpu, sizeof why_cpu) != 0) return 1;
+  print_backend(backend, why_cpu);
 
   char description[256];
   fdt_case_describe(&o.c, description, sizeof description);
-  printf("flashdecode %s, %s backend\nproblem: %s\n", fd_version_string(), backend == FD_BACKEND_CUDA ? "CUDA" : "CPU",
-         description);
+  printf("problem: %s\n", description);
+  fflush(stdout);
   fdt_problem p;
   if (fdt_problem_make(&p, &o.c) != 0) {
     fprintf(stderr, "flashdecode: out of host memory for the problem\n");
+    fd_destroy(h);
     return 1;
   }
   double *times = calloc((size_t)o.iters, sizeof *times);
-  int rc;
-  if (backend == FD_BACKEND_CUDA) {
+  int rc = times == NULL ? 1 : 0;
+  if (rc == 0 && backend == FD_BACKEND_CUDA) {
 #ifdef FD_DEMO_WITH_CUDA
     rc = run_cuda(h, &p, o.iters, times);
-#else
-    fprintf(stderr, "flashdecode: this demo was built without CUDA\n");
-    rc = 1;
 #endif
-  } else {
+  } else if (rc == 0) {
     rc = run_cpu(h, &p, o.iters, times);
   }
-  if (rc != 0) return rc;
+  if (rc != 0) {
+    free(times);
+    fdt_problem_free(&p);
+    fd_destroy(h);
+    return rc;
+  }
 
   char report[256];
   double out_error = 0.0, lse_error = 0.0;
