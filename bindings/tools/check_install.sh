@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Checks what `cmake --install` laid out: the header; the versioned library,
-# its SONAME and symlinks; flashdecode.pc resolving to the install dirs; and
-# the CMake package, found for requests of its major version only.
-#   check_install.sh <includedir> <libdir> <version> <work dir>
+# its SONAME and symlinks; flashdecode.pc resolving to the install dirs; the
+# CMake package, found for requests of its major version only; and, given a
+# bindir, the flashdecode program, which must run from there against the
+# installed library with no environment set.
+#   check_install.sh <includedir> <libdir> <version> <work dir> [<bindir>]
 set -euo pipefail
 includedir=$(realpath "$1")
 libdir=$(realpath "$2")
 version=$3
 work=$(realpath -m "$4")
+bindir=${5:+$(realpath "$5")}
 major=${version%%.*}
 minor=$(echo "$version" | cut -d. -f2)
 fail() { echo "check_install: $*"; exit 1; }
@@ -58,3 +61,16 @@ EOF
   esac
   echo "find_package(flashdecode $wanted): $result"
 done
+
+if [ -n "$bindir" ]; then
+  program=$bindir/flashdecode
+  [ -f "$program" ] && [ -x "$program" ] || fail "no program $program"
+  # It finds the installed library by itself (its RUNPATH), not the build tree's.
+  loaded=$(env -u LD_LIBRARY_PATH ldd "$program" | awk '$1 ~ /^libflashdecode\.so/ {print $3}')
+  [ "$(realpath -m "$loaded")" = "$(realpath "$library")" ] || fail "$program loads '$loaded', not $library"
+  env -u LD_LIBRARY_PATH "$program" --help | grep -q '^usage: ' || fail "$program --help printed no usage"
+  env -u LD_LIBRARY_PATH "$program" --backend cpu --batch 1 --kv-len 64 --iters 1 > "$work/program.out" ||
+    fail "$program failed a CPU decode: $(cat "$work/program.out")"
+  grep -q '^check against float64 reference: ok' "$work/program.out" || fail "$program: $(cat "$work/program.out")"
+  echo "program: $program, loads $loaded, decodes on the CPU"
+fi
