@@ -1,14 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
-# cmake --install: header, versioned library with its symlinks, pkg-config
-# file and a CMake package (find_package(flashdecode CONFIG) ->
-# flashdecode::flashdecode), compatible within one major version.
+# cmake --install: header, versioned library with its symlinks (or the
+# static library), pkg-config file and a CMake package
+# (find_package(flashdecode CONFIG) -> flashdecode::flashdecode), compatible
+# within one major version.
 include(CMakePackageConfigHelpers)
 
 # The exported include directory comes from the target's INSTALL_INTERFACE
 # (src/CMakeLists.txt); an INCLUDES DESTINATION here would list it twice.
 install(TARGETS flashdecode EXPORT flashdecodeTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+# What a static library's users link besides it (src/CMakeLists.txt): in
+# flashdecode.pc's Libs, since it is the only library installed, and as
+# dependencies the CMake package finds for its imported target.
+set(FD_PC_LIBS_EXTRA "")
+set(FD_PACKAGE_DEPENDENCIES "")
+if(FLASHDECODE_STATIC)
+  if(FD_WITH_CUDA)
+    string(APPEND FD_PC_LIBS_EXTRA " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+    string(APPEND FD_PACKAGE_DEPENDENCIES "find_dependency(CUDAToolkit)\n")
+  endif()
+  foreach(runtime IN LISTS FD_CXX_RUNTIME)
+    string(APPEND FD_PC_LIBS_EXTRA " -l${runtime}")
+  endforeach()
+  if(CMAKE_THREAD_LIBS_INIT)
+    string(APPEND FD_PC_LIBS_EXTRA " ${CMAKE_THREAD_LIBS_INIT}")
+  endif()
+  string(APPEND FD_PACKAGE_DEPENDENCIES "find_dependency(Threads)\n")
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/include/flashdecode.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
