@@ -31,7 +31,7 @@
  * CPU: one K/V set per shape (refused if it needs more than half of the
  * machine's memory); I timed calls after one warm-up, median and spread, and
  * the effective bandwidth. A table goes to stdout, JSON to --json; progress
- * of runs longer than a second goes to stderr.
+ * of runs longer than --progress seconds (default 1) goes to stderr.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -59,14 +59,16 @@ typedef struct demo_options {
   const char *bench_file; /* one shape a line, '#' comments, or NULL */
   const char *json;       /* benchmark JSON output, or NULL */
   long long rotate_mib;
+  long long progress_seconds; /* report progress of long runs every this many seconds */
 } demo_options;
 
 static void print_usage(FILE *out, const char *argv0) {
   fprintf(out,
           "usage: %s [--backend auto|cpu|cuda] [--threads T] [--batch B] [--q-heads H] [--kv-heads H]\n"
           "          [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n"
+          "          [--progress P]\n"
           "       %s --bench BxHQ/HKVxNxD[,...] | --bench-file FILE [--backend auto|cpu|cuda] [--threads T]\n"
-          "          [--dtype f16|bf16|f32] [--rotate-mib M] [--iters I] [--json FILE]\n"
+          "          [--dtype f16|bf16|f32] [--rotate-mib M] [--iters I] [--progress P] [--json FILE]\n"
           "       %s --help | --version\n"
           "\n"
           "Without --bench: decodes one problem (default 4 sequences, 32 query heads over 8 KV heads,\n"
@@ -82,8 +84,9 @@ static void print_usage(FILE *out, const char *argv0) {
           "  --splits      KV splits (default 0: the planner chooses)\n"
           "  --iters       timed runs (default 20)\n"
           "  --rotate-mib  CUDA benchmark: K/V sets of at least this many MiB in all (default 1024)\n"
-          "Progress of runs longer than a second goes to stderr. Exit status: 0 ok, 1 a failure,\n"
-          "2 bad usage.\n",
+          "  --progress    report progress on stderr every P seconds of a long run (default 1;\n"
+          "                0: at every step)\n"
+          "Exit status: 0 ok, 1 a failure, 2 bad usage.\n",
           argv0, argv0, argv0);
 }
 
@@ -102,7 +105,7 @@ enum { PARSE_RUN = 0, PARSE_EXIT_OK = 1 }; /* or 2: bad usage */
 
 static const char *const value_flags[] = {"--backend", "--threads",    "--batch",      "--q-heads", "--kv-heads",
                                           "--kv-len",  "--head-dim",   "--dtype",      "--splits",  "--iters",
-                                          "--bench",   "--bench-file", "--rotate-mib", "--json"};
+                                          "--bench",   "--bench-file", "--rotate-mib", "--json",    "--progress"};
 
 static int parse(int argc, char **argv, demo_options *o) {
   memset(o, 0, sizeof *o);
@@ -118,6 +121,7 @@ static int parse(int argc, char **argv, demo_options *o) {
   o->c.seed = (uint64_t)time(NULL);
   o->iters = 20;
   o->rotate_mib = 1024;
+  o->progress_seconds = 1;
   for (int i = 1; i < argc; ++i) {
     const char *flag = argv[i];
     if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
@@ -167,6 +171,7 @@ static int parse(int argc, char **argv, demo_options *o) {
       else if (strcmp(flag, "--splits") == 0) o->c.num_splits = (int32_t)n;
       else if (strcmp(flag, "--threads") == 0) o->threads = (int)(n < 1 << 20 ? n : 1 << 20);
       else if (strcmp(flag, "--iters") == 0) o->iters = (int)(n < 1 ? 1 : n < 1000000 ? n : 1000000);
+      else if (strcmp(flag, "--progress") == 0) o->progress_seconds = n;
       else o->rotate_mib = n > 0 ? n : 1; /* --rotate-mib */
     }
   }
@@ -180,8 +185,10 @@ static double now_seconds(void) {
 }
 
 /* ---- progress of long runs, on stderr ---------------------------------------
- * Silent for the first second; then at most one line a second (rewritten in
- * place on a terminal). */
+ * Silent for the first interval (--progress, default a second); then at most
+ * one line an interval (rewritten in place on a terminal). */
+static double progress_interval = 1.0;
+
 typedef struct progress {
   double start, last;
   int shown; /* a line is on a terminal and needs clearing */
@@ -194,7 +201,7 @@ static void progress_start(progress *p) {
 
 static void progress_note(progress *p, const char *format, ...) {
   const double now = now_seconds();
-  if (now - p->last < 1.0) return;
+  if (now - p->last < progress_interval) return;
   p->last = now;
   const int tty = isatty(fileno(stderr));
   char text[200];
@@ -864,6 +871,7 @@ int main(int argc, char **argv) {
   const int parsed = parse(argc, argv, &o);
   if (parsed == PARSE_EXIT_OK) return 0;
   if (parsed != PARSE_RUN) return 2;
+  progress_interval = (double)o.progress_seconds;
   if (o.bench != NULL || o.bench_file != NULL) return run_bench(&o);
 
   fd_handle *h = NULL;

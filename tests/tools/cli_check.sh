@@ -3,8 +3,8 @@
 # The flashdecode program's command line, as a user meets it: --help and
 # --version on stdout with status 0; an unknown option, a missing or bad
 # value named on stderr with status 2; a small benchmark on the CPU backend
-# (a table and its JSON); and the demo on auto, which either runs on CUDA or
-# says why not.
+# (a table and its JSON); progress on stderr; and the demo on auto, which
+# either runs on CUDA or says why not.
 #   cli_check.sh <path to flashdecode> <work dir>
 set -euo pipefail
 program=$1
@@ -50,6 +50,12 @@ if command -v python3 >/dev/null; then
   python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["results"]; assert len(r) == 2, r' "$work/bench.json" ||
     fail "bench.json is not JSON with two results"
 fi
+# Progress of every step with --progress 0, on stderr only.
+expect 0 "1x4/2x64x16" "flashdecode: shape 1 of 1 (1x4/2x64x16), run 3 of 3" -- --backend cpu --bench 1x4/2x64x16 \
+  --iters 2 --progress 0
+if grep -q "run 3 of 3" "$work/out"; then fail "progress went to stdout"; fi
+expect 0 "check against float64 reference: ok" "flashdecode: run 2 of 2" -- --backend cpu --batch 1 --kv-len 64 \
+  --iters 1 --progress 0
 # A shape too large for this machine is refused, not attempted.
 expect 1 "failed" "more than half of this machine's" -- --backend cpu --bench 1000x32/8x1000000x128 --iters 1
 # The same from a shapes file.
