@@ -64,7 +64,7 @@ PACKAGE = "flashdecode"
 SONAME = "libflashdecode.so.0"
 # Where an sdist keeps the C project (the repository's CMake project, less its tests and bindings).
 SDIST_C_DIR = "libflashdecode"
-# What of the repository the library's CMake build reads, with FLASHDECODE_TESTS=OFF.
+# What of the repository the library's CMake build reads, with FLASHDECODE_TESTS=OFF and FLASHDECODE_PROGRAM=OFF.
 C_PROJECT_FILES = ("CMakeLists.txt", "LICENSE", "flashdecode.pc.in", "docs/CMakeLists.txt", "docs/Doxyfile.in")
 C_PROJECT_FOLDERS = ("include", "src")
 CMAKE_MINIMUM = (3, 24)  # the top-level CMakeLists.txt's cmake_minimum_required
@@ -225,7 +225,8 @@ def find_cmake() -> Optional[str]:
 
 def cmake_configure_args(config_settings: Optional[Mapping[str, Any]] = None) -> List[str]:
     """The project's CMake options for a bundled library, then ``cuda``, then ``cmake-args`` (later ones win)."""
-    args = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DCMAKE_INSTALL_LIBDIR=lib"]
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DFLASHDECODE_PROGRAM=OFF",
+            "-DCMAKE_INSTALL_LIBDIR=lib"]
     if "CMAKE_GENERATOR" not in os.environ and shutil.which("ninja"):
         args += ["-G", "Ninja"]
     cuda = _setting(config_settings, "cuda", "FLASHDECODE_CUDA")

@@ -223,9 +223,10 @@ def test_sdist(backend, tmp_path) -> None:
 
 
 def test_build_settings(backend, monkeypatch) -> None:
-    defaults = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DCMAKE_INSTALL_LIBDIR=lib"]
+    defaults = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHDECODE_TESTS=OFF", "-DFLASHDECODE_PROGRAM=OFF",
+                "-DCMAKE_INSTALL_LIBDIR=lib"]
     args = backend.cmake_configure_args()
-    assert args[:3] == defaults and not any("FLASHDECODE_CUDA" in arg for arg in args)
+    assert args[:4] == defaults and not any("FLASHDECODE_CUDA" in arg for arg in args)
     args = backend.cmake_configure_args({"cuda": "off", "cmake-args": "-DFLASHDECODE_CUDA_ARCHS='90a-real;80-real'"})
     assert args[-2:] == ["-DFLASHDECODE_CUDA=OFF", "-DFLASHDECODE_CUDA_ARCHS=90a-real;80-real"]
     monkeypatch.setenv("FLASHDECODE_CUDA", "on")
