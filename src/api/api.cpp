@@ -374,3 +374,24 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
 }
 
 }  // extern "C"
+
+// The first 0.2.0 build exported fd_plan_info_init and fd_describe_plan in
+// FLASHDECODE_0, before they moved to their own node, FLASHDECODE_0.2. A
+// program linked against that build asks for them in FLASHDECODE_0, so they
+// stay there too, as non-default versions of the same code: such programs
+// still load, and new links get FLASHDECODE_0.2 (docs/abi.md). ".symver
+// name, name@@@node" renames the definition itself to the default version.
+// Only in the shared library (CMake defines flashdecode_EXPORTS there): a
+// static archive has no version nodes and keeps the plain names.
+#if defined(__ELF__) && defined(flashdecode_EXPORTS)
+extern "C" {
+FD_API size_t fd_plan_info_init_0_2_0(fd_plan_info *info, size_t struct_size)
+    __attribute__((alias("fd_plan_info_init")));
+FD_API fd_status fd_describe_plan_0_2_0(const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info)
+    __attribute__((alias("fd_describe_plan")));
+}
+__asm__(".symver fd_plan_info_init_0_2_0, fd_plan_info_init@FLASHDECODE_0");
+__asm__(".symver fd_describe_plan_0_2_0, fd_describe_plan@FLASHDECODE_0");
+__asm__(".symver fd_plan_info_init, fd_plan_info_init@@@FLASHDECODE_0.2");
+__asm__(".symver fd_describe_plan, fd_describe_plan@@@FLASHDECODE_0.2");
+#endif

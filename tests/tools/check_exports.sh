@@ -15,7 +15,9 @@ fi
 count=$(nm -D --defined-only "$lib" | awk '$3 ~ /^fd_/' | wc -l)
 [ "$count" -gt 0 ] || { echo "no fd_* symbols exported"; exit 1; }
 if [ -n "$header" ]; then
-  exported=$(objdump -T "$lib" | awk '$NF ~ /^fd_/ {print $(NF-1), $NF}')
+  # Default versions only: objdump shows a non-default one, kept for
+  # programs linked against an older build, in parentheses.
+  exported=$(objdump -T "$lib" | awk '$NF ~ /^fd_/ && $(NF-1) !~ /^\(/ {print $(NF-1), $NF}')
   for fn in $(grep -o 'FD_API [^(]*(' "$header" | grep -o 'fd_[a-z0-9_]*(' | tr -d '('); do
     version=$(echo "$exported" | awk -v fn="$fn" '$2 == fn {print $1}')
     case "$version" in
