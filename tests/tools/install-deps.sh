@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Installs what building and testing flashdecode needs and is missing:
 # Debian/Ubuntu packages when run as root, else prints the apt command.
-# clang-format is for `make format-check` (Debian 12's is the reference).
+# clang-format is for `make format-check` (Debian 12's is the reference);
+# abigail-tools (abidiff, abidw) for the ABI check against tests/abi/.
 # The CUDA toolkit is not installed here: with nvcc on PATH (or in
 # /usr/local/cuda/bin) the CUDA backend is built, without it the CPU one only.
 # The bindings' tests (FD_DEPS_BINDINGS=0 skips them) need Go, cargo, and a
@@ -24,6 +25,7 @@ have_cmd pkg-config || need+=(pkg-config)
 have_cmd doxygen || need+=(doxygen)
 have_cmd clang-format || need+=(clang-format)
 have_cmd nm || need+=(binutils)
+have_cmd abidiff || need+=(abigail-tools)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
 pip_need=()
 pipx_need=()
