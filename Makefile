@@ -4,10 +4,14 @@
 #   make check   install what is missing, check the formatting, build, run
 #                the whole test suite
 #   make format  apply .clang-format to the sources format-check covers
+#   make fuzz    fuzz fd_decode for FUZZ_SECONDS (tests/fuzz/README.md)
 # Options: BUILD=build  CUDA_ARCHS="80-real;90a-real;..."  (default: all supported)
+#          FUZZ_SECONDS=60
 BUILD ?= build
 CUDA_ARCHS ?=
 ASAN_BUILD ?= $(BUILD)-asan
+FUZZ_BUILD ?= $(BUILD)-fuzz
+FUZZ_SECONDS ?= 60
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CUDA_FLAGS := $(if $(CUDA_ARCHS),-DFLASHDECODE_CUDA_ARCHS="$(CUDA_ARCHS)",)
 export PATH := $(PATH):/usr/local/cuda/bin
@@ -19,7 +23,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests \
   2>/dev/null || find src include tests -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
-.PHONY: deps configure build demo check test asan docs format format-check clean
+.PHONY: deps configure build demo check test asan fuzz docs format format-check clean
 
 deps:
 	@tests/tools/install-deps.sh
@@ -47,6 +51,29 @@ asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L unit
 
+# libFuzzer on fd_decode, fd_workspace_size and fd_describe_plan (CPU
+# backend; tests/fuzz/README.md): the library and the harness built by clang
+# with ASan, UBSan and coverage (comparison tracing off: it halves the
+# speed), from the checked-in seeds; new inputs go to $(FUZZ_BUILD)/corpus,
+# a failing one to $(FUZZ_BUILD)/artifacts/. `make fuzz FUZZ_SECONDS=3600`
+# for a long run.
+FUZZ_CFLAGS := -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp
+fuzz: deps
+	@test -f $(FUZZ_BUILD)/CMakeCache.txt || CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) $(GENERATOR) \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHDECODE_CUDA=OFF -DFLASHDECODE_TESTS=OFF \
+	  -DFLASHDECODE_SANITIZE=ON -DFLASHDECODE_FUZZ=ON \
+	  "-DCMAKE_C_FLAGS=$(FUZZ_CFLAGS)" "-DCMAKE_CXX_FLAGS=$(FUZZ_CFLAGS)"
+	cmake --build $(FUZZ_BUILD) --parallel --target fuzz_decode
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/artifacts
+	@echo "fuzz: $(FUZZ_SECONDS) s of fuzz_decode; log in $(FUZZ_BUILD)/fuzz.log"
+	@UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=512 -timeout=60 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/ \
+	  $(FUZZ_BUILD)/corpus tests/fuzz/corpus >$(FUZZ_BUILD)/fuzz.log 2>&1 || { \
+	  sed -n '/fuzz_decode: FAILED\|ERROR: \|runtime error: /,$$p' $(FUZZ_BUILD)/fuzz.log | head -n 150 | grep . || \
+	  tail -n 60 $(FUZZ_BUILD)/fuzz.log; \
+	  echo "fuzz: FAILED; the input is in $(FUZZ_BUILD)/artifacts/, see tests/fuzz/README.md" >&2; exit 1; }
+	@grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/fuzz.log
+
 # Formatting against .clang-format (Debian 12's clang-format 14; another
 # version may lay out some lines differently).
 format-check: deps
@@ -63,4 +90,4 @@ check: format-check test docs asan
 	@echo "make check: all passed"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
