@@ -5,11 +5,13 @@
 #                the whole test suite
 #   make format  apply .clang-format to the sources format-check covers
 #   make fuzz    fuzz fd_decode for FUZZ_SECONDS (tests/fuzz/README.md)
+#   make tsan    the threaded tests under ThreadSanitizer
 # Options: BUILD=build  CUDA_ARCHS="80-real;90a-real;..."  (default: all supported)
-#          FUZZ_SECONDS=60
+#          FUZZ_SECONDS=60  TSAN_TESTS=<ctest -R regex>
 BUILD ?= build
 CUDA_ARCHS ?=
 ASAN_BUILD ?= $(BUILD)-asan
+TSAN_BUILD ?= $(BUILD)-tsan
 FUZZ_BUILD ?= $(BUILD)-fuzz
 FUZZ_SECONDS ?= 60
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
@@ -23,7 +25,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests \
   2>/dev/null || find src include tests -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
-.PHONY: deps configure build demo check test asan fuzz docs format format-check clean
+.PHONY: deps configure build demo check test asan tsan fuzz docs format format-check clean
 
 deps:
 	@tests/tools/install-deps.sh
@@ -50,6 +52,21 @@ asan: deps
 	cmake --build $(ASAN_BUILD) --parallel
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L unit
+
+# The unit tests that run threads, under ThreadSanitizer (CPU backend,
+# Debug). Every unit test passes under TSan, but test_cpu_numerics takes
+# minutes there: `make tsan TSAN_TESTS=.` runs them all. (A TSan "unexpected
+# memory mapping" abort means a kernel with more mmap randomisation than
+# this TSan knows: sysctl vm.mmap_rnd_bits=28.)
+TSAN_TESTS ?= ^(test_concurrency|test_thread_pool|test_api)$$
+tsan: deps
+	@test -f $(TSAN_BUILD)/CMakeCache.txt || cmake -S . -B $(TSAN_BUILD) $(GENERATOR) \
+	  -DCMAKE_BUILD_TYPE=Debug -DFLASHDECODE_CUDA=OFF \
+	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_CXX_FLAGS=-fsanitize=thread \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread
+	cmake --build $(TSAN_BUILD) --parallel
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -L unit -R '$(TSAN_TESTS)'
 
 # libFuzzer on fd_decode, fd_workspace_size and fd_describe_plan (CPU
 # backend; tests/fuzz/README.md): the library and the harness built by clang
@@ -90,4 +107,4 @@ check: format-check test docs asan
 	@echo "make check: all passed"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
