@@ -2,7 +2,7 @@
 # The two commands of the README, as make targets:
 #   make demo    install what is missing, build, run the flashdecode demo
 #   make check   install what is missing, check the formatting, build, run
-#                the whole test suite
+#                the whole test suite (with the ASan, TSan and fuzz runs below)
 #   make format  apply .clang-format to the sources format-check covers
 #   make fuzz    fuzz fd_decode for FUZZ_SECONDS (tests/fuzz/README.md)
 #   make tsan    the threaded tests under ThreadSanitizer
@@ -103,7 +103,7 @@ format:
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
 # format-check first, so that a formatting slip fails before the long build.
-check: format-check test docs asan
+check: format-check test docs asan tsan fuzz
 	@echo "make check: all passed"
 
 clean:
