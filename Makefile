@@ -2,12 +2,18 @@
 # The two commands of the README, as make targets:
 #   make demo    install what is missing, build, run the flashdecode demo
 #   make check   install what is missing, check the formatting, build, run
-#                the whole test suite
+#                the whole test suite (with the ASan, TSan and fuzz runs below)
 #   make format  apply .clang-format to the sources format-check covers
+#   make fuzz    fuzz fd_decode for FUZZ_SECONDS (tests/fuzz/README.md)
+#   make tsan    the threaded tests under ThreadSanitizer
 # Options: BUILD=build  CUDA_ARCHS="80-real;90a-real;..."  (default: all supported)
+#          FUZZ_SECONDS=60  TSAN_TESTS=<ctest -R regex>
 BUILD ?= build
 CUDA_ARCHS ?=
 ASAN_BUILD ?= $(BUILD)-asan
+TSAN_BUILD ?= $(BUILD)-tsan
+FUZZ_BUILD ?= $(BUILD)-fuzz
+FUZZ_SECONDS ?= 60
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CUDA_FLAGS := $(if $(CUDA_ARCHS),-DFLASHDECODE_CUDA_ARCHS="$(CUDA_ARCHS)",)
 export PATH := $(PATH):/usr/local/cuda/bin
@@ -19,7 +25,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests \
   2>/dev/null || find src include tests -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
-.PHONY: deps configure build demo check test asan docs format format-check clean
+.PHONY: deps configure build demo check test asan tsan fuzz docs format format-check clean
 
 deps:
 	@tests/tools/install-deps.sh
@@ -47,6 +53,44 @@ asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -L unit
 
+# The unit tests that run threads, under ThreadSanitizer (CPU backend,
+# Debug). Every unit test passes under TSan, but test_cpu_numerics takes
+# minutes there: `make tsan TSAN_TESTS=.` runs them all. (A TSan "unexpected
+# memory mapping" abort means a kernel with more mmap randomisation than
+# this TSan knows: sysctl vm.mmap_rnd_bits=28.)
+TSAN_TESTS ?= ^(test_concurrency|test_thread_pool|test_api)$$
+tsan: deps
+	@test -f $(TSAN_BUILD)/CMakeCache.txt || cmake -S . -B $(TSAN_BUILD) $(GENERATOR) \
+	  -DCMAKE_BUILD_TYPE=Debug -DFLASHDECODE_CUDA=OFF \
+	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_CXX_FLAGS=-fsanitize=thread \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread
+	cmake --build $(TSAN_BUILD) --parallel
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -L unit -R '$(TSAN_TESTS)'
+
+# libFuzzer on fd_decode, fd_workspace_size and fd_describe_plan (CPU
+# backend; tests/fuzz/README.md): the library and the harness built by clang
+# with ASan, UBSan and coverage (comparison tracing off: it halves the
+# speed), from the checked-in seeds; new inputs go to $(FUZZ_BUILD)/corpus,
+# a failing one to $(FUZZ_BUILD)/artifacts/. `make fuzz FUZZ_SECONDS=3600`
+# for a long run.
+FUZZ_CFLAGS := -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp
+fuzz: deps
+	@test -f $(FUZZ_BUILD)/CMakeCache.txt || CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) $(GENERATOR) \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHDECODE_CUDA=OFF -DFLASHDECODE_TESTS=OFF \
+	  -DFLASHDECODE_SANITIZE=ON -DFLASHDECODE_FUZZ=ON \
+	  "-DCMAKE_C_FLAGS=$(FUZZ_CFLAGS)" "-DCMAKE_CXX_FLAGS=$(FUZZ_CFLAGS)"
+	cmake --build $(FUZZ_BUILD) --parallel --target fuzz_decode
+	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/artifacts
+	@echo "fuzz: $(FUZZ_SECONDS) s of fuzz_decode; log in $(FUZZ_BUILD)/fuzz.log"
+	@UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=512 -timeout=60 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/ \
+	  $(FUZZ_BUILD)/corpus tests/fuzz/corpus >$(FUZZ_BUILD)/fuzz.log 2>&1 || { \
+	  sed -n '/fuzz_decode: FAILED\|ERROR: \|runtime error: /,$$p' $(FUZZ_BUILD)/fuzz.log | head -n 150 | grep . || \
+	  tail -n 60 $(FUZZ_BUILD)/fuzz.log; \
+	  echo "fuzz: FAILED; the input is in $(FUZZ_BUILD)/artifacts/, see tests/fuzz/README.md" >&2; exit 1; }
+	@grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/fuzz.log
+
 # Formatting against .clang-format (Debian 12's clang-format 14; another
 # version may lay out some lines differently).
 format-check: deps
@@ -59,8 +103,8 @@ format:
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
 # format-check first, so that a formatting slip fails before the long build.
-check: format-check test docs asan
+check: format-check test docs asan tsan fuzz
 	@echo "make check: all passed"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -141,7 +141,7 @@ void fdt_poison_outputs(fdt_problem *p) {
 
 /* The float64 reference, by flashdecode.h's rules for non-finite scores:
  * NaN or +inf anywhere in a row makes it NaN; -inf masks a key. */
-static void reference(fdt_problem *p) {
+void fdt_reference(fdt_problem *p) {
   const fdt_case *c = &p->c;
   const int64_t D = c->head_dim, group = c->q_heads / c->kv_heads;
   const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
@@ -341,7 +341,7 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   }
   p->args.softmax_scale = c->softmax_scale;
   p->args.num_splits = c->num_splits;
-  reference(p);
+  fdt_reference(p);
   return 0;
 }
 
@@ -513,7 +513,7 @@ int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special spec
     }
     default: return -1;
   }
-  reference(p);
+  fdt_reference(p);
   return 0;
 }
 

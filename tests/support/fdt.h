@@ -84,6 +84,12 @@ typedef struct fdt_problem {
 int fdt_problem_make(fdt_problem *p, const fdt_case *c);
 void fdt_problem_free(fdt_problem *p);
 
+/* Computes expect_out and expect_lse in float64 from the logical tensors
+ * alone (non-finite scores as below): reads c.batch, c.q_heads, c.kv_heads,
+ * c.head_dim, c.kv_len, c.softmax_scale, ref_q, ref_k, ref_v and lens (see
+ * fdt_problem). For callers that lay out storage of their own (tests/fuzz). */
+void fdt_reference(fdt_problem *p);
+
 /* Fills out and lse with NaN bit patterns (every element "unwritten"). */
 void fdt_poison_outputs(fdt_problem *p);
 

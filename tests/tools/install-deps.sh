@@ -27,6 +27,9 @@ have_cmd clang-format || need+=(clang-format)
 have_cmd nm || need+=(binutils)
 have_cmd abidiff || need+=(abigail-tools)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
+# `make fuzz`: clang, and libFuzzer with the sanitizer runtimes (only recommended by clang).
+have_cmd clang || need+=(clang)
+ls "$(clang -print-runtime-dir 2>/dev/null)"/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-dev)
 pip_need=()
 pipx_need=()
 if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then

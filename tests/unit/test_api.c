@@ -24,6 +24,11 @@
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 #endif
+#if defined(__SANITIZE_THREAD__)
+/* Likewise ThreadSanitizer (make tsan). */
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
 
 /* ---- fixtures ------------------------------------------------------------ */
 typedef struct fixture {

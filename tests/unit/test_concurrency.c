@@ -2,8 +2,10 @@
 /* Handles used from several threads at once, on the CPU backend: threads that
  * create, decode on and destroy their own handles; calls racing fd_destroy
  * of their handle (each must succeed or report FD_ERROR_INVALID_HANDLE, never
- * crash); one handle shared by several threads, each with its own outputs.
- * Every successful decode is checked against the float64 reference of fdt on
+ * crash); one handle shared by several threads, each with its own outputs;
+ * one handle answering read-only queries (fd_workspace_size,
+ * fd_describe_plan, fd_get_backend) from several threads at once, each
+ * thread keeping its own error message. Every successful decode is checked against the float64 reference of fdt on
  * random data.
  *
  * Worker threads never call cmocka's assertions (a failure longjmps into the
@@ -400,13 +402,101 @@ static void test_shared_handle_two_workers(void **state) {
   run_shared_handle(2);
 }
 
+/* ---- read-only queries on one shared handle ----------------------------------- */
+/* Several threads ask one handle, at the same time and nothing else, for
+ * workspace sizes, plans and its backend: each answer must be the one the
+ * handle gave for that problem alone. Each thread also makes a call that
+ * fails with a value of its own, and must read back its own message (the
+ * detailed message is thread-local). */
+enum { QUERY_THREADS = 4, QUERY_ROUNDS = 200 };
+
+typedef struct querier {
+  fd_handle *handle;
+  int id;
+  fdt_problem problem;
+  size_t expected_bytes;
+  fd_plan_info expected_plan;
+} querier;
+
+static void *query_thread(void *arg) {
+  querier *q = arg;
+  fd_decode_args bad = q->problem.args;
+  bad.num_splits = -(q->id + 1);
+  char expected_message[64];
+  snprintf(expected_message, sizeof expected_message, "got %d", (int)bad.num_splits);
+  for (int round = 0; round < QUERY_ROUNDS; ++round) {
+    size_t bytes = 0;
+    fd_status status = fd_workspace_size(q->handle, &q->problem.args, &bytes);
+    if (status != FD_SUCCESS || bytes != q->expected_bytes) {
+      record_failure("thread %d: fd_workspace_size returned %s, %zu bytes, expected %zu", q->id,
+                     fd_status_string(status), bytes, q->expected_bytes);
+    }
+    fd_plan_info info;
+    fd_plan_info_init(&info, sizeof info);
+    status = fd_describe_plan(q->handle, &q->problem.args, &info);
+    const fd_plan_info *want = &q->expected_plan;
+    if (status != FD_SUCCESS || info.backend != want->backend || info.num_splits != want->num_splits ||
+        info.split_tokens != want->split_tokens || info.workspace_bytes != want->workspace_bytes ||
+        strcmp(info.kernel, want->kernel) != 0 || info.merge != want->merge || info.launches != want->launches ||
+        info.blocks != want->blocks) {
+      record_failure("thread %d: fd_describe_plan returned %s and a plan other than the one described alone", q->id,
+                     fd_status_string(status));
+    }
+    fd_backend backend = FD_BACKEND_AUTO;
+    status = fd_get_backend(q->handle, &backend);
+    if (status != FD_SUCCESS || backend != FD_BACKEND_CPU) {
+      record_failure("thread %d: fd_get_backend returned %s, backend %d", q->id, fd_status_string(status),
+                     (int)backend);
+    }
+    status = fd_workspace_size(q->handle, &bad, &bytes);
+    char message[256];
+    fd_last_error_message(message, sizeof message);
+    if (status != FD_ERROR_INVALID_SPLITS || strstr(message, expected_message) == NULL) {
+      record_failure("thread %d: num_splits %d gave %s, message \"%s\" (another thread's?)", q->id, (int)bad.num_splits,
+                     fd_status_string(status), message);
+    }
+  }
+  return NULL;
+}
+
+static void test_shared_handle_read_only_queries(void **state) {
+  (void)state;
+  reset_failures();
+  fd_handle *handle = create_cpu_handle(2);
+  assert_non_null(handle);
+  querier queriers[QUERY_THREADS];
+  for (int t = 0; t < QUERY_THREADS; ++t) {
+    querier *q = &queriers[t];
+    q->handle = handle;
+    q->id = t;
+    assert_int_equal(make_problem(&q->problem, t, 1300u + (uint64_t)t), 0);
+    q->problem.args.num_splits = 0; /* the planner's choice: the same on every call */
+    assert_int_equal(fd_workspace_size(handle, &q->problem.args, &q->expected_bytes), FD_SUCCESS);
+    fd_plan_info_init(&q->expected_plan, sizeof q->expected_plan);
+    assert_int_equal(fd_describe_plan(handle, &q->problem.args, &q->expected_plan), FD_SUCCESS);
+    assert_int_equal(q->expected_plan.workspace_bytes, q->expected_bytes);
+  }
+  pthread_t threads[QUERY_THREADS];
+  for (int t = 0; t < QUERY_THREADS; ++t) {
+    assert_int_equal(pthread_create(&threads[t], NULL, query_thread, &queriers[t]), 0);
+  }
+  for (int t = 0; t < QUERY_THREADS; ++t) pthread_join(threads[t], NULL);
+  assert_no_failures();
+  /* The queries left the handle as it was: each problem still decodes right. */
+  for (int t = 0; t < QUERY_THREADS; ++t) {
+    assert_int_equal(decode_checked(handle, &queriers[t].problem, NULL, "after the queries"), FD_SUCCESS);
+  }
+  assert_no_failures();
+  assert_int_equal(fd_destroy(handle), FD_SUCCESS);
+  for (int t = 0; t < QUERY_THREADS; ++t) fdt_problem_free(&queriers[t].problem);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_threads_with_own_handles),
-      cmocka_unit_test(test_calls_racing_destroy),
-      cmocka_unit_test(test_shared_handle_one_worker),
-      cmocka_unit_test(test_shared_handle_two_workers),
+      cmocka_unit_test(test_threads_with_own_handles),        cmocka_unit_test(test_calls_racing_destroy),
+      cmocka_unit_test(test_shared_handle_one_worker),        cmocka_unit_test(test_shared_handle_two_workers),
+      cmocka_unit_test(test_shared_handle_read_only_queries),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,1118 @@
+// SPDX-License-Identifier: Apache-2.0
+/* libFuzzer harness for fd_decode, fd_workspace_size and fd_describe_plan on
+ * the CPU backend (tests/fuzz/README.md).
+ *
+ * The fuzzer's bytes choose a problem: dtypes, batch, heads, head_dim, a
+ * dense or paged cache, sequence lengths, an LSE output, split count, softmax
+ * scale, non-finite values, and each tensor's layout (dimension order,
+ * padding, broadcast strides, arbitrary strides on extent-1 dimensions).
+ * Every tensor gets a real buffer of exactly the bytes its shape and strides
+ * reach, so that AddressSanitizer sees any access beyond them. About one
+ * input in four then gets exactly one invalid field, with the status it
+ * must produce.
+ *
+ * Checked for every input:
+ * - fd_workspace_size and fd_describe_plan succeed or fail together with the
+ *   same status; on success they agree (bytes, splits, kernel, merge,
+ *   blocks), and a caller workspace of exactly that many bytes is enough for
+ *   fd_decode (one byte less is refused).
+ * - A failing call returns the status the invalid field calls for (never
+ *   FD_ERROR_INTERNAL), sets a message, and writes no output byte and no
+ *   fd_plan_info byte.
+ * - A successful decode writes every output element, no byte between them,
+ *   matches the float64 reference of tests/support within fdt_error_bound
+ *   (LSE within 1e-4, NaN and -inf where it has them; see check_numerics
+ *   for a known bug let through), gives zeros and LSE -inf for empty
+ *   sequences, and, in a quarter of the inputs, repeats bitwise on the same
+ *   handle.
+ * - No input byte changes.
+ * Any violation prints the problem and aborts: libFuzzer saves the input. */
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdt.h"
+#include "flashdecode.h"
+
+/* ---- the fuzzer's bytes ---------------------------------------------------- */
+typedef struct input {
+  const uint8_t *data;
+  size_t size;
+} input;
+
+/* A value in [0, n) (n <= 65536) from the next one or two bytes; 0 once the
+ * bytes run out, so a short input is a small, plain problem. */
+static unsigned take(input *in, unsigned n) {
+  if (n <= 1) return 0;
+  unsigned value = 0;
+  for (unsigned span = 1; span < n && in->size > 0; span <<= 8) {
+    value = (value << 8) | *in->data++;
+    --in->size;
+  }
+  return value % n;
+}
+
+/* ---- failures --------------------------------------------------------------- */
+static char problem_text[4096]; /* what this input decodes to, for failure reports */
+static int verbose = -1;        /* FUZZ_DECODE_VERBOSE: 1 prints every input's problem, 2 also its specials */
+
+__attribute__((noreturn, format(printf, 1, 2))) static void fuzz_fail(const char *format, ...) {
+  char message[1024];
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(message, sizeof message, format, ap);
+  va_end(ap);
+  char last[1024];
+  fd_last_error_message(last, sizeof last);
+  fprintf(stderr, "\nfuzz_decode: FAILED: %s\n  this thread's last error message: %s\n%s\n", message, last,
+          problem_text);
+  abort();
+}
+
+static void describe_tensor(char **cursor, size_t *left, const char *name, const fd_tensor *t) {
+  int dtype;
+  memcpy(&dtype, &t->dtype, sizeof dtype);
+  char dims[2][128] = {"", ""};
+  const int shown = t->ndim >= 1 && t->ndim <= FD_MAX_DIMS ? t->ndim : FD_MAX_DIMS;
+  for (int d = 0; d < shown; ++d) {
+    const size_t used[2] = {strlen(dims[0]), strlen(dims[1])};
+    snprintf(dims[0] + used[0], sizeof dims[0] - used[0], "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    snprintf(dims[1] + used[1], sizeof dims[1] - used[1], "%s%lld", d ? "," : "", (long long)t->strides[d]);
+  }
+  int n = snprintf(*cursor, *left, "  %-11s data=%p dtype=%d ndim=%d shape={%s} strides={%s}\n", name, t->data, dtype,
+                   (int)t->ndim, dims[0], dims[1]);
+  if (n < 0 || (size_t)n >= *left) n = (int)*left - 1;
+  *cursor += n;
+  *left -= (size_t)n;
+}
+
+/* ---- buffers of exactly the bytes a tensor reaches ---------------------------- */
+typedef struct buffer {
+  unsigned char *bytes; /* malloc'd, exactly `size` bytes (0 allowed: any access is reported) */
+  size_t size;
+  size_t element;
+  int64_t elements;
+} buffer;
+
+static void buffer_alloc(buffer *b, int64_t elements, size_t element, unsigned char fill) {
+  b->elements = elements;
+  b->element = element;
+  b->size = (size_t)elements * element;
+  b->bytes = malloc(b->size);
+  if (b->bytes == NULL && b->size != 0) fuzz_fail("out of memory (%zu bytes)", b->size);
+  if (b->size) memset(b->bytes, fill, b->size);
+}
+
+static unsigned char *buffer_copy(const buffer *b) {
+  unsigned char *copy = malloc(b->size ? b->size : 1);
+  if (copy == NULL) fuzz_fail("out of memory");
+  if (b->size) memcpy(copy, b->bytes, b->size);
+  return copy;
+}
+
+static int all_bytes(const unsigned char *bytes, size_t size, unsigned char value) {
+  for (size_t i = 0; i < size; ++i)
+    if (bytes[i] != value) return 0;
+  return 1;
+}
+
+/* Chooses strides for a tensor of extents `shape`: the dimensions in a random
+ * order (head_dim innermost with stride 1 when `contiguous_last`), padding
+ * between them, a dimension broadcast (stride 0) when `may_broadcast`, and
+ * arbitrary strides, huge ones included, on extent-1 dimensions (never
+ * multiplied by a non-zero index). Returns the elements a buffer needs: one
+ * past the furthest element, 0 for an empty tensor. */
+static int64_t lay_out(input *in, int ndim, const int64_t *shape, int64_t *strides, int contiguous_last,
+                       int may_broadcast) {
+  const unsigned style = take(in, 4); /* 0 natural order, 1 shuffled, 2 + padding, 3 + broadcast */
+  int order[FD_MAX_DIMS];
+  const int outer = contiguous_last ? ndim - 1 : ndim;
+  for (int i = 0; i < outer; ++i) order[i] = outer - 1 - i; /* innermost first */
+  if (style >= 1) {
+    for (int i = outer - 1; i > 0; --i) {
+      const int j = (int)take(in, (unsigned)i + 1);
+      const int t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+  }
+  int64_t running = 1;
+  if (contiguous_last) {
+    strides[ndim - 1] = 1;
+    running = (shape[ndim - 1] > 0 ? shape[ndim - 1] : 1) + (style >= 2 ? take(in, 4) : 0);
+  }
+  for (int i = 0; i < outer; ++i) {
+    const int d = order[i];
+    strides[d] = running;
+    running = running * (shape[d] > 0 ? shape[d] : 1) + (style >= 2 ? take(in, 3) : 0);
+  }
+  if (style == 3 && may_broadcast && outer > 0) strides[order[take(in, (unsigned)outer)]] = 0;
+  if (style >= 1) {
+    static const int64_t odd[] = {0, 1, 7, 4096, INT64_MAX};
+    for (int d = 0; d < ndim; ++d)
+      if (shape[d] == 1 && take(in, 3) == 0) strides[d] = odd[take(in, 5)];
+  }
+  int64_t furthest = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) return 0;
+    furthest += (shape[d] - 1) * strides[d];
+  }
+  return furthest + 1;
+}
+
+static fd_tensor tensor_of(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides) {
+  fd_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = strides[d];
+  }
+  return t;
+}
+
+static int64_t at(const fd_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+  return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3];
+}
+
+/* ---- invalid fields ------------------------------------------------------------ */
+/* When a call must fail, and how. */
+typedef enum stage {
+  VALID = 0,    /* every call succeeds */
+  ARGS = 1,     /* fd_workspace_size, fd_describe_plan and fd_decode fail with `expect` */
+  CONTENTS = 2, /* only fd_decode fails (seq_lens or block_table values) */
+} stage;
+
+enum {
+  MUT_NULL_DATA,
+  MUT_UNKNOWN_DTYPE,
+  MUT_WRONG_DTYPE,
+  MUT_MISALIGNED,
+  MUT_NDIM,
+  MUT_NEGATIVE_SHAPE,
+  MUT_NEGATIVE_STRIDE,
+  MUT_HEAD_DIM_STRIDE,
+  MUT_OFFSET_OVERFLOW,
+  MUT_HEAD_DIM,
+  MUT_HEAD_COUNT,
+  MUT_Q_LEN,
+  MUT_EXTENT,
+  MUT_OUTPUT_OVERLAP,
+  MUT_LSE_IN_OUT,
+  MUT_SCALE,
+  MUT_SPLITS,
+  MUT_STRUCT_SIZE,
+  MUT_NEWER_FIELD,
+  MUT_PAGE_SIZE,
+  MUT_CAPACITY,
+  MUT_BATCH,
+  MUT_SEQ_LEN,
+  MUT_BLOCK_TABLE,
+  MUT_COUNT
+};
+
+/* ---- one input ----------------------------------------------------------------- */
+typedef struct fuzz_case {
+  /* The problem, as generated. */
+  fd_dtype dtype, out_dtype;
+  int64_t batch, q_heads, kv_heads, head_dim, capacity, page_size, max_pages, num_pages;
+  int paged, with_lens, with_lse;
+  buffer q, k, v, out, lse, seq_lens, block_table;
+  int64_t *lens; /* [batch], as stored (read back) */
+  /* The call. */
+  union {
+    fd_decode_args args;
+    unsigned char raw[sizeof(fd_decode_args) + 32]; /* a newer caller's longer struct */
+  } call;
+  stage stage;
+  fd_status expect;
+  const char *mutation;
+} fuzz_case;
+
+static void free_case(fuzz_case *c) {
+  free(c->q.bytes);
+  free(c->k.bytes);
+  free(c->v.bytes);
+  free(c->out.bytes);
+  free(c->lse.bytes);
+  free(c->seq_lens.bytes);
+  free(c->block_table.bytes);
+  free(c->lens);
+}
+
+/* Element offset of token j of sequence b, KV head g, element d in k or v
+ * (t), through the block table of a paged cache. */
+static int64_t kv_at(const fuzz_case *c, const fd_tensor *t, int64_t b, int64_t j, int64_t g, int64_t d) {
+  if (!c->paged) return at(t, b, j, g, d);
+  const int64_t page =
+      (int64_t)fdt_load(FD_DTYPE_I32, c->block_table.bytes, at(&c->call.args.block_table, b, j / c->page_size, 0, 0));
+  return at(t, page, j % c->page_size, g, d);
+}
+
+static void add_specials(input *in, fuzz_case *c, fdt_rng *rng);
+
+/* Draws the valid problem, with real data in exactly sized buffers. */
+static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
+  static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  static const int64_t head_dims[] = {16, 32, 40, 64, 128, 256, 3, 8};
+  c->dtype = dtypes[take(in, 3)];
+  c->out_dtype = take(in, 3) == 0 ? FD_DTYPE_F32 : c->dtype;
+  const unsigned batch = take(in, 6); /* 1 once the bytes run out */
+  c->batch = batch == 5 ? 0 : 1 + batch;
+  c->kv_heads = 1 + take(in, 4);
+  c->q_heads = c->kv_heads * (1 + take(in, 4));
+  c->head_dim = take(in, 2) ? 1 + take(in, 16) : head_dims[take(in, 8)];
+  c->paged = take(in, 3) == 0;
+  c->with_lens = take(in, 2);
+  c->with_lse = take(in, 3) != 0;
+  /* Bounded work (the reference is naive): batch x q_heads x capacity x head_dim. */
+  const int64_t budget = 1 << 13, per_token = (c->batch > 0 ? c->batch : 1) * c->q_heads * c->head_dim;
+  int64_t most = budget / per_token;
+  if (c->paged) {
+    static const int64_t page_sizes[] = {1, 2, 3, 4, 7, 8, 16, 64};
+    c->page_size = page_sizes[take(in, 8)];
+    const unsigned pages = take(in, 7);
+    c->max_pages = pages == 6 ? 0 : 1 + pages;
+    while (c->max_pages > 0 && c->max_pages * c->page_size > most) --c->max_pages;
+    c->capacity = c->max_pages * c->page_size;
+    /* Fewer pages than slots share pages between sequences; more leave spare ones. */
+    c->num_pages = c->capacity > 0 ? 1 + take(in, (unsigned)(c->batch * c->max_pages + 3)) : take(in, 3);
+  } else {
+    const unsigned capacity = take(in, 6);
+    c->capacity = capacity == 5 ? take(in, 600) : capacity == 4 ? 0 : 1 + take(in, 70);
+    if (c->capacity > most) c->capacity = most;
+  }
+  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, N = c->capacity;
+  const size_t es = fdt_dtype_size(c->dtype);
+  fd_decode_args_init(&c->call.args, sizeof c->call.args);
+  fd_decode_args *a = &c->call.args;
+
+  int64_t shape[4], strides[4];
+  /* q, out: [batch, 1, q_heads, head_dim]. */
+  const int64_t q_shape[4] = {B, 1, Hq, D};
+  buffer_alloc(&c->q, lay_out(in, 4, q_shape, strides, 1, 1), es, 0xff);
+  a->q = tensor_of(c->q.bytes, c->dtype, 4, q_shape, strides);
+  buffer_alloc(&c->out, lay_out(in, 4, q_shape, strides, 1, 0), fdt_dtype_size(c->out_dtype), 0xff);
+  a->out = tensor_of(c->out.bytes, c->out_dtype, 4, q_shape, strides);
+  if (c->with_lse) {
+    const int64_t lse_shape[3] = {B, 1, Hq};
+    buffer_alloc(&c->lse, lay_out(in, 3, lse_shape, strides, 0, 0), sizeof(float), 0xff);
+    a->lse = tensor_of(c->lse.bytes, FD_DTYPE_F32, 3, lse_shape, strides);
+  }
+  /* k, v: dense [batch, capacity, kv_heads, head_dim] or the page pool; each
+   * with a layout of its own. */
+  shape[0] = c->paged ? c->num_pages : B;
+  shape[1] = c->paged ? c->page_size : N;
+  shape[2] = Hkv;
+  shape[3] = D;
+  buffer_alloc(&c->k, lay_out(in, 4, shape, strides, 1, 1), es, 0xff);
+  a->k = tensor_of(c->k.bytes, c->dtype, 4, shape, strides);
+  buffer_alloc(&c->v, lay_out(in, 4, shape, strides, 1, 1), es, 0xff);
+  a->v = tensor_of(c->v.bytes, c->dtype, 4, shape, strides);
+
+  /* Sequence lengths: written, then read back (a broadcast stride shares one
+   * value between sequences). */
+  c->lens = calloc((size_t)(B > 0 ? B : 1), sizeof *c->lens);
+  if (c->lens == NULL) fuzz_fail("out of memory");
+  for (int64_t b = 0; b < B; ++b) c->lens[b] = N;
+  if (c->with_lens) {
+    const int64_t lens_shape[1] = {B};
+    buffer_alloc(&c->seq_lens, lay_out(in, 1, lens_shape, strides, 0, 1), sizeof(int32_t), 0xff);
+    a->seq_lens = tensor_of(c->seq_lens.bytes, FD_DTYPE_I32, 1, lens_shape, strides);
+    for (int64_t b = 0; b < B; ++b) {
+      const unsigned pick = take(in, 4);
+      const int64_t len = pick == 2 ? 0 : pick == 3 ? N : fdt_int(rng, 0, N); /* empty and full ones too */
+      fdt_store(FD_DTYPE_I32, c->seq_lens.bytes, b * strides[0], (double)len);
+    }
+    for (int64_t b = 0; b < B; ++b) c->lens[b] = (int64_t)fdt_load(FD_DTYPE_I32, c->seq_lens.bytes, b * strides[0]);
+  }
+  /* Block table: junk everywhere (never read past a sequence's pages), then
+   * pages for the slots each sequence uses. */
+  if (c->paged) {
+    const int64_t table_shape[2] = {B, c->max_pages};
+    buffer_alloc(&c->block_table, lay_out(in, 2, table_shape, strides, 0, 1), sizeof(int32_t), 0xff);
+    a->block_table = tensor_of(c->block_table.bytes, FD_DTYPE_I32, 2, table_shape, strides);
+    static const int32_t junk[] = {-1, INT32_MIN, INT32_MAX, 0};
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < c->max_pages; ++j)
+        fdt_store(FD_DTYPE_I32, c->block_table.bytes, at(&a->block_table, b, j, 0, 0),
+                  j == 0 ? (double)c->num_pages : (double)junk[take(in, 4)]);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j * c->page_size < c->lens[b]; ++j)
+        fdt_store(FD_DTYPE_I32, c->block_table.bytes, at(&a->block_table, b, j, 0, 0),
+                  (double)fdt_int(rng, 0, c->num_pages - 1));
+  }
+  /* Data: every element a valid token reaches gets a random value; the rest
+   * of every buffer stays NaN, so reading it shows in the result. */
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t d = 0; d < D; ++d)
+        fdt_store(c->dtype, c->q.bytes, at(&a->q, b, 0, h, d), fdt_uniform(rng, -2.0, 2.0));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < c->lens[b]; ++j)
+      for (int64_t g = 0; g < Hkv; ++g)
+        for (int64_t d = 0; d < D; ++d) {
+          fdt_store(c->dtype, c->k.bytes, kv_at(c, &a->k, b, j, g, d), fdt_uniform(rng, -2.0, 2.0));
+          fdt_store(c->dtype, c->v.bytes, kv_at(c, &a->v, b, j, g, d), fdt_uniform(rng, -1.0, 1.0));
+        }
+
+  /* Scale: the default, or a moderate one of either sign (scores stay in the
+   * range where float32 scoring meets the f32 bound). */
+  switch (take(in, 4)) {
+    case 0:
+    case 1: a->softmax_scale = 0.0; break;
+    case 2: a->softmax_scale = fdt_uniform(rng, 0.05, 2.0) / sqrt((double)D); break;
+    default: a->softmax_scale = -fdt_uniform(rng, 0.05, 2.0) / sqrt((double)D); break;
+  }
+  switch (take(in, 4)) {
+    case 0:
+    case 1: a->num_splits = 0; break;
+    case 2: a->num_splits = (int32_t)(1 + take(in, 8)); break;
+    default: a->num_splits = (int32_t)(1 + take(in, FD_MAX_SPLITS)); break;
+  }
+  /* Every split, empty or not, costs a partial state per row: bounded too. */
+  const int64_t most_splits = (budget << 2) / ((B > 0 ? B : 1) * Hq * D);
+  if (a->num_splits > 8 && a->num_splits > most_splits) a->num_splits = (int32_t)(most_splits > 8 ? most_splits : 8);
+  if (take(in, 4) == 3) add_specials(in, c, rng);
+  /* struct_size: this header's, an older caller's (no trailing padding), or a
+   * newer caller's longer struct with zeros (the defaults) past ours. */
+  switch (take(in, 3)) {
+    case 0: break;
+    case 1: a->struct_size = offsetof(fd_decode_args, num_splits) + sizeof a->num_splits; break;
+    default: a->struct_size = sizeof c->call.raw; break;
+  }
+}
+
+/* Non-finite values where valid tokens reach (flashdecode.h, "Non-finite
+ * values"), in one input in four: NaN or an infinity in a q or k element; a
+ * run of keys whose scores one query head sees as -inf (masked) or +inf,
+ * with or without a NaN in v under them; NaN in a v element. The scores'
+ * non-finite parts are exact in float32 and float64 alike, as the values
+ * around them are small. Infinities in v are left out: where a weight
+ * underflows to 0 in float32 but not in float64, 0 * inf (NaN) and w * inf
+ * (inf) differ by rounding, not by the rules. */
+static void add_specials(input *in, fuzz_case *c, fdt_rng *rng) {
+  const fd_decode_args *a = &c->call.args;
+  const double values[3] = {NAN, INFINITY, -INFINITY};
+  const int64_t Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, group = Hq / Hkv;
+  int64_t filled[8], n = 0; /* sequences with tokens */
+  for (int64_t b = 0; b < c->batch && n < 8; ++b)
+    if (c->lens[b] > 0) filled[n++] = b;
+  for (unsigned count = 1 + take(in, 3); count > 0; --count) {
+    const unsigned kind = take(in, 4);
+    if (kind == 0) {
+      if (c->batch == 0) continue;
+      const int64_t b = fdt_int(rng, 0, c->batch - 1), h = fdt_int(rng, 0, Hq - 1), d = fdt_int(rng, 0, D - 1);
+      const double value = values[take(in, 3)];
+      fdt_store(c->dtype, c->q.bytes, at(&a->q, b, 0, h, d), value);
+      if (verbose >= 2)
+        fprintf(stderr, "special: q[%lld][0][%lld][%lld] = %g\n", (long long)b, (long long)h, (long long)d, value);
+      continue;
+    }
+    if (n == 0) continue;
+    const int64_t b = filled[fdt_int(rng, 0, n - 1)], g = fdt_int(rng, 0, Hkv - 1), d = fdt_int(rng, 0, D - 1);
+    const int64_t len = c->lens[b], j = fdt_int(rng, 0, len - 1);
+    if (kind == 1) {
+      const double value = values[take(in, 3)];
+      fdt_store(c->dtype, c->k.bytes, kv_at(c, &a->k, b, j, g, d), value);
+      if (verbose >= 2)
+        fprintf(stderr, "special: k of sequence %lld token %lld head %lld [%lld] = %g\n", (long long)b, (long long)j,
+                (long long)g, (long long)d, value);
+    } else if (kind == 2) {
+      fdt_store(c->dtype, c->v.bytes, kv_at(c, &a->v, b, j, g, d), NAN);
+      if (verbose >= 2)
+        fprintf(stderr, "special: v of sequence %lld token %lld head %lld [%lld] = nan\n", (long long)b, (long long)j,
+                (long long)g, (long long)d);
+    } else {
+      /* Keys j..j+run-1 score -inf (or +inf) for head h of group g: the
+       * sign of the infinity in k element d is that of q * scale there. */
+      const int64_t run = fdt_int(rng, 1, len - j), h = g * group + fdt_int(rng, 0, group - 1);
+      const double qd = fdt_load(c->dtype, c->q.bytes, at(&a->q, b, 0, h, d));
+      const double sign = ((qd < 0) != (a->softmax_scale < 0)) ? -1.0 : 1.0;
+      const double key = (take(in, 4) != 0 ? -sign : sign) * INFINITY;
+      for (int64_t t = j; t < j + run; ++t) fdt_store(c->dtype, c->k.bytes, kv_at(c, &a->k, b, t, g, d), key);
+      if (verbose >= 2)
+        fprintf(stderr,
+                "special: k of sequence %lld tokens %lld-%lld head %lld [%lld] = %g: query head %lld scores %s\n",
+                (long long)b, (long long)j, (long long)(j + run - 1), (long long)g, (long long)d, key, (long long)h,
+                key * sign < 0 ? "-inf" : "+inf");
+      if (take(in, 2)) {
+        const int64_t t = fdt_int(rng, j, j + run - 1), e = fdt_int(rng, 0, D - 1);
+        fdt_store(c->dtype, c->v.bytes, kv_at(c, &a->v, b, t, g, e), NAN);
+        if (verbose >= 2)
+          fprintf(stderr, "special: v of sequence %lld token %lld head %lld [%lld] = nan\n", (long long)b, (long long)t,
+                  (long long)g, (long long)e);
+      }
+    }
+  }
+}
+
+/* The tensors of a call, by index, and their buffers. */
+enum { TENSORS = 7 };
+static const char *const tensor_names[TENSORS] = {"q", "k", "v", "out", "lse", "seq_lens", "block_table"};
+
+static fd_tensor *tensor_at(fd_decode_args *a, int index) {
+  fd_tensor *all[TENSORS] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->seq_lens, &a->block_table};
+  return all[index];
+}
+
+static buffer *buffer_at(fuzz_case *c, int index) {
+  buffer *all[TENSORS] = {&c->q, &c->k, &c->v, &c->out, &c->lse, &c->seq_lens, &c->block_table};
+  return all[index];
+}
+
+/* A present tensor, drawn: q k v out, and lse seq_lens block_table when given. */
+static int pick_tensor(input *in, fuzz_case *c) {
+  int present[TENSORS], n = 0;
+  for (int i = 0; i < TENSORS; ++i)
+    if (tensor_at(&c->call.args, i)->data != NULL) present[n++] = i;
+  return present[take(in, (unsigned)n)];
+}
+
+/* Sets extent d of tensor i. A dimension of extent 1 may have had any
+ * stride: it gets one that keeps the tensor valid but for the extent (1 for
+ * head_dim, else past every element). */
+static void set_extent(fuzz_case *c, int i, int d, int64_t extent) {
+  fd_tensor *t = tensor_at(&c->call.args, i);
+  if (t->shape[d] <= 1) t->strides[d] = (t->ndim == 4 && d == 3) ? 1 : buffer_at(c, i)->elements + 1;
+  t->shape[d] = extent;
+}
+
+static void set_raw_dtype(fd_tensor *t, int raw) { memcpy(&t->dtype, &raw, sizeof raw); }
+
+/* Makes exactly one field invalid; returns 0 if the drawn one does not apply
+ * to this problem (the input then stays valid). */
+static int mutate(input *in, fuzz_case *c, unsigned which) {
+  fd_decode_args *a = &c->call.args;
+  c->stage = ARGS;
+  switch (which) {
+    case MUT_NULL_DATA: {
+      tensor_at(a, (int)take(in, 4))->data = NULL; /* q k v out: required */
+      c->expect = FD_ERROR_NULL_POINTER;
+      c->mutation = "a required tensor's data is NULL";
+      return 1;
+    }
+    case MUT_UNKNOWN_DTYPE: {
+      static const int raw[] = {4, -1, 1000, INT32_MIN};
+      set_raw_dtype(tensor_at(a, pick_tensor(in, c)), raw[take(in, 4)]);
+      c->expect = FD_ERROR_INVALID_DTYPE;
+      c->mutation = "an unknown dtype";
+      return 1;
+    }
+    case MUT_WRONG_DTYPE: {
+      /* A known dtype of the wrong family or size for its role; pointers
+       * from malloc are aligned for any of them. */
+      fd_tensor *t = tensor_at(a, pick_tensor(in, c));
+      const fd_dtype was = t->dtype;
+      if (t == &a->out) {
+        /* Neither q's dtype nor f32. */
+        t->dtype = take(in, 2) ? FD_DTYPE_I32 : c->dtype == FD_DTYPE_F16 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
+      } else if (t == &a->lse || t == &a->seq_lens || t == &a->block_table) {
+        t->dtype = t == &a->lse ? FD_DTYPE_I32 : FD_DTYPE_F32;
+      } else {
+        t->dtype = was == FD_DTYPE_F16 ? FD_DTYPE_BF16 : was == FD_DTYPE_BF16 ? FD_DTYPE_I32 : FD_DTYPE_F16;
+      }
+      c->expect = FD_ERROR_INVALID_DTYPE;
+      c->mutation = "a dtype wrong for its role";
+      return 1;
+    }
+    case MUT_MISALIGNED: {
+      const int i = pick_tensor(in, c);
+      if (buffer_at(c, i)->size == 0) return 0;
+      tensor_at(a, i)->data = buffer_at(c, i)->bytes + 1; /* inside the buffer, off its element size */
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "data not aligned to its elements";
+      return 1;
+    }
+    case MUT_NDIM: {
+      static const int32_t ndims[] = {0, 2, 3, 4, 5, -1};
+      fd_tensor *t = tensor_at(a, pick_tensor(in, c));
+      const int32_t was = t->ndim;
+      t->ndim = ndims[take(in, 6)];
+      if (t->ndim == was) t->ndim = was + 1;
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "a wrong ndim";
+      return 1;
+    }
+    case MUT_NEGATIVE_SHAPE: {
+      fd_tensor *t = tensor_at(a, pick_tensor(in, c));
+      t->shape[take(in, (unsigned)t->ndim)] = take(in, 2) ? -1 : INT64_MIN;
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "a negative extent";
+      return 1;
+    }
+    case MUT_NEGATIVE_STRIDE: {
+      fd_tensor *t = tensor_at(a, pick_tensor(in, c));
+      t->strides[take(in, (unsigned)t->ndim)] = take(in, 2) ? -1 : INT64_MIN;
+      c->expect = FD_ERROR_INVALID_STRIDE;
+      c->mutation = "a negative stride";
+      return 1;
+    }
+    case MUT_HEAD_DIM_STRIDE: {
+      if (c->head_dim < 2) return 0;
+      tensor_at(a, (int)take(in, 4))->strides[3] = take(in, 2) ? 0 : 2; /* q k v out */
+      c->expect = FD_ERROR_INVALID_STRIDE;
+      c->mutation = "head_dim not contiguous";
+      return 1;
+    }
+    case MUT_OFFSET_OVERFLOW: {
+      /* The furthest element beyond 64-bit element offsets. */
+      fd_tensor *t = tensor_at(a, (int)take(in, 4)); /* q k v out */
+      const int d = (int)take(in, 3);
+      if (t->shape[d] < 3) t->shape[d] = 3;
+      t->strides[d] = INT64_MAX / 2 + 1;
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "extents overflow 64-bit offsets";
+      return 1;
+    }
+    case MUT_HEAD_DIM:
+      set_extent(c, 0, 3, take(in, 2) ? 0 : FD_MAX_HEAD_DIM + 1);
+      c->expect = FD_ERROR_INVALID_HEAD_DIM;
+      c->mutation = "head_dim out of range";
+      return 1;
+    case MUT_HEAD_COUNT:
+      switch (take(in, 3)) {
+        case 0:
+          if (c->kv_heads < 2) return 0;
+          a->q.shape[2] += 1; /* not a multiple of kv_heads */
+          break;
+        case 1: set_extent(c, 0, 2, take(in, 2) ? 0 : FD_MAX_HEADS + 1); break;
+        default: {
+          const int64_t heads = take(in, 2) ? 0 : FD_MAX_HEADS + 1;
+          set_extent(c, 1, 2, heads);
+          set_extent(c, 2, 2, heads);
+          break;
+        }
+      }
+      c->expect = FD_ERROR_INVALID_HEAD_COUNT;
+      c->mutation = "a head count out of range or not a multiple";
+      return 1;
+    case MUT_Q_LEN:
+      if (take(in, 2)) {
+        a->q.shape[1] = 0;
+        c->expect = FD_ERROR_INVALID_SHAPE;
+      } else {
+        /* Several query tokens: valid API, unsupported in this version.
+         * The new dimension goes outside every other (no overlap). */
+        a->q.shape[1] = a->out.shape[1] = 2;
+        a->q.strides[1] = c->q.elements;
+        a->out.strides[1] = c->out.elements + 1;
+        /* out's range now reaches past its buffer, maybe over lse's: none. */
+        a->lse.data = NULL;
+        c->expect = FD_ERROR_UNSUPPORTED;
+      }
+      c->mutation = "q_len other than 1";
+      return 1;
+    case MUT_EXTENT: {
+      /* One extent disagrees with the tensor it must match. */
+      switch (take(in, 6)) {
+        case 0: {
+          const int d = (int)take(in, 4);
+          if (d == 3 && take(in, 2)) {
+            set_extent(c, 1, 3, a->k.shape[3] + 1); /* head_dim of k against q */
+          } else {
+            set_extent(c, 2, d, a->v.shape[d] + 1);
+          }
+          break;
+        }
+        case 1: {
+          const int d = (int)take(in, 4);
+          set_extent(c, 3, d, a->out.shape[d] + 1);
+          break;
+        }
+        case 2: {
+          if (!c->with_lse) return 0;
+          const int d = (int)take(in, 3);
+          set_extent(c, 4, d, a->lse.shape[d] + 1);
+          break;
+        }
+        case 3:
+          if (!c->with_lens) return 0;
+          set_extent(c, 5, 0, a->seq_lens.shape[0] + 1);
+          break;
+        case 4:
+          if (!c->paged) return 0;
+          set_extent(c, 6, 0, a->block_table.shape[0] + 1);
+          break;
+        default:
+          if (c->paged) return 0;
+          set_extent(c, 1, 0, a->k.shape[0] + 1); /* dense batch against q */
+          set_extent(c, 2, 0, a->v.shape[0] + 1);
+          break;
+      }
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "an extent disagreeing with another tensor";
+      return 1;
+    }
+    case MUT_OUTPUT_OVERLAP: {
+      /* Two elements of an output at one address: a stride of 0 for batch
+       * or heads, or of 1 next to a contiguous head_dim (out). */
+      if (c->batch == 0) return 0; /* an empty output cannot overlap */
+      fd_tensor *t = c->with_lse && take(in, 2) ? &a->lse : &a->out;
+      int dims[2], n = 0;
+      if (t->shape[0] > 1) dims[n++] = 0;
+      if (t->shape[2] > 1) dims[n++] = 2;
+      if (n == 0) return 0;
+      t->strides[dims[take(in, (unsigned)n)]] = t == &a->out && a->out.shape[3] > 1 && take(in, 2) ? 1 : 0;
+      c->expect = FD_ERROR_INVALID_STRIDE;
+      c->mutation = "an output's elements share memory";
+      return 1;
+    }
+    case MUT_LSE_IN_OUT:
+      if (!c->with_lse || c->batch == 0) return 0;
+      a->lse.data = c->out.bytes; /* aligned to 4: the start of a malloc block */
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "lse shares memory with out";
+      return 1;
+    case MUT_SCALE: {
+      static const double scales[] = {NAN, INFINITY, -INFINITY, 1e39, -1e39, 1e-50, 3e38};
+      a->softmax_scale = scales[take(in, 7)];
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "softmax_scale not finite, or not a usable float";
+      return 1;
+    }
+    case MUT_SPLITS: {
+      static const int32_t splits[] = {-1, FD_MAX_SPLITS + 1, INT32_MIN, INT32_MAX};
+      a->num_splits = splits[take(in, 4)];
+      c->expect = FD_ERROR_INVALID_SPLITS;
+      c->mutation = "num_splits out of range";
+      return 1;
+    }
+    case MUT_STRUCT_SIZE: {
+      const size_t sizes[] = {0, sizeof(size_t), offsetof(fd_decode_args, num_splits) + sizeof(int32_t) - 1, 4097,
+                              SIZE_MAX};
+      a->struct_size = sizes[take(in, 5)];
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "args.struct_size too small or above 4096";
+      return 1;
+    }
+    case MUT_NEWER_FIELD:
+      /* A newer caller's field this library does not know, set. */
+      a->struct_size = sizeof c->call.raw;
+      c->call.raw[sizeof c->call.args + take(in, sizeof c->call.raw - sizeof c->call.args)] =
+          (unsigned char)(1 + take(in, 255));
+      c->expect = FD_ERROR_UNSUPPORTED;
+      c->mutation = "a non-zero byte past fd_decode_args (a newer caller's field)";
+      return 1;
+    case MUT_PAGE_SIZE:
+      if (!c->paged) return 0;
+      if (take(in, 2)) {
+        a->k.shape[1] = a->v.shape[1] = 0;
+      } else {
+        /* max_pages * page_size beyond FD_MAX_KV_LEN. */
+        set_extent(c, 6, 1, FD_MAX_KV_LEN / c->page_size + 1);
+      }
+      c->expect = FD_ERROR_INVALID_LENGTH;
+      c->mutation = "page_size 0, or a paged capacity beyond FD_MAX_KV_LEN";
+      return 1;
+    case MUT_CAPACITY:
+      if (c->paged) return 0;
+      set_extent(c, 1, 1, (int64_t)FD_MAX_KV_LEN + 1);
+      set_extent(c, 2, 1, (int64_t)FD_MAX_KV_LEN + 1);
+      c->expect = FD_ERROR_INVALID_LENGTH;
+      c->mutation = "a dense capacity beyond FD_MAX_KV_LEN";
+      return 1;
+    case MUT_BATCH:
+      set_extent(c, 0, 0, (int64_t)FD_MAX_BATCH + 1);
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "batch beyond FD_MAX_BATCH";
+      return 1;
+    case MUT_SEQ_LEN: {
+      if (!c->with_lens || c->batch == 0) return 0;
+      const int64_t b = take(in, (unsigned)c->batch);
+      fdt_store(FD_DTYPE_I32, c->seq_lens.bytes, b * a->seq_lens.strides[0],
+                take(in, 2) ? -1.0 : (double)(c->capacity + 1 + take(in, 3)));
+      c->stage = CONTENTS;
+      c->expect = FD_ERROR_INVALID_LENGTH;
+      c->mutation = "a sequence length outside [0, capacity]";
+      return 1;
+    }
+    case MUT_BLOCK_TABLE: {
+      if (!c->paged) return 0;
+      int64_t used[64][2];
+      int n = 0;
+      for (int64_t b = 0; b < c->batch; ++b)
+        for (int64_t j = 0; j * c->page_size < c->lens[b] && n < 64; ++j) {
+          used[n][0] = b;
+          used[n++][1] = j;
+        }
+      if (n == 0) return 0;
+      const int i = (int)take(in, (unsigned)n);
+      static const int32_t bad[] = {-1, INT32_MIN, INT32_MAX};
+      const double page = take(in, 2) ? (double)c->num_pages : (double)bad[take(in, 3)];
+      fdt_store(FD_DTYPE_I32, c->block_table.bytes, at(&a->block_table, used[i][0], used[i][1], 0, 0), page);
+      c->stage = CONTENTS;
+      c->expect = FD_ERROR_INVALID_BLOCK_TABLE;
+      c->mutation = "a block table entry outside the page pool";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* ---- the checks ------------------------------------------------------------------- */
+static const char *status_name(fd_status s) { return fd_status_string(s); }
+
+/* The calls that failed must have said why. */
+static void require_message(const char *call) {
+  char message[8];
+  if (fd_last_error_message(message, sizeof message) == 0) fuzz_fail("%s failed without a message", call);
+}
+
+static void check_plan(const fuzz_case *c, const fd_plan_info *info, size_t info_size, size_t bytes) {
+  const fd_decode_args *a = &c->call.args;
+#define HAS(field) (offsetof(fd_plan_info, field) + sizeof info->field <= info_size)
+  if (HAS(backend) && info->backend != FD_BACKEND_CPU) fuzz_fail("plan: backend %d", (int)info->backend);
+  if (HAS(num_splits)) {
+    if (a->num_splits > 0 && info->num_splits != a->num_splits)
+      fuzz_fail("plan: %d splits, %d requested", (int)info->num_splits, (int)a->num_splits);
+    if (info->num_splits < 1 || info->num_splits > FD_MAX_SPLITS) fuzz_fail("plan: %d splits", (int)info->num_splits);
+  }
+  if (HAS(split_tokens)) {
+    const int64_t n = c->capacity;
+    if (info->split_tokens < 1 || info->split_tokens * info->num_splits < n)
+      fuzz_fail("plan: %d splits of %lld tokens do not cover %lld", (int)info->num_splits,
+                (long long)info->split_tokens, (long long)n);
+    if (a->num_splits == 0 && (int64_t)(info->num_splits - 1) * info->split_tokens >= (n > 0 ? n : 1))
+      fuzz_fail("plan: automatic %d splits of %lld tokens leave one empty (capacity %lld)", (int)info->num_splits,
+                (long long)info->split_tokens, (long long)n);
+  }
+  if (HAS(workspace_bytes)) {
+    if (info->workspace_bytes != bytes)
+      fuzz_fail("fd_describe_plan: %zu workspace bytes, fd_workspace_size: %zu", info->workspace_bytes, bytes);
+    const size_t states = (size_t)(c->batch * c->q_heads) * (size_t)info->num_splits;
+    if (bytes < states * (size_t)(2 + c->head_dim) * sizeof(float))
+      fuzz_fail("workspace: %zu bytes cannot hold %zu partial states of head_dim %lld", bytes, states,
+                (long long)c->head_dim);
+  }
+  if (HAS(kernel) && (info->kernel == NULL || strcmp(info->kernel, "cpu") != 0))
+    fuzz_fail("plan: kernel %s", info->kernel ? info->kernel : "(null)");
+  if (HAS(merge) && info->merge != (c->batch == 0 ? FD_MERGE_NONE : FD_MERGE_SEPARATE))
+    fuzz_fail("plan: merge %d for batch %lld", (int)info->merge, (long long)c->batch);
+  if (HAS(launches) && info->launches != 0) fuzz_fail("plan: %d launches on the CPU", (int)info->launches);
+  if (HAS(blocks) && info->blocks != c->batch * c->kv_heads * (c->batch == 0 ? 0 : info->num_splits))
+    fuzz_fail("plan: %lld blocks for batch %lld, %lld KV heads, %d splits", (long long)info->blocks,
+              (long long)c->batch, (long long)c->kv_heads, (int)info->num_splits);
+#undef HAS
+}
+
+/* After a successful decode: every element written, every byte between the
+ * elements untouched. */
+static void check_written(const char *name, const buffer *b, const fd_tensor *t, int ndim) {
+  if (b->size == 0) return;
+  unsigned char *is_element = calloc((size_t)b->elements, 1);
+  if (is_element == NULL) fuzz_fail("out of memory");
+  const int64_t n1 = ndim == 4 ? t->shape[3] : 1;
+  for (int64_t i0 = 0; i0 < t->shape[0]; ++i0)
+    for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
+      for (int64_t i3 = 0; i3 < n1; ++i3) is_element[i0 * t->strides[0] + i2 * t->strides[2] + i3 * t->strides[3]] = 1;
+  for (int64_t e = 0; e < b->elements; ++e) {
+    const int poisoned = all_bytes(b->bytes + (size_t)e * b->element, b->element, 0xff);
+    if (is_element[e] && poisoned) fuzz_fail("%s: element at offset %lld was not written", name, (long long)e);
+    if (!is_element[e] && !poisoned)
+      fuzz_fail("%s: byte outside every element (offset %lld) was written", name, (long long)e);
+  }
+  free(is_element);
+}
+
+/* Whether v element d of token j of sequence b, KV head g is NaN while that
+ * key is masked (scores -inf) for query head h: the case of
+ * tests/fuzz/crashes/README.md, where the CPU backend drops the NaN if every
+ * key before it in its split or 32-token block is masked too. */
+static int only_masked_nan(const fdt_problem *p, int64_t b, int64_t h, int64_t d) {
+  const fdt_case *c = &p->c;
+  const int64_t D = c->head_dim, g = h / (c->q_heads / c->kv_heads);
+  const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
+  int masked_nan = 0;
+  for (int64_t j = 0; j < p->lens[b]; ++j) {
+    const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
+    const double *q = p->ref_q + (b * c->q_heads + h) * D;
+    if (!isnan(p->ref_v[((b * c->kv_len + j) * c->kv_heads + g) * D + d])) continue;
+    double score = 0.0;
+    for (int64_t e = 0; e < D; ++e) score += q[e] * k[e];
+    if (score * scale != -INFINITY) return 0; /* NaN under a key that counts: the row must be NaN */
+    masked_nan = 1;
+  }
+  return masked_nan;
+}
+
+/* Against the float64 reference of tests/support, on the logical tensors
+ * read back from storage. The measure is fdt_check's (norm over the whole
+ * output, fdt_error_bound; LSE within 1e-4; empty sequences give zeros and
+ * -inf), but relative to the norm of sum_j w_j |v_j| / l, the magnitude of
+ * what each output element sums, rather than to the norm of the output:
+ * the fuzzer's outputs are often a single element, whose weighted sum of
+ * values in [-1, 1] can cancel to near zero, and float32 summation error is
+ * bounded relative to the terms, not to their sum. NaN and -inf must be
+ * where the reference has them (flashdecode.h, "Non-finite values"), but
+ * for the known bug of tests/fuzz/crashes/README.md, which is let through
+ * (the element then matches the reference without the masked keys' NaN)
+ * unless FUZZ_DECODE_STRICT=1. */
+static void check_numerics(const fuzz_case *c) {
+  static int strict = -1;
+  if (strict < 0) strict = getenv("FUZZ_DECODE_STRICT") != NULL && atoi(getenv("FUZZ_DECODE_STRICT")) > 0;
+  const fd_decode_args *a = &c->call.args;
+  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, N = c->capacity;
+  fdt_problem p;
+  memset(&p, 0, sizeof p);
+  p.c.batch = B;
+  p.c.q_heads = Hq;
+  p.c.kv_heads = Hkv;
+  p.c.head_dim = D;
+  p.c.kv_len = N;
+  p.c.softmax_scale = a->softmax_scale;
+  p.lens = c->lens;
+  const size_t kv = (size_t)(B * N * Hkv * D) + 1, rows = (size_t)(B * Hq) + 1, outs = rows * (size_t)D;
+  p.ref_q = calloc(outs, sizeof(double));
+  p.ref_k = calloc(kv, sizeof(double));
+  double *v = calloc(kv, sizeof(double)), *expect_out = calloc(outs, sizeof(double));
+  double *expect_lse = calloc(rows, sizeof(double)), *unmasked = calloc(outs, sizeof(double));
+  double *magnitude = calloc(outs, sizeof(double)), *unused_lse = calloc(rows, sizeof(double));
+  if (!p.ref_q || !p.ref_k || !v || !expect_out || !expect_lse || !unmasked || !magnitude || !unused_lse)
+    fuzz_fail("out of memory");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t d = 0; d < D; ++d)
+        p.ref_q[(b * Hq + h) * D + d] = fdt_load(c->dtype, c->q.bytes, at(&a->q, b, 0, h, d));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < c->lens[b]; ++j)
+      for (int64_t g = 0; g < Hkv; ++g)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t i = ((b * N + j) * Hkv + g) * D + d;
+          p.ref_k[i] = fdt_load(c->dtype, c->k.bytes, kv_at(c, &a->k, b, j, g, d));
+          v[i] = fdt_load(c->dtype, c->v.bytes, kv_at(c, &a->v, b, j, g, d));
+        }
+  /* The reference; without v's NaNs (for elements where only masked keys
+   * have them); and the magnitude, from |v| without NaNs. */
+  p.ref_v = v;
+  p.expect_out = expect_out;
+  p.expect_lse = expect_lse;
+  fdt_reference(&p);
+  p.ref_v = calloc(kv, sizeof(double));
+  if (p.ref_v == NULL) fuzz_fail("out of memory");
+  for (size_t i = 0; i < kv; ++i) p.ref_v[i] = isnan(v[i]) ? 0.0 : v[i];
+  p.expect_out = unmasked;
+  p.expect_lse = unused_lse;
+  fdt_reference(&p);
+  for (size_t i = 0; i < kv; ++i) p.ref_v[i] = fabs(p.ref_v[i]);
+  p.expect_out = magnitude;
+  fdt_reference(&p);
+  free(p.ref_v);
+  p.ref_v = v;
+
+  double diff2 = 0.0, magnitude2 = 0.0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t i = (b * Hq + h) * D + d;
+        const double got = fdt_load(c->out_dtype, c->out.bytes, at(&a->out, b, 0, h, d));
+        double want = expect_out[i];
+        if (isnan(want) && !isnan(got) && !isnan(expect_lse[b * Hq + h]) && !strict && only_masked_nan(&p, b, h, d)) {
+          want = unmasked[i]; /* the known bug: checked as the value without the masked keys */
+          if (verbose)
+            fprintf(stderr, "fuzz_decode: known bug: out[%lld][0][%lld][%lld] is %g, not NaN\n", (long long)b,
+                    (long long)h, (long long)d, got);
+        }
+        if (isnan(want) != isnan(got) || (!isnan(want) && !isfinite(got)))
+          fuzz_fail("out[%lld][0][%lld][%lld] is %g, float64 reference %g (flashdecode.h, \"Non-finite values\")",
+                    (long long)b, (long long)h, (long long)d, got, want);
+        if (isnan(want)) continue;
+        if (c->lens[b] == 0 && got != 0.0)
+          fuzz_fail("out[%lld][0][%lld][%lld] is %g for an empty sequence", (long long)b, (long long)h, (long long)d,
+                    got);
+        diff2 += (got - want) * (got - want);
+        magnitude2 += magnitude[i] * magnitude[i];
+      }
+      if (c->with_lse) {
+        const double got = fdt_load(FD_DTYPE_F32, c->lse.bytes, b * a->lse.strides[0] + h * a->lse.strides[2]);
+        const double want = expect_lse[b * Hq + h];
+        if (isnan(want) || isinf(want)) { /* a NaN row; an empty or all-masked one (-inf) */
+          if (isnan(want) != isnan(got) || (isinf(want) && got != want))
+            fuzz_fail("lse[%lld][0][%lld] is %g, float64 reference %g", (long long)b, (long long)h, got, want);
+        } else if (!(fabs(got - want) <= 1e-4)) {
+          fuzz_fail("lse[%lld][0][%lld] is %.9g, float64 reference %.9g", (long long)b, (long long)h, got, want);
+        }
+      }
+    }
+  }
+  const double rel = magnitude2 > 0.0 ? sqrt(diff2 / magnitude2) : sqrt(diff2);
+  const double bound = fdt_error_bound(c->out_dtype);
+  if (!(rel <= bound))
+    fuzz_fail("out: ||out - ref|| / ||sum w|v| / l|| = %.3g, bound %.1g (||out - ref|| = %.3g)", rel, bound,
+              sqrt(diff2));
+  free(p.ref_q);
+  free(p.ref_k);
+  free(v);
+  free(expect_out);
+  free(expect_lse);
+  free(unmasked);
+  free(magnitude);
+  free(unused_lse);
+}
+
+static void describe_case(const fuzz_case *c, unsigned threads, unsigned workspace_mode) {
+  char *cursor = problem_text;
+  size_t left = sizeof problem_text;
+  const fd_decode_args *a = &c->call.args;
+  int n = snprintf(cursor, left,
+                   "  problem: batch=%lld q_heads=%lld kv_heads=%lld head_dim=%lld capacity=%lld %s%s -> %s%s%s "
+                   "page_size=%lld max_pages=%lld num_pages=%lld\n"
+                   "  call: struct_size=%zu softmax_scale=%.17g num_splits=%d threads=%u workspace=%s\n"
+                   "  invalid: %s (expect %s)\n",
+                   (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->head_dim,
+                   (long long)c->capacity, c->paged ? "paged " : "", fdt_dtype_name(c->dtype),
+                   fdt_dtype_name(c->out_dtype), c->with_lens ? " seq_lens" : "", c->with_lse ? " lse" : "",
+                   (long long)c->page_size, (long long)c->max_pages, (long long)c->num_pages, a->struct_size,
+                   a->softmax_scale, (int)a->num_splits, threads,
+                   workspace_mode == 0   ? "library"
+                   : workspace_mode == 1 ? "caller, exact"
+                                         : "caller, 1 byte short",
+                   c->mutation ? c->mutation : "nothing", status_name(c->expect));
+  if (n < 0 || (size_t)n >= left) return;
+  cursor += n;
+  left -= (size_t)n;
+  fd_decode_args copy = *a;
+  for (int i = 0; i < TENSORS; ++i) {
+    const fd_tensor *t = tensor_at(&copy, i);
+    if (t->data || i < 4) describe_tensor(&cursor, &left, tensor_names[i], t);
+  }
+  if (c->with_lens && c->batch > 0) {
+    n = snprintf(cursor, left, "  lens:");
+    for (int64_t b = 0; b < c->batch && n > 0 && (size_t)n < left; ++b) {
+      cursor += n;
+      left -= (size_t)n;
+      n = snprintf(cursor, left, " %lld", (long long)c->lens[b]);
+    }
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (verbose < 0) verbose = getenv("FUZZ_DECODE_VERBOSE") != NULL ? atoi(getenv("FUZZ_DECODE_VERBOSE")) : 0;
+  input in = {data, size};
+  /* Values come from a generator seeded by every byte; structure from the
+   * bytes in order. */
+  uint64_t seed = 1469598103934665603ull;
+  for (size_t i = 0; i < size; ++i) seed = (seed ^ data[i]) * 1099511628211ull;
+  fdt_rng rng = {seed};
+
+  fuzz_case c;
+  memset(&c, 0, sizeof c);
+  const unsigned threads = 1 + take(&in, 3);
+  unsigned workspace_mode = take(&in, 4); /* 0, 1: library-owned; 2: caller, exact; 3: caller, short */
+  workspace_mode = workspace_mode < 2 ? 0 : workspace_mode - 1;
+  const unsigned info_mode = take(&in, 3);
+  const int repeat = take(&in, 4) == 3;
+  /* One input in four gets an invalid field; which one is byte 4 (none once
+   * the bytes run out). */
+  const unsigned draw = take(&in, 4 * MUT_COUNT);
+  make_problem(&in, &c, &rng);
+  c.stage = VALID;
+  c.expect = FD_SUCCESS;
+  if (draw >= 3 * MUT_COUNT && !mutate(&in, &c, draw - 3 * MUT_COUNT)) {
+    c.stage = VALID;
+    c.expect = FD_SUCCESS;
+    c.mutation = NULL;
+  }
+  describe_case(&c, threads, workspace_mode);
+  if (verbose) fprintf(stderr, "fuzz_decode: input of %zu bytes\n%s\n", size, problem_text);
+  const fd_decode_args *args = &c.call.args;
+
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = (int32_t)threads;
+  fd_handle *handle = NULL;
+  if (fd_create(&handle, &options) != FD_SUCCESS) fuzz_fail("fd_create failed");
+
+  /* fd_workspace_size and fd_describe_plan, against each other. */
+  size_t bytes = 0;
+  const fd_status size_status = fd_workspace_size(handle, args, &bytes);
+  union {
+    fd_plan_info info;
+    unsigned char raw[sizeof(fd_plan_info) + 32];
+  } plan;
+  const size_t info_size = info_mode == 0   ? sizeof plan.info
+                           : info_mode == 1 ? offsetof(fd_plan_info, workspace_bytes) + sizeof(size_t) /* older */
+                                            : sizeof plan.raw;                                         /* newer */
+  memset(plan.raw, 0xa5, sizeof plan.raw);
+  fd_plan_info_init(&plan.info, info_size);
+  unsigned char plan_before[sizeof plan.raw];
+  memcpy(plan_before, plan.raw, sizeof plan.raw);
+  const fd_status plan_status = fd_describe_plan(handle, args, &plan.info);
+  const fd_status shape_expect = c.stage == ARGS ? c.expect : FD_SUCCESS;
+  if (size_status != shape_expect)
+    fuzz_fail("fd_workspace_size returned %s, expected %s", status_name(size_status), status_name(shape_expect));
+  if (plan_status != shape_expect)
+    fuzz_fail("fd_describe_plan returned %s, expected %s", status_name(plan_status), status_name(shape_expect));
+  if (plan_status != FD_SUCCESS) {
+    require_message("fd_describe_plan");
+    if (memcmp(plan.raw, plan_before, sizeof plan.raw) != 0) fuzz_fail("a failing fd_describe_plan wrote its info");
+  } else {
+    if (!all_bytes(plan.raw + info_size, sizeof plan.raw - info_size, 0xa5))
+      fuzz_fail("fd_describe_plan wrote past its caller's struct_size %zu", info_size);
+    if (memcmp(plan.raw + sizeof plan.info, plan_before + sizeof plan.info, sizeof plan.raw - sizeof plan.info) != 0)
+      fuzz_fail("fd_describe_plan changed a newer caller's fields past its own struct");
+    check_plan(&c, &plan.info, info_size, bytes);
+  }
+
+  /* The caller's workspace: exactly the bytes fd_workspace_size asked for
+   * (or one fewer), NaN-filled. */
+  void *workspace = NULL;
+  int workspace_short = 0;
+  if (workspace_mode != 0 && size_status == FD_SUCCESS) {
+    workspace_short = workspace_mode == 2 && bytes > 0;
+    const size_t given = bytes - (workspace_short ? 1 : 0);
+    if (posix_memalign(&workspace, 256, given ? given : 1) != 0) fuzz_fail("out of memory");
+    memset(workspace, 0xff, given);
+    if (fd_set_workspace(handle, workspace, given) != FD_SUCCESS) fuzz_fail("fd_set_workspace(%zu bytes)", given);
+  }
+
+  /* The decode, with poisoned outputs and inputs kept to compare. */
+  const buffer *inputs[] = {&c.q, &c.k, &c.v, &c.seq_lens, &c.block_table};
+  unsigned char *kept[5];
+  for (int i = 0; i < 5; ++i) kept[i] = buffer_copy(inputs[i]);
+  fd_status expect = c.expect;
+  if (c.stage == VALID && workspace_short && c.batch > 0) expect = FD_ERROR_WORKSPACE_TOO_SMALL;
+  const fd_status status = fd_decode(handle, args, NULL);
+  if (verbose) fprintf(stderr, "fuzz_decode: fd_decode returned %s\n", status_name(status));
+  if (status != expect) fuzz_fail("fd_decode returned %s, expected %s", status_name(status), status_name(expect));
+  for (int i = 0; i < 5; ++i)
+    if (inputs[i]->size && memcmp(kept[i], inputs[i]->bytes, inputs[i]->size) != 0)
+      fuzz_fail("fd_decode changed an input (tensor %d)", i);
+  if (status != FD_SUCCESS) {
+    require_message("fd_decode");
+    if (!all_bytes(c.out.bytes, c.out.size, 0xff)) fuzz_fail("a failing fd_decode wrote out");
+    if (!all_bytes(c.lse.bytes, c.lse.size, 0xff)) fuzz_fail("a failing fd_decode wrote lse");
+  } else {
+    check_written("out", &c.out, &args->out, 4);
+    if (c.with_lse) check_written("lse", &c.lse, &args->lse, 3);
+    check_numerics(&c);
+  }
+  if (status == FD_SUCCESS && repeat) {
+    /* Again on the same handle (its cached plan): bitwise the same. */
+    unsigned char *first_out = buffer_copy(&c.out), *first_lse = buffer_copy(&c.lse);
+    memset(c.out.bytes, 0xff, c.out.size);
+    if (c.lse.size) memset(c.lse.bytes, 0xff, c.lse.size);
+    const fd_status again = fd_decode(handle, args, NULL);
+    if (again != FD_SUCCESS) fuzz_fail("a second fd_decode returned %s", status_name(again));
+    if ((c.out.size && memcmp(first_out, c.out.bytes, c.out.size) != 0) ||
+        (c.lse.size && memcmp(first_lse, c.lse.bytes, c.lse.size) != 0))
+      fuzz_fail("a second fd_decode on the same handle gave different bits");
+    free(first_out);
+    free(first_lse);
+  }
+  for (int i = 0; i < 5; ++i) free(kept[i]);
+
+  if (fd_destroy(handle) != FD_SUCCESS) fuzz_fail("fd_destroy failed");
+  free(workspace);
+  free_case(&c);
+  return 0;
+}
