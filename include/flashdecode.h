@@ -423,8 +423,10 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * - A score that is NaN or +inf (a NaN in q or k, an infinite q or k
  *   element whose product does not cancel, or an overflow to +inf) makes
  *   that row's output and LSE NaN.
- * - A NaN or infinity in v reaches every row that reads that token, masked
- *   or not (0 * NaN is NaN).
+ * - A NaN or infinity in v reaches every row that gives its token a
+ *   non-zero weight. Under a masked key it may or may not (0 * NaN is NaN
+ *   where a kernel multiplies, and a kernel may skip masked blocks), so the
+ *   result can depend on the plan: masking does not hide non-finite v.
  * Tokens past a sequence's length are never read and cannot affect it.
  *
  * The CPU backend validates seq_lens and block_table contents (host memory).
