@@ -164,19 +164,6 @@ static int64_t lay_out(input *in, int ndim, const int64_t *shape, int64_t *strid
   return furthest + 1;
 }
 
-static fd_tensor tensor_of(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides) {
-  fd_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dtype;
-  t.ndim = ndim;
-  for (int d = 0; d < ndim; ++d) {
-    t.shape[d] = shape[d];
-    t.strides[d] = strides[d];
-  }
-  return t;
-}
-
 static int64_t at(const fd_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
   return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3];
 }
@@ -297,13 +284,13 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
   /* q, out: [batch, 1, q_heads, head_dim]. */
   const int64_t q_shape[4] = {B, 1, Hq, D};
   buffer_alloc(&c->q, lay_out(in, 4, q_shape, strides, 1, 1), es, 0xff);
-  a->q = tensor_of(c->q.bytes, c->dtype, 4, q_shape, strides);
+  a->q = fdt_tensor(c->q.bytes, c->dtype, 4, q_shape, strides);
   buffer_alloc(&c->out, lay_out(in, 4, q_shape, strides, 1, 0), fdt_dtype_size(c->out_dtype), 0xff);
-  a->out = tensor_of(c->out.bytes, c->out_dtype, 4, q_shape, strides);
+  a->out = fdt_tensor(c->out.bytes, c->out_dtype, 4, q_shape, strides);
   if (c->with_lse) {
     const int64_t lse_shape[3] = {B, 1, Hq};
     buffer_alloc(&c->lse, lay_out(in, 3, lse_shape, strides, 0, 0), sizeof(float), 0xff);
-    a->lse = tensor_of(c->lse.bytes, FD_DTYPE_F32, 3, lse_shape, strides);
+    a->lse = fdt_tensor(c->lse.bytes, FD_DTYPE_F32, 3, lse_shape, strides);
   }
   /* k, v: dense [batch, capacity, kv_heads, head_dim] or the page pool; each
    * with a layout of its own. */
@@ -312,9 +299,9 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
   shape[2] = Hkv;
   shape[3] = D;
   buffer_alloc(&c->k, lay_out(in, 4, shape, strides, 1, 1), es, 0xff);
-  a->k = tensor_of(c->k.bytes, c->dtype, 4, shape, strides);
+  a->k = fdt_tensor(c->k.bytes, c->dtype, 4, shape, strides);
   buffer_alloc(&c->v, lay_out(in, 4, shape, strides, 1, 1), es, 0xff);
-  a->v = tensor_of(c->v.bytes, c->dtype, 4, shape, strides);
+  a->v = fdt_tensor(c->v.bytes, c->dtype, 4, shape, strides);
 
   /* Sequence lengths: written, then read back (a broadcast stride shares one
    * value between sequences). */
@@ -324,7 +311,7 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
   if (c->with_lens) {
     const int64_t lens_shape[1] = {B};
     buffer_alloc(&c->seq_lens, lay_out(in, 1, lens_shape, strides, 0, 1), sizeof(int32_t), 0xff);
-    a->seq_lens = tensor_of(c->seq_lens.bytes, FD_DTYPE_I32, 1, lens_shape, strides);
+    a->seq_lens = fdt_tensor(c->seq_lens.bytes, FD_DTYPE_I32, 1, lens_shape, strides);
     for (int64_t b = 0; b < B; ++b) {
       const unsigned pick = take(in, 4);
       const int64_t len = pick == 2 ? 0 : pick == 3 ? N : fdt_int(rng, 0, N); /* empty and full ones too */
@@ -337,7 +324,7 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
   if (c->paged) {
     const int64_t table_shape[2] = {B, c->max_pages};
     buffer_alloc(&c->block_table, lay_out(in, 2, table_shape, strides, 0, 1), sizeof(int32_t), 0xff);
-    a->block_table = tensor_of(c->block_table.bytes, FD_DTYPE_I32, 2, table_shape, strides);
+    a->block_table = fdt_tensor(c->block_table.bytes, FD_DTYPE_I32, 2, table_shape, strides);
     static const int32_t junk[] = {-1, INT32_MIN, INT32_MAX, 0};
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < c->max_pages; ++j)

@@ -113,7 +113,7 @@ double fdt_load(fd_dtype dtype, const void *base, int64_t index) {
 }
 
 /* ---- problems ------------------------------------------------------------- */
-static fd_tensor make_tensor(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides) {
+fd_tensor fdt_tensor(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides) {
   fd_tensor t;
   memset(&t, 0, sizeof t);
   t.data = data;
@@ -316,13 +316,13 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   }
 
   fd_decode_args_init(&p->args, sizeof p->args);
-  p->args.q = make_tensor(p->q, dt, 4, q_shape, q_strides);
-  p->args.out = make_tensor(p->out, c->out_dtype, 4, q_shape, q_strides);
-  p->args.k = make_tensor((char *)p->k + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
-  p->args.v = make_tensor((char *)p->v + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
+  p->args.q = fdt_tensor(p->q, dt, 4, q_shape, q_strides);
+  p->args.out = fdt_tensor(p->out, c->out_dtype, 4, q_shape, q_strides);
+  p->args.k = fdt_tensor((char *)p->k + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
+  p->args.v = fdt_tensor((char *)p->v + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
   if (is_paged(c->layout)) {
     const int64_t bt_shape[2] = {B, max_pages}, bt_strides[2] = {max_pages, 1};
-    p->args.block_table = make_tensor(p->block_table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
+    p->args.block_table = fdt_tensor(p->block_table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
   }
   if (c->ragged) {
     p->seq_lens_bytes = (size_t)B * sizeof(int32_t);
@@ -330,14 +330,14 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     if (!p->seq_lens) return -1;
     for (int64_t b = 0; b < B; ++b) p->seq_lens[b] = (int32_t)p->lens[b];
     const int64_t shape[1] = {B}, strides[1] = {1};
-    p->args.seq_lens = make_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
+    p->args.seq_lens = fdt_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
   }
   if (c->with_lse) {
     p->lse_bytes = (size_t)(B * Hq) * sizeof(float);
     p->lse = alloc_nan(p->lse_bytes);
     if (!p->lse) return -1;
     const int64_t shape[3] = {B, 1, Hq}, strides[3] = {Hq, Hq, 1};
-    p->args.lse = make_tensor(p->lse, FD_DTYPE_F32, 3, shape, strides);
+    p->args.lse = fdt_tensor(p->lse, FD_DTYPE_F32, 3, shape, strides);
   }
   p->args.softmax_scale = c->softmax_scale;
   p->args.num_splits = c->num_splits;

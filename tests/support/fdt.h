@@ -41,6 +41,9 @@ void fdt_store(fd_dtype dtype, void *base, int64_t index, double x);
 double fdt_load(fd_dtype dtype, const void *base, int64_t index);
 
 /* ---- problems ------------------------------------------------------------- */
+/* A tensor descriptor over `data` with the given extents and element strides. */
+fd_tensor fdt_tensor(void *data, fd_dtype dtype, int ndim, const int64_t *shape, const int64_t *strides);
+
 typedef enum fdt_layout {
   FDT_BNHD = 0,        /* [batch, seq, heads, dim], contiguous */
   FDT_BHND = 1,        /* [batch, heads, seq, dim], contiguous */

@@ -1029,7 +1029,7 @@ def _gpu_absence() -> Optional[str]:
     if result == 100:  # CUDA_ERROR_NO_DEVICE
         return "the NVIDIA driver finds no GPU"
     if result == 34:  # CUDA_ERROR_STUB_LIBRARY
-        return "no NVIDIA driver is installed (libcuda.so.1 is the CUDA toolkit's stub)"
+        return "no NVIDIA driver is installed (the libcuda.so.1 found is the CUDA toolkit's placeholder, not a driver)"
     if result != 0:
         return f"the NVIDIA driver does not start (cuInit error {result})"
     count = ctypes.c_int(0)
