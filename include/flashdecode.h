@@ -97,7 +97,7 @@ extern "C" {
 /** @brief Major version: changes when the ABI breaks; it is the SONAME suffix. */
 #define FD_VERSION_MAJOR 0
 /** @brief Minor version: changes when API is added in an ABI-compatible way. */
-#define FD_VERSION_MINOR 2
+#define FD_VERSION_MINOR 3
 /** @brief Patch version: changes for fixes only. */
 #define FD_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
@@ -108,7 +108,7 @@ extern "C" {
 /** @brief Helper of #FD_VERSION_STRING: the expansion of the macro @p x as a string literal. */
 #define FD_VERSION_XSTR_(x) FD_VERSION_STR_(x)
 /**
- * @brief The version as a string literal, "MAJOR.MINOR.PATCH" (e.g. "0.2.0").
+ * @brief The version as a string literal, "MAJOR.MINOR.PATCH" (e.g. "0.3.0").
  *
  * Made from the three numbers above, so it cannot disagree with them; the
  * library's fd_version_string() returns it as the library was built.
@@ -123,7 +123,7 @@ extern "C" {
 FD_API unsigned fd_version_number(void);
 
 /**
- * @brief Version of the loaded library as text, e.g. "0.2.0": the
+ * @brief Version of the loaded library as text, e.g. "0.3.0": the
  *        #FD_VERSION_STRING of the header it was built with.
  * @return A static NUL-terminated string; never NULL, never freed.
  */
@@ -146,8 +146,9 @@ FD_API const char *fd_version_string(void);
 typedef enum fd_status {
   FD_SUCCESS = 0,                    /**< The call succeeded. */
   FD_ERROR_NULL_POINTER = 1,         /**< A required pointer (handle, argument struct or tensor data) was NULL. */
-  FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a
-                                          struct_size too small or above 4096). */
+  FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar or pointer argument is invalid (e.g. a non-finite softmax
+                                          scale, a struct_size too small or above 4096, tensor data not aligned to
+                                          its elements, an output overlapping an input). */
   FD_ERROR_INVALID_DTYPE = 3,        /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes
                                           differ. */
   FD_ERROR_INVALID_HEAD_DIM = 4,     /**< head_dim is out of range for the API or for the handle's backend. */
@@ -156,11 +157,14 @@ typedef enum fd_status {
   FD_ERROR_INVALID_SHAPE = 6,        /**< A tensor's rank or extents are invalid, or disagree with another
                                           tensor's (batch, heads, head_dim). */
   FD_ERROR_INVALID_STRIDE = 7,       /**< A stride is negative, head_dim is not contiguous (stride of head_dim
-                                          must be 1), or an output's strides make its elements share memory. */
-  FD_ERROR_INVALID_LENGTH = 8,       /**< A length is negative or too large, or a sequence is longer than its
-                                          cache. */
-  FD_ERROR_INVALID_BLOCK_TABLE = 9,  /**< A paged-cache block table entry points outside the page pool. */
-  FD_ERROR_INVALID_SPLITS = 10,      /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
+                                          must be 1), strides place an element beyond 64-bit offsets or the
+                                          address space, or an output's strides make its elements share memory. */
+  FD_ERROR_INVALID_LENGTH = 8,       /**< A length or extent is out of range; with #FD_CHECK_CONTENTS, a
+                                          seq_lens entry outside [0, kv_capacity]. */
+  FD_ERROR_INVALID_BLOCK_TABLE = 9,  /**< With #FD_CHECK_CONTENTS: a block table entry that a sequence uses points
+                                          outside the page pool. */
+  FD_ERROR_INVALID_SPLITS = 10,      /**< num_splits or split_tokens is negative, both are set, or the split count
+                                          is larger than #FD_MAX_SPLITS. */
   FD_ERROR_WORKSPACE_TOO_SMALL = 11, /**< The caller-provided workspace is smaller than fd_workspace_size()
                                           requires, or a library-owned one would have to grow during CUDA graph
                                           capture. */
@@ -230,12 +234,23 @@ typedef enum fd_dtype {
  * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
  * elements, not bytes, and must not be negative; a non-empty tensor's bytes,
  * from `data` to the end of its furthest element, must span at most
- * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_SHAPE
- * otherwise: no memory block is larger). Data must be aligned to its
- * element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
- * outputs (`out`, `lse`) must not overlap themselves: no two of their
- * elements may share memory (#FD_ERROR_INVALID_STRIDE); nor may `out`
- * and `lse` share memory with each other (#FD_ERROR_INVALID_ARGUMENT).
+ * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_STRIDE
+ * otherwise, e.g. for a stride of INT64_MAX: no memory block is larger).
+ * Data must be aligned to its element size (2 bytes for f16 and bf16, 4
+ * for f32 and i32; #FD_ERROR_INVALID_ARGUMENT otherwise).
+ *
+ * What may share memory:
+ * - Inputs (`q`, `k`, `v`, `seq_lens`, `block_table`) may overlap each
+ *   other and may repeat elements: a stride of 0 broadcasts (one query
+ *   row for every sequence, one cache for every sequence, one length).
+ * - No two elements of an output (`out`, `lse`) may share memory
+ *   (#FD_ERROR_INVALID_STRIDE), and no element of `out` may be an element
+ *   of `lse` (#FD_ERROR_INVALID_ARGUMENT). `lse` may live in the padding
+ *   between `out`'s rows.
+ * - `out` may be `q` itself (the same data, dtype and strides): the
+ *   decode then runs in place. Otherwise an output's bytes (from its first
+ *   to the end of its furthest element) must not overlap an input's
+ *   (#FD_ERROR_INVALID_ARGUMENT).
  *
  * Memory is host memory for the CPU backend and device memory (of the
  * handle's device) for the CUDA backend.
@@ -278,6 +293,22 @@ typedef enum fd_backend {
 #define FD_MAX_THREADS 1024
 
 /**
+ * @brief Checks a handle makes on what its decodes read, for
+ *        fd_options::checks (a bitwise OR). Values are pinned. Since 0.3.
+ *
+ * The environment variable `FLASHDECODE_CHECKS` adds checks to every handle
+ * fd_create() makes, whatever its options say, so that a deployed program
+ * can be checked without rebuilding it: `FLASHDECODE_CHECKS=contents`.
+ */
+typedef enum fd_check {
+  FD_CHECK_NONE = 0,    /**< The default: nothing beyond argument validation. */
+  FD_CHECK_CONTENTS = 1 /**< Every fd_decode() checks seq_lens and the block-table entries its sequences use
+                             (see "Lengths and block tables" at #fd_decode_args): the CPU backend before any
+                             work, the CUDA backend on the device, reporting through the next fd_decode() or
+                             fd_check_contents(). Costs one small extra kernel per decode on CUDA. */
+} fd_check;
+
+/**
  * @brief Options for fd_create(). Initialise with
  *        `fd_options_init(&options, sizeof options)`.
  *
@@ -293,6 +324,10 @@ typedef struct fd_options {
   int32_t device;      /**< CUDA device ordinal for the CUDA backend; default 0. */
   int32_t num_threads; /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses
                             every online core (up to that). */
+  uint32_t reserved_0; /**< The trailing padding of 0.2's struct, named so that no later field lands in it
+                            (older libraries would not see it): never read. */
+  uint32_t checks;     /**< Since 0.3: #fd_check flags ORed together; default #FD_CHECK_NONE. */
+  uint32_t reserved_1; /**< Padding: never read. */
 } fd_options;
 
 /**
@@ -429,9 +464,41 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  *   result can depend on the plan: masking does not hide non-finite v.
  * Tokens past a sequence's length are never read and cannot affect it.
  *
- * The CPU backend validates seq_lens and block_table contents (host memory).
- * The CUDA backend cannot read them without synchronising, so it clamps each
- * length to [0, kv_capacity] and does not check page indices.
+ * Lengths and block tables. Their contents are not validated by default
+ * (a CUDA backend would have to synchronise to read them), and both backends
+ * treat them alike:
+ * - each seq_lens entry is clamped to [0, kv_capacity];
+ * - the block-table entries a sequence's tokens use (the first
+ *   ceil(len / page_size) of its row) must be in [0, num_pages); the rest
+ *   are never read and may hold anything. A used entry outside the pool is
+ *   clamped into it: no memory outside k and v is read, and that
+ *   sequence's output is meaningless.
+ * With #FD_CHECK_CONTENTS in fd_options::checks (or `FLASHDECODE_CHECKS=
+ * contents` in the environment) a bad length or used entry is an error,
+ * #FD_ERROR_INVALID_LENGTH or #FD_ERROR_INVALID_BLOCK_TABLE naming the
+ * first bad element. The CPU backend reports it from the fd_decode() that
+ * reads it, before writing anything. The CUDA backend checks on the device
+ * (a small kernel ahead of the decode, which still runs, clamped) and
+ * records the first bad element it finds; the next fd_decode() on the
+ * handle reports it (and then does nothing), or fd_check_contents() does
+ * after waiting for the stream. Run under compute-sanitizer, a checked or
+ * unchecked decode with bad contents reads nothing out of bounds.
+ *
+ * Batch invariance. By default the split count comes from the whole
+ * batch's shape, so a sequence's result can differ in the last bits with
+ * the batch it runs in. With split_tokens > 0 the cache is cut at fixed
+ * multiples of split_tokens (rounded up to a multiple of the backend's KV
+ * tile; fd_plan_info::split_tokens reports the length used), the kernel and
+ * the order of the merge depend only on the fields listed next, and a
+ * sequence's out and lse are bitwise identical whether it runs alone or in
+ * any batch: whatever the other sequences, the batch size, kv_capacity,
+ * whether seq_lens is given, or the CPU backend's thread count. It holds
+ * between calls with the same backend, device model and library version,
+ * dtypes, head_dim, group size, softmax_scale, cache kind (dense, or paged
+ * with one page size) and 16-byte alignment of the cache's rows. The split
+ * count, ceil(kv_capacity / split length), must be at most #FD_MAX_SPLITS
+ * (#FD_ERROR_INVALID_SPLITS). The CUDA backend then always merges in a
+ * second kernel; docs/performance.md measures what the mode costs.
  */
 typedef struct fd_decode_args {
   size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
@@ -447,6 +514,11 @@ typedef struct fd_decode_args {
                               be finite, and so must scale * log2(e) as a float (|scale| below about
                               2.3e38). Scores it makes overflow follow the non-finite rules above. */
   int32_t num_splits;    /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
+  int32_t reserved_0;    /**< The trailing padding of 0.2's struct, named so that no later field lands in it
+                              (older libraries would not see it): never read. */
+  int64_t split_tokens;  /**< Since 0.3: a fixed split length in KV tokens, for batch-invariant results (see
+                              "Batch invariance" above); 0 (default) leaves the splits to num_splits or the
+                              planner. Must not be negative, nor set together with num_splits. */
 } fd_decode_args;
 
 /**
@@ -500,6 +572,32 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
  *         fd_last_error_message() for details.
  */
 FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream);
+
+/**
+ * @brief Waits for the decodes enqueued on @p stream, then reports a bad
+ *        length or block-table entry that a checked decode found. Since 0.3.
+ *
+ * For handles created with #FD_CHECK_CONTENTS (see "Lengths and block
+ * tables" at #fd_decode_args). On the CUDA backend the checks run on the
+ * device: this synchronises @p stream, and if a decode on this handle has
+ * found a seq_lens entry outside [0, kv_capacity] or a used block-table
+ * entry outside the page pool since the last report, returns the status
+ * fd_decode() would have (#FD_ERROR_INVALID_LENGTH or
+ * #FD_ERROR_INVALID_BLOCK_TABLE) with a message naming the first bad
+ * element, and clears the report. On the CPU backend fd_decode() itself
+ * reports bad contents, so there is never anything left to report here.
+ *
+ * @param handle A live handle.
+ * @param stream The stream the checked decodes were enqueued on (NULL: the
+ *        legacy default stream of the handle's device); ignored on the CPU.
+ * @return #FD_SUCCESS if nothing bad was found; #FD_ERROR_INVALID_LENGTH or
+ *         #FD_ERROR_INVALID_BLOCK_TABLE; #FD_ERROR_NULL_POINTER;
+ *         #FD_ERROR_INVALID_HANDLE; #FD_ERROR_INVALID_ARGUMENT if the handle
+ *         checks nothing (created without #FD_CHECK_CONTENTS), or if
+ *         @p stream is being captured into a CUDA graph (waiting would
+ *         invalidate the capture); #FD_ERROR_CUDA if waiting fails.
+ */
+FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream);
 
 /** @} */
 

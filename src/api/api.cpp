@@ -2,6 +2,7 @@
 // The exported C functions: argument checks, handle lifetime, workspace
 // ownership, and dispatch to a backend. No templates and no kernels here.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -99,6 +100,30 @@ fd_options read_options(const fd_options *caller) {
   return read_sized_struct(*caller, options, required, "options", "fd_options");
 }
 
+// FD_CHECK_* flags from FLASHDECODE_CHECKS: a comma-separated list of
+// check names ("contents"), added to every handle's options so that a
+// deployed program can be checked without rebuilding it.
+uint32_t checks_from_environment() {
+  const char *value = std::getenv("FLASHDECODE_CHECKS");
+  if (value == nullptr) return FD_CHECK_NONE;
+  uint32_t checks = FD_CHECK_NONE;
+  const char *word = value;
+  while (*word != '\0') {
+    const char *end = std::strchr(word, ',');
+    const size_t length = end == nullptr ? std::strlen(word) : static_cast<size_t>(end - word);
+    if (length == std::strlen("contents") && std::strncmp(word, "contents", length) == 0) {
+      checks |= FD_CHECK_CONTENTS;
+    } else if (length != 0 && !(length == std::strlen("none") && std::strncmp(word, "none", length) == 0)) {
+      fail(FD_ERROR_INVALID_ARGUMENT,
+           "environment: FLASHDECODE_CHECKS=%s: unknown check \"%.*s\" (known: contents, none)", value,
+           static_cast<int>(length), word);
+    }
+    word += length;
+    if (*word == ',') ++word;
+  }
+  return checks;
+}
+
 std::unique_ptr<Backend> make_backend(const fd_options &options) {
   if (options.num_threads < 0) {
     fail(FD_ERROR_INVALID_ARGUMENT, "options: num_threads must be >= 0 (0 = all cores), got %d",
@@ -108,25 +133,31 @@ std::unique_ptr<Backend> make_backend(const fd_options &options) {
     fail(FD_ERROR_INVALID_ARGUMENT, "options: num_threads must be at most %d, got %d", FD_MAX_THREADS,
          static_cast<int>(options.num_threads));
   }
+  if ((options.checks & ~static_cast<uint32_t>(FD_CHECK_CONTENTS)) != 0) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "options: checks has unknown bits 0x%x (known: FD_CHECK_CONTENTS = 0x%x)",
+         static_cast<unsigned>(options.checks & ~static_cast<uint32_t>(FD_CHECK_CONTENTS)),
+         static_cast<unsigned>(FD_CHECK_CONTENTS));
+  }
+  const bool check_contents = ((options.checks | checks_from_environment()) & FD_CHECK_CONTENTS) != 0;
   switch (raw_enum_value(options.backend)) {
-    case FD_BACKEND_CPU: return make_cpu_backend(options.num_threads);
+    case FD_BACKEND_CPU: return make_cpu_backend(options.num_threads, check_contents);
     case FD_BACKEND_CUDA:
       if (options.device < 0) {
         fail(FD_ERROR_INVALID_ARGUMENT, "options: device must be >= 0, got %d", static_cast<int>(options.device));
       }
-      return make_cuda_backend(options.device);
+      return make_cuda_backend(options.device, check_contents);
     case FD_BACKEND_AUTO:
       // A device that passes the probe can still fail to run this build's
       // kernels (e.g. built for sm_90a only, run on an A100): NO_DEVICE from
       // the CUDA backend means the CPU, as documented; other errors stand.
       if (options.device >= 0 && cuda_backend_available(options.device)) {
         try {
-          return make_cuda_backend(options.device);
+          return make_cuda_backend(options.device, check_contents);
         } catch (const Error &e) {
           if (e.status() != FD_ERROR_NO_DEVICE) throw;
         }
       }
-      return make_cpu_backend(options.num_threads);
+      return make_cpu_backend(options.num_threads, check_contents);
   }
   fail(FD_ERROR_INVALID_ARGUMENT, "options: unknown backend %d", raw_enum_value(options.backend));
 }
@@ -365,11 +396,29 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
     const fd::LockedHandle<fd_handle> locked(handle);
     fd_handle &h = *locked;
     const fd::PlannedDecode planned = fd::plan_decode_cached(h, args);
-    h.backend->check_contents(planned.problem);
+    if (h.backend->checks_contents()) h.backend->check_contents(planned.problem);
     if (planned.problem.batch == 0) return;  // nothing to compute, nothing to write
     fd::refuse_growth_during_capture(h, planned.plan.workspace_bytes, stream);
     fd::ensure_workspace(h, planned.plan.workspace_bytes);
     h.backend->decode(planned.problem, planned.plan, h.workspace, stream);
+  });
+}
+
+FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream) {
+  return fd::guarded([&] {
+    const fd::LockedHandle<fd_handle> locked(handle);
+    fd_handle &h = *locked;
+    if (!h.backend->checks_contents()) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT,
+               "handle: it checks nothing (created without FD_CHECK_CONTENTS in options.checks or "
+               "FLASHDECODE_CHECKS=contents in the environment)");
+    }
+    if (h.backend->stream_is_capturing(stream)) {
+      fd::fail(FD_ERROR_INVALID_ARGUMENT,
+               "stream: it is being captured into a CUDA graph, where waiting for it would invalidate the capture: "
+               "call fd_check_contents after replaying the graph");
+    }
+    h.backend->wait_and_check_contents(stream);
   });
 }
 

@@ -31,9 +31,18 @@ class Backend {
   // more specific status), before any work.
   virtual void check_supported(const Problem &problem) const = 0;
 
-  // Validates what only tensor contents can tell (lengths, page indices)
-  // where this backend can read them without synchronising.
-  virtual void check_contents(const Problem &problem) const = 0;
+  // Whether the handle was created with FD_CHECK_CONTENTS.
+  virtual bool checks_contents() const = 0;
+
+  // Before a decode on a handle that checks contents: reports bad lengths
+  // or page indices (FD_ERROR_INVALID_LENGTH, FD_ERROR_INVALID_BLOCK_TABLE)
+  // that this backend can know of without synchronising: the problem's own
+  // on the host, or what an earlier decode found on the device.
+  virtual void check_contents(const Problem &problem) = 0;
+
+  // fd_check_contents: waits for the work on `stream`, then reports what a
+  // checked decode found (nothing to wait for on the host).
+  virtual void wait_and_check_contents(fd_cuda_stream stream) = 0;
 
   // How this backend runs a supported problem: its kernel variant and split
   // count, and the workspace layout (core/plan.h's helpers). May depend only
@@ -66,12 +75,12 @@ class Backend {
   virtual LaunchSummary describe(const Problem &problem, const Plan &plan) const = 0;
 };
 
-// num_threads: 0 = every online core.
-std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+// num_threads: 0 = every online core. check_contents: FD_CHECK_CONTENTS.
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, bool check_contents);
 
 // Throws FD_ERROR_NO_DEVICE if the library was built without CUDA or the
 // device is missing.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+std::unique_ptr<Backend> make_cuda_backend(int device, bool check_contents);
 
 // Whether make_cuda_backend(device) would succeed; never throws.
 bool cuda_backend_available(int device) noexcept;

@@ -8,7 +8,7 @@ namespace fd {
 
 bool cuda_backend_available(int) noexcept { return false; }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, bool) {
   fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d requested, but this libflashdecode was built without CUDA", device);
 }
 

@@ -84,20 +84,38 @@ PlanKey plan_key(const Problem &p) {
   key.paged = p.paged;
   key.has_seq_lens = p.has_seq_lens;
   key.requested_splits = p.requested_splits;
+  key.requested_split_tokens = p.requested_split_tokens;
   return key;
 }
 
 Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity, size_t header_bytes) {
   Plan plan;
   granularity = std::max<int64_t>(1, granularity);
-  const int32_t splits =
-      p.requested_splits > 0 ? p.requested_splits : std::clamp<int32_t>(automatic_splits, 1, FD_MAX_SPLITS);
-  plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
-  // A manual count is kept exactly (trailing splits may be empty); an
-  // automatic one drops splits that rounding left empty.
-  plan.num_splits = p.requested_splits > 0
-                        ? splits
-                        : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
+  if (p.batch_invariant()) {
+    // Cut at fixed token positions, whatever the batch: a sequence's splits
+    // depend on its own length alone. Validation bounds the request by
+    // FD_MAX_KV_LEN, so the rounding cannot overflow.
+    plan.split_tokens = ceil_div(p.requested_split_tokens, granularity) * granularity;
+    const int64_t splits = std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens));
+    if (splits > FD_MAX_SPLITS) {
+      fail(FD_ERROR_INVALID_SPLITS,
+           "split_tokens: %lld (%lld after rounding up to this backend's %lld-token tile) cuts kv_capacity %lld into "
+           "%lld splits, more than %d: use at least %lld",
+           static_cast<long long>(p.requested_split_tokens), static_cast<long long>(plan.split_tokens),
+           static_cast<long long>(granularity), static_cast<long long>(p.kv_capacity), static_cast<long long>(splits),
+           FD_MAX_SPLITS, static_cast<long long>(ceil_div(p.kv_capacity, FD_MAX_SPLITS)));
+    }
+    plan.num_splits = static_cast<int32_t>(splits);
+  } else {
+    const int32_t splits =
+        p.requested_splits > 0 ? p.requested_splits : std::clamp<int32_t>(automatic_splits, 1, FD_MAX_SPLITS);
+    plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
+    // A manual count is kept exactly (trailing splits may be empty); an
+    // automatic one drops splits that rounding left empty.
+    plan.num_splits = p.requested_splits > 0
+                          ? splits
+                          : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
+  }
 
   // Every product and offset is checked: they come from the caller's
   // shapes, and a wrapped size would be a small workspace that the decode

@@ -74,9 +74,12 @@ constexpr size_t kMaxWorkspaceBytes = static_cast<size_t>(PTRDIFF_MAX) / kWorksp
 // calls this before the allocator sees the size.
 void require_allocatable_workspace(size_t bytes, const char *what);
 
-// A plan with the caller's split count when it asked for one (kept exactly:
-// trailing splits may be empty), else automatic_splits (splits that rounding
-// leaves empty are dropped); split lengths are multiples of granularity.
+// A plan with the caller's split length when it asked for one (rounded up
+// to granularity: batch-invariant mode; FD_ERROR_INVALID_SPLITS when that
+// makes more than FD_MAX_SPLITS splits), else the caller's split count when
+// it asked for one (kept exactly: trailing splits may be empty), else
+// automatic_splits (splits that rounding leaves empty are dropped); split
+// lengths are multiples of granularity.
 // header_bytes of backend state come first in the workspace: the same for
 // every problem of a backend, so that no plan's partials overwrite it.
 // Every offset is computed with overflow checks; throws FD_ERROR_INVALID_SHAPE
@@ -94,12 +97,14 @@ struct PlanKey {
   bool paged = false;
   bool has_seq_lens = false;
   int32_t requested_splits = 0;
+  int64_t requested_split_tokens = 0;
 
   bool operator==(const PlanKey &o) const {
     return q_dtype == o.q_dtype && kv_dtype == o.kv_dtype && out_dtype == o.out_dtype && batch == o.batch &&
            q_len == o.q_len && q_heads == o.q_heads && kv_heads == o.kv_heads && head_dim == o.head_dim &&
            kv_capacity == o.kv_capacity && page_size == o.page_size && paged == o.paged &&
-           has_seq_lens == o.has_seq_lens && requested_splits == o.requested_splits;
+           has_seq_lens == o.has_seq_lens && requested_splits == o.requested_splits &&
+           requested_split_tokens == o.requested_split_tokens;
   }
 };
 

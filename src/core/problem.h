@@ -53,14 +53,32 @@ struct Problem {
 
   float softmax_scale = 0.0f;    // resolved: never 0
   int32_t requested_splits = 0;  // 0 = automatic
+  // > 0: batch-invariant mode, splits cut at fixed multiples of this many
+  // tokens (rounded up to the backend's tile); requested_splits is then 0.
+  int64_t requested_split_tokens = 0;
+
+  bool batch_invariant() const { return requested_split_tokens > 0; }
 };
 
 // Checks every argument (shapes, dtypes, strides, ranges; not tensor
 // contents) and fills a Problem. Throws fd::Error naming the argument.
 Problem validate_decode_args(const fd_decode_args *args);
 
-// Checks seq_lens and block_table values, for backends whose tensors live in
-// host memory. Throws fd::Error naming the element at fault.
+// Checks seq_lens and block_table values (FD_CHECK_CONTENTS), for backends
+// whose tensors live in host memory. Throws fd::Error naming the element at
+// fault.
 void validate_host_contents(const Problem &problem);
+
+// A sequence's length as the kernels read it: clamped to [0, kv_capacity]
+// (flashdecode.h, "Lengths and block tables").
+inline int64_t clamp_length(int64_t length, int64_t kv_capacity) {
+  return length < 0 ? 0 : length > kv_capacity ? kv_capacity : length;
+}
+
+// A block-table entry as the kernels use it: clamped into [0, num_pages),
+// so that a bad entry reads some page of the pool, never memory outside it.
+inline int64_t clamp_page(int64_t page, int64_t num_pages) {
+  return page < 0 ? 0 : page >= num_pages ? num_pages - 1 : page;
+}
 
 }  // namespace fd

@@ -2,6 +2,7 @@
 // Argument validation for fd_decode and fd_workspace_size. Every check names
 // the argument at fault; nothing here touches tensor contents except
 // validate_host_contents, which backends with host memory call.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -47,7 +48,8 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
       int64_t span = 0;
       if (__builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &span) ||
           __builtin_add_overflow(max_offset, span, &max_offset)) {
-        fail(FD_ERROR_INVALID_SHAPE, "%s: extent overflows 64-bit element offsets", name);
+        fail(FD_ERROR_INVALID_STRIDE, "%s: stride of %s (%lld) over %lld elements overflows 64-bit element offsets",
+             name, dim_names[d], static_cast<long long>(t.strides[d]), static_cast<long long>(t.shape[d]));
       }
     }
   }
@@ -62,8 +64,9 @@ StridedView check_tensor(const fd_tensor &t, const char *name, int ndim, const c
   if (!empty && (__builtin_mul_overflow(static_cast<uintptr_t>(max_offset) + 1, dtype_bytes(t.dtype), &span) ||
                  span > static_cast<uintptr_t>(PTRDIFF_MAX) ||
                  __builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), span, &end))) {
-    fail(FD_ERROR_INVALID_SHAPE,
-         "%s: extent overflows the address space: its furthest element is %lld elements of %zu bytes past data %p",
+    fail(FD_ERROR_INVALID_STRIDE,
+         "%s: extent runs beyond any memory block or the address space: its furthest element is %lld elements of %zu "
+         "bytes past data %p",
          name, static_cast<long long>(max_offset), dtype_bytes(t.dtype), t.data);
   }
   if (contiguous_last_dim && t.shape[ndim - 1] > 1 && t.strides[ndim - 1] != 1) {
@@ -120,6 +123,70 @@ ByteRange byte_range(const StridedView &view, int ndim, size_t element) {
   return range;
 }
 
+bool ranges_overlap(const ByteRange &a, const ByteRange &b) {
+  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+}
+
+// Whether two views are the same elements of the same type (out == q: an
+// in-place decode, allowed).
+bool same_view(const StridedView &a, const StridedView &b, int ndim) {
+  if (a.data != b.data) return false;
+  for (int d = 0; d < ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  }
+  return true;
+}
+
+// An output's bytes must not overlap an input's: the kernels read inputs
+// while other threads write outputs. Checked by address range (an input
+// interleaved into an output's padding is refused too: rare, and exact
+// tests for strided inputs cost more than they save).
+void require_apart(const ByteRange &output, const char *output_name, const ByteRange &input, const char *input_name) {
+  if (ranges_overlap(output, input)) {
+    fail(FD_ERROR_INVALID_ARGUMENT,
+         "%s: its bytes %p-%p overlap those of input %s (%p-%p); outputs must not share memory with inputs (out may "
+         "only be q itself)",
+         output_name, reinterpret_cast<void *>(output.begin), reinterpret_cast<void *>(output.end), input_name,
+         reinterpret_cast<void *>(input.begin), reinterpret_cast<void *>(input.end));
+  }
+}
+
+// Whether an element of lse shares a byte with an element of out, given
+// that their address ranges overlap (lse in out's padding, say). out's
+// strides are nested (require_no_overlap: each passes the furthest element
+// of the dimensions inside it), so the row with the highest start at or
+// before an address is found greedily, outermost dimension first; an lse
+// element touches out exactly when the row before its last byte reaches
+// its first. No allocation: this runs inside fd_decode.
+bool lse_touches_out(const StridedView &out, size_t out_element, const StridedView &lse) {
+  int order[3] = {0, 1, 2};  // out's row dimensions, largest stride first
+  std::sort(order, order + 3, [&](int a, int b) { return out.strides[a] > out.strides[b]; });
+  const uintptr_t out_begin = reinterpret_cast<uintptr_t>(out.data);
+  const uintptr_t row_bytes = static_cast<uintptr_t>(out.shape[3]) * out_element;
+  for (int64_t b = 0; b < lse.shape[0]; ++b) {
+    for (int64_t t = 0; t < lse.shape[1]; ++t) {
+      for (int64_t h = 0; h < lse.shape[2]; ++h) {
+        const uintptr_t begin =
+            reinterpret_cast<uintptr_t>(lse.data) +
+            static_cast<uintptr_t>(b * lse.strides[0] + t * lse.strides[1] + h * lse.strides[2]) * sizeof(float);
+        const uintptr_t last = begin + sizeof(float) - 1;
+        if (last < out_begin) continue;
+        uintptr_t offset = last - out_begin;  // bytes; the row start is found by whole strides
+        uintptr_t row_start = out_begin;
+        for (int d : order) {
+          if (out.shape[d] <= 1) continue;
+          const uintptr_t stride = static_cast<uintptr_t>(out.strides[d]) * out_element;
+          const uintptr_t index = std::min<uintptr_t>(offset / stride, static_cast<uintptr_t>(out.shape[d] - 1));
+          offset -= index * stride;
+          row_start += index * stride;
+        }
+        if (row_start + row_bytes > begin) return true;
+      }
+    }
+  }
+  return false;
+}
+
 void require_float_dtype(const fd_tensor &t, const char *name) {
   if (t.dtype != FD_DTYPE_F32 && t.dtype != FD_DTYPE_F16 && t.dtype != FD_DTYPE_BF16) {
     fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be f32, f16 or bf16, got %s", name, dtype_name(t.dtype));
@@ -137,6 +204,30 @@ void require_extent(const StridedView &view, int dim, int64_t expected, const ch
   if (view.shape[dim] != expected) {
     fail(FD_ERROR_INVALID_SHAPE, "%s: %s must be %lld (from %s), got %lld", name, dim_name,
          static_cast<long long>(expected), source, static_cast<long long>(view.shape[dim]));
+  }
+}
+
+// out and lse against every input (out may be q itself).
+void require_outputs_apart_from_inputs(const Problem &p) {
+  struct Input {
+    const StridedView *view;
+    int ndim;
+    size_t element;
+    const char *name;
+  };
+  const Input inputs[] = {{&p.q, 4, dtype_bytes(p.q_dtype), "q"},
+                          {&p.k, 4, dtype_bytes(p.kv_dtype), "k"},
+                          {&p.v, 4, dtype_bytes(p.kv_dtype), "v"},
+                          {&p.seq_lens, 1, sizeof(int32_t), "seq_lens"},
+                          {&p.block_table, 2, sizeof(int32_t), "block_table"}};
+  const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
+  const ByteRange lse_bytes = p.has_lse ? byte_range(p.lse, 3, sizeof(float)) : ByteRange{};
+  for (const Input &input : inputs) {
+    if (input.view->data == nullptr) continue;  // absent optional tensor
+    const ByteRange in_bytes = byte_range(*input.view, input.ndim, input.element);
+    const bool in_place = input.view == &p.q && p.out_dtype == p.q_dtype && same_view(p.out, p.q, 4);
+    if (!in_place) require_apart(out_bytes, "out", in_bytes, input.name);
+    require_apart(lse_bytes, "lse", in_bytes, input.name);
   }
 }
 
@@ -237,6 +328,12 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
            static_cast<long long>(p.max_pages), static_cast<long long>(p.page_size), FD_MAX_KV_LEN);
     }
     p.kv_capacity = p.max_pages * p.page_size;
+    // Entries a sequence uses are clamped into the pool (flashdecode.h,
+    // "Lengths and block tables"): there must be a page to clamp to.
+    if (p.num_pages == 0 && p.max_pages > 0) {
+      fail(FD_ERROR_INVALID_SHAPE, "k: the page pool is empty (num_pages 0) but block_table has %lld columns",
+           static_cast<long long>(p.max_pages));
+    }
   } else {
     p.kv_capacity = p.k.shape[1];
     if (p.kv_capacity > FD_MAX_KV_LEN) {
@@ -256,18 +353,20 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.q.shape[d], "lse", kLseDims[d], "q");
     require_no_overlap(p.lse, 3, "lse");
-    // Written by the same threads as out: they must not share bytes (by
-    // address range, which also refuses lse interleaved into out's padding).
+    // Written by other threads than out's elements: no byte may be both.
+    // Disjoint address ranges settle it at once; lse in out's padding is
+    // looked at element by element.
     const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
     const ByteRange lse_bytes = byte_range(p.lse, 3, sizeof(float));
-    if (out_bytes.begin < out_bytes.end && lse_bytes.begin < lse_bytes.end && out_bytes.begin < lse_bytes.end &&
-        lse_bytes.begin < out_bytes.end) {
-      fail(FD_ERROR_INVALID_ARGUMENT, "lse: shares memory with out (bytes %p-%p and %p-%p); outputs must not overlap",
+    if (ranges_overlap(out_bytes, lse_bytes) && lse_touches_out(p.out, dtype_bytes(p.out_dtype), p.lse)) {
+      fail(FD_ERROR_INVALID_ARGUMENT,
+           "lse: an element shares memory with an element of out (bytes %p-%p and %p-%p); outputs must not overlap",
            reinterpret_cast<void *>(lse_bytes.begin), reinterpret_cast<void *>(lse_bytes.end),
            reinterpret_cast<void *>(out_bytes.begin), reinterpret_cast<void *>(out_bytes.end));
     }
     p.has_lse = true;
   }
+  require_outputs_apart_from_inputs(p);
 
   if (!std::isfinite(args.softmax_scale)) {
     fail(FD_ERROR_INVALID_ARGUMENT, "softmax_scale must be finite, got %g", args.softmax_scale);
@@ -289,6 +388,16 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
          static_cast<int>(args.num_splits));
   }
   p.requested_splits = args.num_splits;
+  if (args.split_tokens < 0 || args.split_tokens > FD_MAX_KV_LEN) {
+    fail(FD_ERROR_INVALID_SPLITS, "split_tokens must be in [0, %d] (0 = not fixed), got %lld", FD_MAX_KV_LEN,
+         static_cast<long long>(args.split_tokens));
+  }
+  if (args.split_tokens > 0 && args.num_splits > 0) {
+    fail(FD_ERROR_INVALID_SPLITS,
+         "split_tokens (%lld) and num_splits (%d) are both set: a fixed split length decides the split count",
+         static_cast<long long>(args.split_tokens), static_cast<int>(args.num_splits));
+  }
+  p.requested_split_tokens = args.split_tokens;
 
   // Checked last: the query-token dimension is valid API that only a later
   // version computes, so report it after everything that is simply wrong.

@@ -946,6 +946,240 @@ static void test_lengths_clamped(void **state) {
   if (bad) fail_msg("%s", t.report);
 }
 
+/* A CUDA handle with FD_CHECK_CONTENTS. */
+static fd_handle *make_checking_handle(void) {
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CUDA;
+  options.checks = FD_CHECK_CONTENTS;
+  fd_handle *h = NULL;
+  if (fd_create(&h, &options) != FD_SUCCESS) fail_msg("fd_create with checks failed: %s", last_message());
+  return h;
+}
+
+static void set_device_entry(int32_t *device_array, int64_t index, int32_t value) {
+  CUDA_CHECK(cudaMemcpy(device_array + index, &value, sizeof value, cudaMemcpyHostToDevice));
+}
+
+/* FD_CHECK_CONTENTS on the device: the first bad length or used block-table
+ * entry is reported by fd_check_contents or by the next fd_decode (which
+ * then writes nothing); unused entries are never looked at; without the
+ * check, bad entries are clamped into the pool (compute-sanitizer memcheck
+ * runs this test: no access outside k and v either way). */
+static void test_contents_checked_on_device(void **state) {
+  (void)state;
+  fdt_case c = dense_case(FD_DTYPE_F16, 6, 16, 4, 128, 200, g_seed + 450);
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1; /* lengths 0, 208 (full), 1, 63, 64, 65 */
+  c.with_lse = 1;
+  gpu_case t;
+  open_case(&t, &c);
+  const int64_t cols = t.p.args.block_table.shape[1];
+  const int32_t pool = (int32_t)t.p.args.k.shape[0];
+  fd_handle *checking = make_checking_handle();
+  char report[256] = "";
+  int bad = 0;
+
+  /* Good contents: nothing to report, and the right answer. */
+  CUDA_CHECK(cudaDeviceSynchronize());
+  assert_int_equal(fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS);
+  assert_int_equal(fd_check_contents(checking, (fd_cuda_stream)g_stream), FD_SUCCESS);
+  if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+  bad = fdt_check(&t.p, report, sizeof report, NULL, NULL);
+  print_message("checked decode of good contents: %s\n", report);
+
+  /* Bad entries in use (sequence 3's column 1, sequence 5's column 0) and
+   * one past a sequence's pages (sequence 2 uses column 0 only). */
+  set_device_entry(t.d.block_table, 2 * cols + 3, 99999);
+  set_device_entry(t.d.block_table, 3 * cols + 1, 1000000);
+  set_device_entry(t.d.block_table, 5 * cols + 0, -3);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  assert_int_equal(fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS); /* enqueued */
+  const fd_status found = fd_check_contents(checking, (fd_cuda_stream)g_stream);
+  print_message("fd_check_contents: %s\n", last_message());
+  if (found != FD_ERROR_INVALID_BLOCK_TABLE || strstr(last_message(), "block_table[3][1]") == NULL ||
+      strstr(last_message(), "got 1000000") == NULL)
+    bad = 1;
+  assert_int_equal(fd_check_contents(checking, (fd_cuda_stream)g_stream), FD_SUCCESS); /* reported once */
+
+  /* Reported by the next decode instead, which then writes nothing. */
+  assert_int_equal(fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS);
+  CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream) != FD_ERROR_INVALID_BLOCK_TABLE) bad = 1;
+  print_message("next fd_decode: %s\n", last_message());
+  CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  if (fdt_cuda_download(&t.d, &t.p) != 0) fail_msg("download failed");
+  const unsigned char *out_bytes = t.p.out;
+  for (size_t i = 0; i < t.p.out_bytes; ++i) bad |= out_bytes[i] != 0xff;
+
+  /* A bad length comes before its sequence's pages. */
+  set_device_entry(t.d.seq_lens, 3, 5000);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  assert_int_equal(fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS);
+  if (fd_check_contents(checking, (fd_cuda_stream)g_stream) != FD_ERROR_INVALID_LENGTH ||
+      strstr(last_message(), "seq_lens[3] must be in [0, 208]") == NULL)
+    bad = 1;
+  print_message("bad length: %s\n", last_message());
+  set_device_entry(t.d.seq_lens, 3, 63);
+
+  /* Waiting is refused while the stream is being captured. */
+  CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  const fd_status capturing = fd_check_contents(checking, (fd_cuda_stream)g_stream);
+  cudaGraph_t graph = NULL;
+  CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  if (graph != NULL) CUDA_CHECK(cudaGraphDestroy(graph));
+  if (capturing != FD_ERROR_INVALID_ARGUMENT || strstr(last_message(), "being captured") == NULL) bad = 1;
+
+  /* Unchecked: the bad entries read the pool's first and last pages, exactly
+   * as if the table said so. */
+  fdt_problem *p = &t.p;
+  unsigned char *expected = malloc(p->out_bytes);
+  set_device_entry(t.d.block_table, 3 * cols + 1, pool - 1);
+  set_device_entry(t.d.block_table, 5 * cols + 0, 0);
+  decode_cuda(g_cuda, p, &t.d, g_stream);
+  memcpy(expected, p->out, p->out_bytes);
+  set_device_entry(t.d.block_table, 3 * cols + 1, 1000000);
+  set_device_entry(t.d.block_table, 5 * cols + 0, -3);
+  if (fdt_cuda_poison_outputs(p, &t.d) != 0) fail_msg("poisoning failed");
+  decode_cuda(g_cuda, p, &t.d, g_stream);
+  const int clamped_differs = memcmp(p->out, expected, p->out_bytes) != 0;
+  print_message("unchecked bad entries read clamped pages: %s\n", clamped_differs ? "NO" : "yes, bitwise");
+  free(expected);
+  assert_int_equal(fd_destroy(checking), FD_SUCCESS);
+  close_case(&t);
+  if (bad || clamped_differs) fail_msg("content checks misbehaved (see above): %s", report);
+}
+
+/* What may share memory (flashdecode.h, fd_tensor): out may be q itself,
+ * inputs may repeat with stride 0, lse may sit in out's row padding. */
+static void test_allowed_sharing(void **state) {
+  (void)state;
+  const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
+  for (int k = 0; k < 3; ++k) {
+    fdt_case c = dense_case(dtypes[k], 5, 32, 8, 128, 1500, g_seed + 460 + (uint64_t)k);
+    c.with_lse = 1;
+    c.num_splits = k == 2 ? 1 : 0; /* one split: the split kernel writes out itself */
+    gpu_case t;
+    open_case(&t, &c);
+    fdt_problem *p = &t.p;
+    decode_cuda(g_cuda, p, &t.d, g_stream);
+    char report[256];
+    int bad = fdt_check(p, report, sizeof report, NULL, NULL);
+    unsigned char *expected = malloc(p->out_bytes);
+    memcpy(expected, p->out, p->out_bytes);
+
+    /* In place: out is q. */
+    fd_decode_args a = t.d.args;
+    a.out = a.q;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("in place: %s", last_message());
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    unsigned char *in_place = malloc(p->out_bytes);
+    CUDA_CHECK(cudaMemcpy(in_place, t.d.q, p->out_bytes, cudaMemcpyDeviceToHost));
+    const int in_place_differs = memcmp(in_place, expected, p->out_bytes) != 0;
+    CUDA_CHECK(cudaMemcpy(t.d.q, p->q, p->q_bytes, cudaMemcpyHostToDevice));
+
+    /* lse in out's padding: rows of head_dim + 8 elements, lse after each. */
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, pitch = D + 8;
+    const size_t es = fdt_dtype_size(c.dtype);
+    void *padded = NULL;
+    CUDA_CHECK(cudaMalloc(&padded, (size_t)(B * H * pitch) * es));
+    a = t.d.args;
+    a.out.data = padded;
+    a.out.strides[0] = a.out.strides[1] = H * pitch;
+    a.out.strides[2] = pitch;
+    a.lse.data = (char *)padded + (size_t)D * es;
+    a.lse.strides[0] = a.lse.strides[1] = H * pitch * (int64_t)es / 4;
+    a.lse.strides[2] = pitch * (int64_t)es / 4;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("lse in padding: %s", last_message());
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    unsigned char *rows = malloc((size_t)(B * H * pitch) * es);
+    CUDA_CHECK(cudaMemcpy(rows, padded, (size_t)(B * H * pitch) * es, cudaMemcpyDeviceToHost));
+    int padding_differs = 0;
+    for (int64_t r = 0; r < B * H; ++r) {
+      padding_differs |= memcmp(rows + (size_t)(r * pitch) * es, expected + (size_t)(r * D) * es, (size_t)D * es);
+      padding_differs |= memcmp(rows + (size_t)(r * pitch + D) * es, (const unsigned char *)p->lse + r * 4, 4);
+    }
+    CUDA_CHECK(cudaFree(padded));
+    free(rows);
+
+    /* Stride 0: every sequence reads sequence 0's query and cache. */
+    a = t.d.args;
+    a.q.strides[0] = a.k.strides[0] = a.v.strides[0] = 0;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("stride 0: %s", last_message());
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
+    int broadcast_differs = 0;
+    const size_t row_bytes = (size_t)(H * D) * es;
+    for (int64_t b = 0; b < B; ++b)
+      broadcast_differs |= memcmp((unsigned char *)p->out + (size_t)b * row_bytes, expected, row_bytes) != 0;
+
+    print_message("%s: %s; in place %s, lse in padding %s, stride-0 broadcast %s\n", fdt_dtype_name(c.dtype), report,
+                  in_place_differs ? "DIFFERS" : "bitwise", padding_differs ? "DIFFERS" : "bitwise",
+                  broadcast_differs ? "DIFFERS" : "bitwise");
+    bad |= in_place_differs | padding_differs | broadcast_differs;
+    free(in_place);
+    free(expected);
+    close_case(&t);
+    if (bad) fail_msg("%s: sharing memory changed the result", fdt_dtype_name(c.dtype));
+  }
+}
+
+/* Batch invariance (split_tokens): every sequence run alone (cache of its
+ * own length, with or without seq_lens) gives bitwise the out and LSE it
+ * gets in the batch, on every kernel; the batch is also right. */
+static void test_batch_invariant(void **state) {
+  (void)state;
+  struct {
+    fd_dtype dtype;
+    fdt_layout layout;
+    int64_t q_heads, kv_heads, head_dim, split_tokens;
+  } cases[] = {
+      {FD_DTYPE_F16, FDT_BNHD, 32, 8, 128, 512},      {FD_DTYPE_BF16, FDT_PAGED_NHD, 32, 8, 128, 1000},
+      {FD_DTYPE_F16, FDT_PAGED_HND, 16, 16, 64, 256}, {FD_DTYPE_F32, FDT_BHND, 8, 2, 256, 300},
+      {FD_DTYPE_BF16, FDT_BNHD, 16, 16, 128, 2048},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    fdt_case c = dense_case(cases[i].dtype, 11, cases[i].q_heads, cases[i].kv_heads, cases[i].head_dim, 5000,
+                            g_seed + 470 + (uint64_t)i);
+    c.layout = cases[i].layout;
+    c.page_size = 16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    fdt_problem *p = &t.p;
+    t.d.args.split_tokens = cases[i].split_tokens;
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    const int bad_check = check_case(&t);
+    unsigned char *batch_out = malloc(p->out_bytes), *batch_lse = malloc(p->lse_bytes);
+    memcpy(batch_out, p->out, p->out_bytes);
+    memcpy(batch_lse, p->lse, p->lse_bytes);
+    if (fdt_cuda_poison_outputs(p, &t.d) != 0) fail_msg("poisoning failed");
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const fd_decode_args solo = fdt_solo_args(&t.d.args, b, p->lens[b], (int)(b % 2));
+      if (fd_decode(g_cuda, &solo, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("solo: %s", last_message());
+    }
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
+    const int differs = memcmp(p->out, batch_out, p->out_bytes) != 0 || memcmp(p->lse, batch_lse, p->lse_bytes) != 0;
+    print_message("batch-invariant %s %s split_tokens %lld (%s, %d splits of %lld, merge %d): %s; alone %s\n",
+                  fdt_dtype_name(c.dtype), c.layout == FDT_BNHD ? "dense" : "paged/strided",
+                  (long long)cases[i].split_tokens, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
+                  (int)plan.merge, t.report, differs ? "DIFFERS" : "bitwise");
+    free(batch_out);
+    free(batch_lse);
+    close_case(&t);
+    if (bad_check || differs || plan.merge != FD_MERGE_SEPARATE) fail_msg("batch invariance case %zu failed", i);
+  }
+}
+
 /* Every sequence empty: zeros and LSE -inf, never NaN, with one split or many. */
 static void test_all_sequences_empty(void **state) {
   (void)state;
@@ -1273,6 +1507,9 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unaligned_cache);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_lengths_clamped);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_contents_checked_on_device);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_allowed_sharing);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

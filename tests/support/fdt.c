@@ -525,3 +525,30 @@ void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {
            c->ragged ? " ragged" : "", c->with_lse ? " lse" : "", (int)c->num_splits, (long long)c->page_size,
            (unsigned long long)c->seed);
 }
+
+static void *offset_elements(void *data, fd_dtype dtype, int64_t elements) {
+  return (char *)data + elements * (int64_t)fdt_dtype_size(dtype);
+}
+
+fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths) {
+  fd_decode_args a = *batch;
+  fd_tensor *rows[] = {&a.q, &a.out, &a.lse, &a.seq_lens};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) {
+    if (rows[i]->data == NULL) continue;
+    rows[i]->data = offset_elements(rows[i]->data, rows[i]->dtype, b * rows[i]->strides[0]);
+    rows[i]->shape[0] = 1;
+  }
+  if (a.block_table.data == NULL) {
+    a.k.data = offset_elements(a.k.data, a.k.dtype, b * a.k.strides[0]);
+    a.v.data = offset_elements(a.v.data, a.v.dtype, b * a.v.strides[0]);
+    a.k.shape[0] = a.v.shape[0] = 1;
+    a.k.shape[1] = a.v.shape[1] = len;
+    if (drop_lengths) memset(&a.seq_lens, 0, sizeof a.seq_lens);
+  } else {
+    const int64_t page_size = a.k.shape[1];
+    a.block_table.data = offset_elements(a.block_table.data, FD_DTYPE_I32, b * a.block_table.strides[0]);
+    a.block_table.shape[0] = 1;
+    a.block_table.shape[1] = (len + page_size - 1) / page_size;
+  }
+  return a;
+}

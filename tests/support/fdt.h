@@ -133,6 +133,15 @@ int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special spec
 /* Bound on ||out - ref|| / ||ref|| for an output dtype. */
 double fdt_error_bound(fd_dtype out_dtype);
 
+/* The arguments of sequence b of a batch's args, run on its own: q, out,
+ * lse, seq_lens and (dense) k, v or (paged) the block table sliced to that
+ * sequence, batch 1, by pointer arithmetic alone (host or device pointers
+ * alike), so that it writes its row of the batch's outputs. `len` is its
+ * length: the cache's capacity shrinks to it (dense: exactly, and seq_lens
+ * is dropped when drop_lengths; paged: whole pages). For batch-invariance
+ * tests (flashdecode.h, "Batch invariance"). */
+fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths);
+
 /* Human-readable case description. */
 void fdt_case_describe(const fdt_case *c, char *buffer, size_t size);
 

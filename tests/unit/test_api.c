@@ -530,20 +530,117 @@ static void test_rejects_overlapping_outputs(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "lse: its strides make distinct elements share memory");
   a = f->problem.args;
   a.lse.data = (char *)a.out.data + 64; /* inside out's bytes */
-  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "lse: shares memory with out");
-  /* Rows further apart than they need to be are fine (checked without
-   * decoding: the fixture's buffer holds only the tight layout). */
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "lse: an element shares memory with an element of out");
+  /* Rows further apart than they need to be are fine (in buffers of their
+   * own: outputs may not overlap the inputs). */
   a = f->problem.args;
   a.out.strides[2] *= 3;
   a.out.strides[0] *= 5;
   a.lse.strides[2] = 2;
   a.lse.strides[0] = 100;
+  void *spread_out = calloc((size_t)(a.out.strides[0] * 2), 2);
+  void *spread_lse = calloc(200, 4);
+  a.out.data = spread_out;
+  a.lse.data = spread_lse;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  free(spread_out);
+  free(spread_lse);
   size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
   /* Inputs may overlap (broadcast a query, a shared cache): they are only read. */
   a = f->problem.args;
   a.q.strides[2] = 0;
   assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
+}
+
+/* out may be q itself (an in-place decode), and gives what a separate out
+ * gives; any other overlap of an output with an input is refused. */
+static void test_out_may_be_q_only(void **state) {
+  fixture *f = *state;
+  fdt_problem *p = &f->problem;
+  assert_int_equal(fd_decode(f->handle, &p->args, NULL), FD_SUCCESS);
+  unsigned char *expected = malloc(p->out_bytes);
+  memcpy(expected, p->out, p->out_bytes);
+  assert_int_equal(p->q_bytes, p->out_bytes);
+  unsigned char *saved_q = malloc(p->q_bytes);
+  memcpy(saved_q, p->q, p->q_bytes);
+  fd_decode_args a = p->args;
+  a.out = a.q;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  assert_memory_equal(p->q, expected, p->out_bytes);
+  memcpy(p->q, saved_q, p->q_bytes);
+
+  fdt_poison_outputs(p); /* as pristine_out, for expect_rejected */
+  a = p->args;
+  a.out.data = a.q.data; /* the same bytes with other strides: not in place */
+  a.out.strides[0] = a.q.strides[2];
+  a.out.strides[2] = a.q.strides[0] / 4;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "out: its bytes");
+  assert_non_null(strstr(last_message(), "overlap those of input q"));
+  a = p->args;
+  a.out.data = p->k;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "overlap those of input k");
+  a = p->args;
+  a.lse.data = p->seq_lens;
+  a.lse.shape[0] = 1; /* fits in seq_lens' bytes */
+  a.out.shape[0] = a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = 1;
+  a.seq_lens.shape[0] = 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "lse: its bytes");
+  assert_non_null(strstr(last_message(), "overlap those of input seq_lens"));
+  assert_memory_equal(p->q, saved_q, p->q_bytes);
+  free(saved_q);
+  free(expected);
+}
+
+/* lse may live in the padding between out's rows: no element is shared. */
+static void test_lse_in_out_padding(void **state) {
+  fixture *f = *state;
+  fdt_problem *p = &f->problem;
+  assert_int_equal(fd_decode(f->handle, &p->args, NULL), FD_SUCCESS);
+  const int64_t batch = 2, heads = 8, dim = 64, row = dim + 2; /* f16 rows with 4 spare bytes each */
+  unsigned char *expected_out = malloc(p->out_bytes);
+  unsigned char *expected_lse = malloc(p->lse_bytes);
+  memcpy(expected_out, p->out, p->out_bytes);
+  memcpy(expected_lse, p->lse, p->lse_bytes);
+  uint16_t *padded = malloc((size_t)(batch * heads * row) * sizeof(uint16_t));
+  fd_decode_args a = p->args;
+  a.out.data = padded;
+  a.out.strides[0] = heads * row;
+  a.out.strides[1] = heads * row;
+  a.out.strides[2] = row;
+  a.lse.data = padded + dim; /* the spare bytes of each row */
+  a.lse.strides[0] = heads * row / 2;
+  a.lse.strides[1] = heads * row / 2;
+  a.lse.strides[2] = row / 2;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  for (int64_t r = 0; r < batch * heads; ++r) {
+    assert_memory_equal(padded + r * row, expected_out + r * dim * 2, (size_t)dim * 2);
+    assert_memory_equal(padded + r * row + dim, expected_lse + r * 4, 4);
+  }
+  /* Four bytes earlier, each lse element covers out's last two elements. */
+  a.lse.data = padded + dim - 2;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "lse: an element shares memory with an element of out"));
+  free(padded);
+  free(expected_out);
+  free(expected_lse);
+}
+
+/* A stride of 0 broadcasts an input: every sequence reads sequence 0's
+ * query, as if it had been copied. */
+static void test_stride_zero_inputs(void **state) {
+  fixture *f = *state;
+  fdt_problem *p = &f->problem;
+  fd_decode_args a = p->args;
+  a.q.strides[0] = 0;
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  unsigned char *broadcast = malloc(p->out_bytes);
+  memcpy(broadcast, p->out, p->out_bytes);
+  const size_t row_bytes = p->q_bytes / 2;
+  memcpy((unsigned char *)p->q + row_bytes, p->q, row_bytes);
+  fdt_poison_outputs(p);
+  assert_int_equal(fd_decode(f->handle, &p->args, NULL), FD_SUCCESS);
+  assert_memory_equal(p->out, broadcast, p->out_bytes);
+  free(broadcast);
 }
 
 /* Kernels load whole elements: data must be aligned to its element size. */
@@ -579,20 +676,24 @@ static void test_rejects_offset_overflow(void **state) {
   fixture *f = *state;
   fd_decode_args a = f->problem.args;
   a.k.strides[1] = INT64_MAX / 4;
-  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows");
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "k: stride of kv_capacity (2305843009213693951) over 100 elements");
+  /* The largest stride: one step past the first element is beyond any block. */
+  a = f->problem.args;
+  a.k.strides[1] = a.v.strides[1] = INT64_MAX;
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "k: stride of kv_capacity");
   /* Element offsets that fit in 64 bits, byte offsets that do not: lse's
    * second sequence would be 2^64 bytes on, the address of its first. */
   a = f->problem.args;
   a.lse.strides[0] = (int64_t)1 << 62;
-  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "lse: extent overflows the address space");
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "lse: extent runs beyond any memory block or the address space");
   /* More than PTRDIFF_MAX bytes (2-byte elements 2^62 apart): no object is that large. */
   a = f->problem.args;
   a.k.strides[0] = a.v.strides[0] = (int64_t)1 << 62;
-  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "k: extent overflows the address space");
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "k: extent runs beyond any memory block");
   /* A small tensor that would run past the end of the address space. */
   a = f->problem.args;
   a.q.data = (void *)(UINTPTR_MAX - 255);
-  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q: extent overflows the address space");
+  expect_rejected(f, &a, FD_ERROR_INVALID_STRIDE, "q: extent runs beyond any memory block or the address space");
 }
 
 static void test_rejects_oversized_capacity(void **state) {
@@ -603,11 +704,35 @@ static void test_rejects_oversized_capacity(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_LENGTH, "kv_capacity must be at most");
 }
 
+/* FD_CHECK_CONTENTS: a handle that checks what its decodes read. */
+static fd_handle *checking_handle(void) {
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = 2;
+  options.checks = FD_CHECK_CONTENTS;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  return h;
+}
+
+/* Runs a decode that must be refused for its contents on a checking handle:
+ * status, message, output untouched; shape queries do not read contents. */
+static void expect_contents_rejected(fixture *f, const fd_decode_args *args, fd_status status, const char *needle) {
+  fd_handle *checking = checking_handle();
+  fd_handle *unchecked = f->handle;
+  f->handle = checking;
+  expect_rejected(f, args, status, needle);
+  assert_int_equal(fd_check_contents(checking, NULL), FD_SUCCESS); /* the CPU reports at once: nothing left */
+  f->handle = unchecked;
+  assert_int_equal(fd_destroy(checking), FD_SUCCESS);
+}
+
 static void test_rejects_negative_seq_len(void **state) {
   fixture *f = *state;
   const int32_t saved = f->problem.seq_lens[1];
   f->problem.seq_lens[1] = -5;
-  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH, "seq_lens[1] must be in [0, 100]");
+  expect_contents_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH, "seq_lens[1] must be in [0, 100]");
   f->problem.seq_lens[1] = saved;
 }
 
@@ -615,9 +740,68 @@ static void test_rejects_seq_len_beyond_cache(void **state) {
   fixture *f = *state;
   const int32_t saved = f->problem.seq_lens[0];
   f->problem.seq_lens[0] = 101;
-  expect_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH,
-                  "seq_lens[0] must be in [0, 100] (the KV capacity), got 101");
+  expect_contents_rejected(f, &f->problem.args, FD_ERROR_INVALID_LENGTH,
+                           "seq_lens[0] must be in [0, 100] (the KV capacity), got 101");
   f->problem.seq_lens[0] = saved;
+}
+
+/* Unchecked, lengths are clamped to [0, kv_capacity], as on the CUDA
+ * backend: 101 reads the 100 tokens there are, -5 none. */
+static void test_unchecked_lengths_are_clamped(void **state) {
+  fixture *f = *state;
+  fdt_problem *p = &f->problem;
+  p->seq_lens[0] = 100;
+  p->seq_lens[1] = 0;
+  assert_int_equal(fd_decode(f->handle, &p->args, NULL), FD_SUCCESS);
+  unsigned char *expected_out = malloc(p->out_bytes);
+  unsigned char *expected_lse = malloc(p->lse_bytes);
+  memcpy(expected_out, p->out, p->out_bytes);
+  memcpy(expected_lse, p->lse, p->lse_bytes);
+  const int32_t bad[][2] = {{101, -5}, {INT32_MAX, INT32_MIN}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    p->seq_lens[0] = bad[i][0];
+    p->seq_lens[1] = bad[i][1];
+    fdt_poison_outputs(p);
+    assert_int_equal(fd_decode(f->handle, &p->args, NULL), FD_SUCCESS);
+    assert_memory_equal(p->out, expected_out, p->out_bytes);
+    assert_memory_equal(p->lse, expected_lse, p->lse_bytes);
+  }
+  free(expected_out);
+  free(expected_lse);
+}
+
+/* FLASHDECODE_CHECKS turns checks on for handles created while it is set;
+ * unknown names and unknown option bits are refused by name. */
+static void test_checks_from_options_and_environment(void **state) {
+  fixture *f = *state;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_check_contents(f->handle, NULL), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "handle: it checks nothing"));
+  assert_int_equal(fd_check_contents(NULL, NULL), FD_ERROR_NULL_POINTER);
+
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  options.checks = 0x6;
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "options: checks has unknown bits 0x6"));
+  assert_null(h);
+  options.checks = FD_CHECK_NONE;
+
+  f->problem.seq_lens[0] = 101;
+  assert_int_equal(setenv("FLASHDECODE_CHECKS", "none,contents", 1), 0);
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  assert_int_equal(fd_decode(h, &f->problem.args, NULL), FD_ERROR_INVALID_LENGTH);
+  assert_int_equal(fd_check_contents(h, NULL), FD_SUCCESS);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(setenv("FLASHDECODE_CHECKS", "contents,pointers", 1), 0);
+  assert_int_equal(fd_create(&h, &options), FD_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(last_message(), "FLASHDECODE_CHECKS=contents,pointers: unknown check \"pointers\""));
+  assert_int_equal(setenv("FLASHDECODE_CHECKS", "", 1), 0);
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  assert_int_equal(fd_decode(h, &f->problem.args, NULL), FD_SUCCESS); /* clamped */
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(unsetenv("FLASHDECODE_CHECKS"), 0);
 }
 
 static void test_rejects_bad_splits(void **state) {
@@ -627,6 +811,22 @@ static void test_rejects_bad_splits(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "num_splits must be in [0, 1024]");
   a.num_splits = FD_MAX_SPLITS + 1;
   expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "got 1025");
+  a = f->problem.args;
+  a.split_tokens = -1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "split_tokens must be in [0, 2147483647]");
+  a.split_tokens = 32;
+  a.num_splits = 4;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "split_tokens (32) and num_splits (4) are both set");
+  /* 5000 tokens in splits of 4 would be 1250 splits. */
+  a = f->problem.args;
+  a.k.shape[1] = a.v.shape[1] = 5000;
+  a.k.strides[1] = a.v.strides[1] = 0;
+  a.seq_lens.data = NULL;
+  a.split_tokens = 4;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SPLITS, "into 1250 splits, more than 1024: use at least 5");
+  a.split_tokens = 5;
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_SUCCESS);
 }
 
 static void test_rejects_non_finite_scale(void **state) {
@@ -644,12 +844,22 @@ static void test_rejects_several_query_tokens(void **state) {
   fixture *f = *state;
   fd_decode_args a = f->problem.args;
   a.q.shape[1] = a.out.shape[1] = a.lse.shape[1] = 2;
-  /* Two query tokens a sequence: room for both in the (unwritten) outputs. */
+  a.q.strides[1] = 0; /* one query row read twice: inputs may repeat */
+  /* Two query tokens a sequence: outputs of their own with room for both. */
+  void *out = malloc(2 * f->problem.out_bytes);
+  void *lse = malloc(2 * f->problem.lse_bytes);
+  a.out.data = out;
   a.out.strides[1] = a.out.strides[0];
   a.out.strides[0] *= 2;
+  a.lse.data = lse;
   a.lse.strides[1] = a.lse.strides[0];
   a.lse.strides[0] *= 2;
-  expect_rejected(f, &a, FD_ERROR_UNSUPPORTED, "q_len must be 1");
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_ERROR_UNSUPPORTED);
+  assert_non_null(strstr(last_message(), "q_len must be 1"));
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_UNSUPPORTED);
+  free(out);
+  free(lse);
 }
 
 static void test_rejects_bad_block_table(void **state) {
@@ -662,12 +872,33 @@ static void test_rejects_bad_block_table(void **state) {
   assert_int_equal(fdt_problem_make(&paged, &c), 0);
   unsigned char *pristine = malloc(paged.out_bytes);
   memcpy(pristine, paged.out, paged.out_bytes);
+  /* Checked: the first bad entry a sequence uses is named, nothing written. */
+  fd_handle *checking = checking_handle();
+  const int32_t saved = paged.block_table[3];
   paged.block_table[3] = 100000;
-  assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
+  assert_int_equal(fd_decode(checking, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
   assert_non_null(strstr(last_message(), "block_table[0][3] must be in [0,"));
   paged.block_table[3] = -1;
-  assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
+  assert_int_equal(fd_decode(checking, &paged.args, NULL), FD_ERROR_INVALID_BLOCK_TABLE);
   assert_memory_equal(paged.out, pristine, paged.out_bytes);
+  assert_int_equal(fd_destroy(checking), FD_SUCCESS);
+  /* Unchecked: entries are clamped into the pool (-1 reads page 0, 100000
+   * the last page), as on the CUDA backend; nothing outside k and v is read. */
+  const int32_t last_page = (int32_t)paged.args.k.shape[0] - 1;
+  const int32_t substitutes[][2] = {{-1, 0}, {100000, last_page}};
+  unsigned char *expected = malloc(paged.out_bytes);
+  for (size_t i = 0; i < 2; ++i) {
+    paged.block_table[3] = substitutes[i][1];
+    assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_SUCCESS);
+    memcpy(expected, paged.out, paged.out_bytes);
+    paged.block_table[3] = substitutes[i][0];
+    fdt_poison_outputs(&paged);
+    assert_int_equal(fd_decode(f->handle, &paged.args, NULL), FD_SUCCESS);
+    assert_memory_equal(paged.out, expected, paged.out_bytes);
+  }
+  free(expected);
+  paged.block_table[3] = saved;
+  fdt_poison_outputs(&paged);
   /* A block table of the wrong width or dtype, or pages of size 0. */
   fd_decode_args a = paged.args;
   a.block_table.shape[0] = 1;
@@ -988,6 +1219,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_shape_mismatch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_non_contiguous_head_dim, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_overlapping_outputs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_out_may_be_q_only, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lse_in_out_padding, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stride_zero_inputs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_misaligned_data, setup, teardown),
       cmocka_unit_test_setup_teardown(test_names_the_tensor_at_fault, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_negative_stride, setup, teardown),
@@ -995,6 +1229,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_oversized_capacity, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_negative_seq_len, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_seq_len_beyond_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unchecked_lengths_are_clamped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_checks_from_options_and_environment, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_splits, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_non_finite_scale, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_several_query_tokens, setup, teardown),

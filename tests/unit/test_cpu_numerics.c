@@ -112,6 +112,53 @@ static void test_deterministic(void **state) {
   fdt_problem_free(&p);
 }
 
+/* Batch invariance (split_tokens): each sequence run alone, with a cache
+ * of its own length, with or without seq_lens, on another thread count,
+ * gives bitwise the output and LSE it gets in the batch. */
+static void test_batch_invariant(void **state) {
+  (void)state;
+  const fdt_layout layouts[] = {FDT_BNHD, FDT_PAGED_NHD, FDT_BHND};
+  const fd_dtype dtypes[] = {FD_DTYPE_BF16, FD_DTYPE_F16, FD_DTYPE_F32};
+  const int64_t split_tokens[] = {64, 100, 1000};
+  for (int i = 0; i < 3; ++i) {
+    fdt_case c = {0};
+    c.batch = 9;
+    c.q_heads = 8;
+    c.kv_heads = 2;
+    c.head_dim = 64;
+    c.kv_len = 700;
+    c.page_size = 16;
+    c.layout = layouts[i];
+    c.dtype = c.out_dtype = dtypes[i];
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.seed = 1234 + (uint64_t)i;
+    fdt_problem p;
+    assert_int_equal(fdt_problem_make(&p, &c), 0);
+    p.args.split_tokens = split_tokens[i];
+    fd_handle *batch_handle = make_cpu_handle(1);
+    fd_handle *solo_handle = make_cpu_handle(8); /* automatic plans would split solos more */
+    assert_int_equal(fd_decode(batch_handle, &p.args, NULL), FD_SUCCESS);
+    char report[256];
+    if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("case %d: %s", i, report);
+    unsigned char *batch_out = malloc(p.out_bytes), *batch_lse = malloc(p.lse_bytes);
+    memcpy(batch_out, p.out, p.out_bytes);
+    memcpy(batch_lse, p.lse, p.lse_bytes);
+    fdt_poison_outputs(&p);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const fd_decode_args solo = fdt_solo_args(&p.args, b, p.lens[b], (int)(b % 2));
+      assert_int_equal(fd_decode(solo_handle, &solo, NULL), FD_SUCCESS);
+    }
+    assert_memory_equal(p.out, batch_out, p.out_bytes);
+    assert_memory_equal(p.lse, batch_lse, p.lse_bytes);
+    free(batch_out);
+    free(batch_lse);
+    assert_int_equal(fd_destroy(batch_handle), FD_SUCCESS);
+    assert_int_equal(fd_destroy(solo_handle), FD_SUCCESS);
+    fdt_problem_free(&p);
+  }
+}
+
 /* Empty sequences: zeros and LSE -inf, never NaN, at any split count. */
 static void test_all_sequences_empty(void **state) {
   (void)state;
@@ -243,15 +290,17 @@ int main(void) {
   static fdt_case cases[kCases];
   static char names[kCases][64];
   make_matrix(cases);
-  struct CMUnitTest tests[kCases + 5];
+  enum { kFixed = 6 }; /* the tests before the matrix */
+  struct CMUnitTest tests[kCases + kFixed];
   tests[0] = (struct CMUnitTest)cmocka_unit_test(test_seed_check);
   tests[1] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[2] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[3] = (struct CMUnitTest)cmocka_unit_test(test_handle_reused_across_shapes);
   tests[4] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
+  tests[5] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   for (int i = 0; i < kCases; ++i) {
     snprintf(names[i], sizeof names[i], "matrix_case_%03d", i);
-    tests[i + 5] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
+    tests[i + kFixed] = (struct CMUnitTest){names[i], run_case, NULL, NULL, &cases[i]};
   }
-  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + 5, NULL, NULL);
+  return _cmocka_run_group_tests("cpu_numerics", tests, kCases + kFixed, NULL, NULL);
 }

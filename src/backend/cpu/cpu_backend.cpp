@@ -24,16 +24,20 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Lengths and page indices are clamped as on the CUDA backend (one contract:
+// flashdecode.h, "Lengths and block tables"); FD_CHECK_CONTENTS refuses
+// bad ones before this runs.
 int64_t sequence_length(const Problem &p, int64_t b) {
   if (!p.has_seq_lens) return p.kv_capacity;
-  return static_cast<const int32_t *>(p.seq_lens.data)[b * p.seq_lens.strides[0]];
+  return clamp_length(static_cast<const int32_t *>(p.seq_lens.data)[b * p.seq_lens.strides[0]], p.kv_capacity);
 }
 
 // Element offset of token `token` of sequence b, KV head h, in a k/v view.
 int64_t cache_offset(const Problem &p, const StridedView &cache, int64_t b, int64_t token, int64_t h) {
   if (!p.paged) return b * cache.strides[0] + token * cache.strides[1] + h * cache.strides[2];
   const auto *table = static_cast<const int32_t *>(p.block_table.data);
-  const int64_t page = table[b * p.block_table.strides[0] + (token / p.page_size) * p.block_table.strides[1]];
+  const int64_t page =
+      clamp_page(table[b * p.block_table.strides[0] + (token / p.page_size) * p.block_table.strides[1]], p.num_pages);
   return page * cache.strides[0] + (token % p.page_size) * cache.strides[1] + h * cache.strides[2];
 }
 
@@ -178,11 +182,15 @@ void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t r
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+  CpuBackend(int num_threads, bool check_contents) : pool_(num_threads), check_contents_(check_contents) {}
 
   fd_backend kind() const override { return FD_BACKEND_CPU; }
   void check_supported(const Problem &) const override {}
-  void check_contents(const Problem &problem) const override { validate_host_contents(problem); }
+  bool checks_contents() const override { return check_contents_; }
+  // Host memory: the contents are read where they are used, and reported
+  // before anything is written.
+  void check_contents(const Problem &problem) override { validate_host_contents(problem); }
+  void wait_and_check_contents(fd_cuda_stream) override {}
 
   // One kernel; about two tasks per thread, none shorter than 256 tokens.
   Plan plan(const Problem &p) const override {
@@ -249,16 +257,17 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
+  bool check_contents_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, bool check_contents) {
   if (num_threads <= 0) {
     num_threads =
         static_cast<int>(std::min<unsigned>(FD_MAX_THREADS, std::max(1u, std::thread::hardware_concurrency())));
   }
-  return std::make_unique<CpuBackend>(num_threads);
+  return std::make_unique<CpuBackend>(num_threads, check_contents);
 }
 
 }  // namespace fd

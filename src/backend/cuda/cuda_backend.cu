@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -69,6 +70,8 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
     // Validation bounds max_pages * page_size by INT32_MAX; a table with no
     // columns leaves page_size unbounded but unused.
     s.page_size = static_cast<int32_t>(std::min<int64_t>(p.page_size, INT32_MAX));
+    // Entries are int32: a pool past INT32_MAX pages is addressed up to there.
+    s.last_page = static_cast<int32_t>(std::min<int64_t>(p.num_pages - 1, INT32_MAX));
     if (s.page_size > 0 && (s.page_size & (s.page_size - 1)) == 0) {
       s.page_shift = 0;
       while ((1 << s.page_shift) < s.page_size) ++s.page_shift;
@@ -106,13 +109,50 @@ cuda::MergeParams merge_params(const Problem &p, const Plan &plan, const cuda::S
   merge.num_splits = plan.num_splits;
   merge.head_dim = s.head_dim;
   merge.q_heads = s.q_heads;
+  merge.batch_invariant = p.batch_invariant();
   merge.output = output_params(p);
   return merge;
 }
 
+cuda::CheckParams check_params(const Problem &p, cuda::ContentReport *report) {
+  cuda::CheckParams c;
+  if (p.has_seq_lens) {
+    c.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
+    c.seq_lens_stride = p.seq_lens.strides[0];
+  }
+  if (p.paged) {
+    c.block_table = static_cast<const int32_t *>(p.block_table.data);
+    c.block_table_strides[0] = p.block_table.strides[0];
+    c.block_table_strides[1] = p.block_table.strides[1];
+    c.page_size = p.page_size;
+    c.num_pages = p.num_pages;
+    c.max_pages = p.max_pages;
+  }
+  c.batch = p.batch;
+  c.kv_capacity = p.kv_capacity;
+  c.report = report;
+  return c;
+}
+
+// The message fd_decode or fd_check_contents reports for what the check
+// kernel found: the status and wording of the CPU backend's host check.
+[[noreturn]] void fail_with_report(const cuda::ContentReport &r) {
+  if (r.found == cuda::kFoundLength) {
+    fail(FD_ERROR_INVALID_LENGTH,
+         "seq_lens[%lld] must be in [0, %lld] (the KV capacity), got %lld (found on the device by a checked decode "
+         "on this handle)",
+         static_cast<long long>(r.sequence), static_cast<long long>(r.bound), static_cast<long long>(r.value));
+  }
+  fail(FD_ERROR_INVALID_BLOCK_TABLE,
+       "block_table[%lld][%lld] must be in [0, %lld) (the page pool), got %lld (found on the device by a checked "
+       "decode on this handle)",
+       static_cast<long long>(r.sequence), static_cast<long long>(r.column), static_cast<long long>(r.bound),
+       static_cast<long long>(r.value));
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, bool check_contents) : device_(device) {
     DeviceGuard guard(device_, primary_context_);
     // Often the first call that creates the device's context: a missing or
     // unloadable kernel image, or a device that is busy (exclusive mode) or
@@ -144,10 +184,37 @@ class CudaBackend final : public Backend {
     check_cuda(cuda::prepare_kernels(&profile_.occupancy), "CUDA backend: preparing the kernels");
     check_cuda(cuda::merge_supports_programmatic_launch(&programmatic_),
                "CUDA backend: checking for programmatic dependent launch");
+    if (check_contents) {
+      // Mapped, so that the host reads what the check kernel wrote without
+      // synchronising; with unified addressing the device uses the same
+      // address (fetched anyway, as the runtime documents).
+      void *host = nullptr;
+      check_cuda(cudaHostAlloc(&host, sizeof(cuda::ContentReport), cudaHostAllocMapped | cudaHostAllocPortable),
+                 "options: allocating the content-check report");
+      report_ = static_cast<cuda::ContentReport *>(host);
+      std::memset(host, 0, sizeof(cuda::ContentReport));
+      void *device_view = nullptr;
+      const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host, 0);
+      if (mapped != cudaSuccess) {
+        cudaFreeHost(host);
+        report_ = nullptr;
+        cuda::fail_cuda("options: mapping the content-check report", mapped);
+      }
+      device_report_ = static_cast<cuda::ContentReport *>(device_view);
+    }
     // The device's primary context, current now: later guards skip the
     // switch when the caller has it current (DeviceGuard).
     primary_context_ = cuda::current_context();
   }
+
+  ~CudaBackend() override {
+    if (report_ == nullptr) return;
+    DeviceGuard guard(device_, primary_context_, std::nothrow);
+    cudaFreeHost(report_);
+    cudaGetLastError();  // nothing to report from a destructor
+  }
+  CudaBackend(const CudaBackend &) = delete;
+  CudaBackend &operator=(const CudaBackend &) = delete;
 
   fd_backend kind() const override { return FD_BACKEND_CUDA; }
 
@@ -165,9 +232,19 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // seq_lens and block_table live on the device: reading them would
-  // synchronise. The kernel clamps lengths instead (see flashdecode.h).
-  void check_contents(const Problem &) const override {}
+  bool checks_contents() const override { return report_ != nullptr; }
+
+  // seq_lens and block_table live on the device: reading them here would
+  // synchronise. The check kernel that decode enqueues reads them there;
+  // what an earlier one found is reported now, before this decode does
+  // anything.
+  void check_contents(const Problem &) override { report_pending(); }
+
+  void wait_and_check_contents(fd_cuda_stream stream) override {
+    DeviceGuard guard(device_, primary_context_);
+    check_cuda(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "fd_check_contents: waiting for stream");
+    report_pending();
+  }
 
   Plan plan(const Problem &p) const override { return cuda::plan_decode(p, profile_); }
 
@@ -216,6 +293,10 @@ class CudaBackend final : public Backend {
     const cuda::SplitParams split = split_params(p, plan, launch, static_cast<char *>(workspace));
     const cuda::MergeParams merge = merge_params(p, plan, split);
     DeviceGuard guard(device_, primary_context_);
+    if (report_ != nullptr) {
+      check_cuda(cuda::launch_check_contents(check_params(p, device_report_), reinterpret_cast<cudaStream_t>(stream)),
+                 "fd_decode: content-check kernel launch");
+    }
     check_cuda(cuda::launch_decode(launch.variant, p.kv_dtype, p.out_dtype, split,
                                    launch.merge == FD_MERGE_SEPARATE ? &merge : nullptr, programmatic_,
                                    reinterpret_cast<cudaStream_t>(stream)),
@@ -231,6 +312,18 @@ class CudaBackend final : public Backend {
   CUcontext primary_context_ = nullptr;  // set at creation; compared, never used to switch
   cuda::DeviceProfile profile_;
   bool programmatic_ = false;  // compute capability 9.0+ with sm_90+ merge code: overlap the next launch
+  // FD_CHECK_CONTENTS: the check kernel's report (null: the handle checks nothing).
+  cuda::ContentReport *report_ = nullptr;
+  cuda::ContentReport *device_report_ = nullptr;
+
+  // Reports and clears what a check kernel found. `found` is read first
+  // (acquire: the kernel fenced the fields before setting it).
+  void report_pending() {
+    if (__atomic_load_n(&report_->found, __ATOMIC_ACQUIRE) == 0) return;
+    const cuda::ContentReport found = *report_;
+    __atomic_store_n(&report_->found, 0, __ATOMIC_RELEASE);
+    fail_with_report(found);
+  }
 };
 
 }  // namespace
@@ -240,12 +333,12 @@ bool cuda_backend_available(int device) noexcept {
   return cuda::probe_device(device, why, sizeof why);
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, bool check_contents) {
   char why[160];
   if (!cuda::probe_device(device, why, sizeof why)) {
     fail(FD_ERROR_NO_DEVICE, "options: CUDA device %d is not available: %s", device, why);
   }
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, check_contents);
 }
 
 }  // namespace fd

@@ -5,6 +5,7 @@
 // kernel family. Every kernel instantiation of the library is here; every
 // switch fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
 #include "backend/cuda/dispatch.h"
+#include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/kernels/split_cuda_core.cuh"
 #include "backend/cuda/kernels/split_tensor_core.cuh"
@@ -293,10 +294,13 @@ struct MergeKernel;
 template <class OutT>
 cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
   MergeParams p = merge;
-  p.groups = merge_groups(p.num_splits, p.head_dim);
+  // Batch-invariant plans group splits as for the most splits, so that the
+  // order of the sums does not depend on how many splits the capacity makes.
+  const int grouped_splits = p.batch_invariant ? kMaxMergeSplits : p.num_splits;
+  p.groups = merge_groups(grouped_splits, p.head_dim);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
-  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
+  config.blockDim = dim3(static_cast<unsigned>(merge_threads(grouped_splits, p.head_dim)));
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   // Programmatic dependent launch: the merge's CTAs may be scheduled once
@@ -400,6 +404,11 @@ cudaError_t merge_supports_programmatic_launch(bool *supported) {
 cudaError_t probe_kernel_image() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
+}
+
+cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {
+  check_contents_kernel<<<1, kCheckThreads, 0, stream>>>(check);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_decode(SplitVariant variant, fd_dtype kv_dtype, fd_dtype out_dtype, const SplitParams &split,

@@ -43,6 +43,7 @@ struct SplitParams {
   int64_t block_table_strides[2] = {0, 0};
   int32_t page_size = 1;
   int32_t page_shift = -1;  // log2(page_size) when it is a power of two, else -1
+  int32_t last_page = 0;    // paged: the pool's last page; entries are clamped to [0, last_page]
 
   int64_t batch = 0;
   int32_t kv_capacity = 0;
@@ -90,8 +91,40 @@ struct MergeParams {
   int32_t num_splits = 1;
   int32_t head_dim = 0;
   int32_t q_heads = 0;
-  int32_t groups = 1;  // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  int32_t groups = 1;            // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  bool batch_invariant = false;  // groups do not depend on num_splits (flashdecode.h, "Batch invariance")
   OutputParams output;
+};
+
+// FD_CHECK_CONTENTS: the first bad seq_lens or block_table entry that the
+// check kernel (kernels/check_contents.cuh) found, in host memory mapped
+// into the device, so that the host reads it without synchronising. The
+// kernel writes the fields, then `found` (after a system-wide fence); the
+// host reads `found` first and clears it after reporting.
+struct ContentReport {
+  int32_t found;  // 0: nothing; kFoundLength or kFoundPage
+  int32_t unused;
+  int64_t sequence;  // b
+  int64_t column;    // block-table column (kFoundPage)
+  int64_t value;     // the bad length or entry
+  int64_t bound;     // kv_capacity or num_pages
+};
+constexpr int32_t kFoundLength = 1;
+constexpr int32_t kFoundPage = 2;
+
+// What the check kernel reads: the lengths and used block-table entries of
+// every sequence, and where it reports.
+struct CheckParams {
+  const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
+  int64_t seq_lens_stride = 0;
+  const int32_t *block_table = nullptr;  // null: dense cache, nothing else to check
+  int64_t block_table_strides[2] = {0, 0};
+  int64_t batch = 0;
+  int64_t kv_capacity = 0;
+  int64_t page_size = 1;
+  int64_t num_pages = 0;
+  int64_t max_pages = 0;
+  ContentReport *report = nullptr;  // device address of the mapped report
 };
 
 constexpr int kMinHeadDim = 16;

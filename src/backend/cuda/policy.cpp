@@ -109,6 +109,20 @@ struct VariantChoice {
   SplitEstimate estimate;
 };
 
+// Batch-invariant plans (flashdecode.h, "Batch invariance"): the kernel may
+// depend on nothing that changes with the batch (size, capacity, whether
+// lengths are given), since another kernel rounds differently. The tensor
+// cores where they take the problem (no MHA wave rule: it counts the
+// batch); wide tiles for dense caches where the device has them, as for
+// ragged dense batches ("Wide tensor-core tiles").
+VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
+  VariantChoice choice;
+  choice.variant = SplitVariant::tensor_core;
+  if (!p.paged && device.occupancy.ctas(SplitVariant::tensor_core_wide, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0)
+    choice.variant = SplitVariant::tensor_core_wide;
+  return choice;
+}
+
 // Which split kernel a problem is planned for, from PlanKey fields alone.
 // The tensor cores where they take the problem (but see
 // kMhaCudaCoreMinWaves). Wide tiles where the device has them, for dense
@@ -120,6 +134,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   VariantChoice choice;
   if (!tensor_cores_take(p)) return choice;
   choice.variant = SplitVariant::tensor_core;
+  if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
     const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
     if (p.batch * p.kv_heads >= kMhaCudaCoreMinWaves * slots) {
@@ -195,9 +210,9 @@ bool paged_fits_32bit(const Problem &p) {
 Plan plan_decode(const Problem &p, const DeviceProfile &device) {
   const VariantChoice choice = choose_split_variant(p, device);
   const SplitCostModel model = cost_model(p, choice.variant, device);
-  const int32_t automatic = p.requested_splits > 0 ? 0
-                            : choice.estimated     ? choice.estimate.splits
-                                                   : estimate_splits(p, model).splits;
+  const int32_t automatic = p.requested_splits > 0 || p.batch_invariant() ? 0
+                            : choice.estimated                            ? choice.estimate.splits
+                                                                          : estimate_splits(p, model).splits;
   Plan plan = layout_plan(p, automatic, model.split_granularity, kMergeCounterBytes);
   plan.kernel_variant = static_cast<uint8_t>(index_of(choice.variant));
   return plan;
@@ -212,6 +227,14 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.group_size, shape.rows);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
+  // Batch-invariant plans always merge in the merge kernel, whose order of
+  // sums they fix, even with one split: the fused and cluster merges and
+  // the split kernel's own epilogue round differently, and which of them
+  // runs would depend on the batch.
+  if (p.batch_invariant()) {
+    launch.merge = FD_MERGE_SEPARATE;
+    return launch;
+  }
   if (plan.num_splits == 1) return launch;
   // In clusters where they fit, else fused into the split kernel where a
   // unit's partials fit, else the merge kernel.

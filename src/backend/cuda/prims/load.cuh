@@ -125,6 +125,13 @@ __device__ __forceinline__ int32_t page_in_sequence(const SplitParams &p, int32_
   return p.page_shift >= 0 ? token >> p.page_shift : token / p.page_size;
 }
 
+// A block-table entry as used: clamped into the pool, so that a bad entry
+// reads a page of the pool, never memory outside it (one contract with the
+// CPU backend: flashdecode.h, "Lengths and block tables").
+__device__ __forceinline__ int32_t pool_page(const SplitParams &p, int32_t entry) {
+  return max(0, min(entry, p.last_page));
+}
+
 // Where token `token` of sequence b, KV head h lives: a dense cache is
 // [batch, token, head] strides; a paged one looks the page up in the block
 // table and uses [page, slot, head] strides. 64-bit throughout: offsets pass
@@ -137,7 +144,7 @@ __device__ inline KvRowOffsets kv_row_offsets(const SplitParams &p, int64_t b, i
   } else {
     const int32_t token32 = static_cast<int32_t>(token);  // tokens < kv_capacity <= INT32_MAX
     const int32_t page = page_in_sequence(p, token32);
-    outer = __ldg(p.block_table + b * p.block_table_strides[0] + page * p.block_table_strides[1]);
+    outer = pool_page(p, __ldg(p.block_table + b * p.block_table_strides[0] + page * p.block_table_strides[1]));
     slot = token32 - page * p.page_size;
   }
   return {outer * p.k_strides[0] + slot * p.k_strides[1] + kv_head * p.k_strides[2],
@@ -322,7 +329,7 @@ struct TileLoader {
     for (int i = 0; i < Traits::kPasses; ++i) {
       const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
       slots[i] = slot;
-      pages[i] = valid ? lookup(page) : 0;
+      pages[i] = valid ? pool_page(p, lookup(page)) : 0;
       page += pass_pages;
       slot += pass_slots;
       if (slot >= p.page_size) {
