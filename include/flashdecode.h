@@ -721,7 +721,8 @@ typedef struct fd_plan_info {
    */
   const char *kernel;
   fd_merge merge;   /**< How the splits' partial results are combined. */
-  int32_t launches; /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
+  int32_t launches; /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA (one more on a handle with
+                         #FD_CHECK_CONTENTS), 0 on the CPU (and for an empty batch). */
   int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
                          covered by fewer, looping blocks); CPU: tasks of the split pass. */
 } fd_plan_info;

@@ -15,8 +15,10 @@ inputs are built once, every variant's output is checked against the float64
 reference, then each round times every variant under CUDA graph replay (KV sets
 rotated, median of the replays), the order reversed on odd rounds. --splits
 adds variants of the first library with num_splits forced for a shape
-("shape:n,n;shape:n"). Prints one line per shape: each variant's per-round
-medians in microseconds.
+("shape:n,n;shape:n"); --split-tokens adds variants of the first library in
+batch-invariant mode (fd_decode_args.split_tokens, 0.3 and later) on every
+shape ("n,n"). Prints one line per shape: each variant's per-round medians
+in microseconds.
 """
 import argparse
 import ctypes
@@ -44,6 +46,8 @@ def main():
                         help="dense K/V rows of this many elements, the first head_dim used (padded rows)")
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
+    parser.add_argument("--split-tokens", default="",
+                        help="batch-invariant variants of the first library, split lengths 'n,n' on every shape")
     parser.add_argument("--plans", action="store_true",
                         help="print each variant's plan (kernel, splits x tokens, merge; builds from 0.2 on)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -65,6 +69,7 @@ def main():
     for part in filter(None, args.splits.split(";")):
         sid, counts = part.split(":")
         forced[int(sid)] = [int(c) for c in counts.split(",")]
+    fixed_lengths = [int(n) for n in filter(None, args.split_tokens.split(","))]
 
     shapes = [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")] + cs.parse_extra_shapes(args.extra, parser)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -76,14 +81,16 @@ def main():
             if args.kv_row and (shape[6] != "dense" or args.kv_row < shape[5]):
                 sys.exit(f"--kv-row {args.kv_row}: for dense shapes with head_dim <= it, not {cs.shape_label(shape)}")
             data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False, kv_row=args.kv_row or None)
-            variants = [(name, fd, handle, 0) for name, fd, handle in libs]
+            variants = [(name, fd, handle, 0, 0) for name, fd, handle in libs]
             base_name, base_fd, base_handle = libs[0]
-            variants += [(f"{base_name}/s{n}", base_fd, base_handle, n) for n in forced.get(shape[0], [])]
+            variants += [(f"{base_name}/s{n}", base_fd, base_handle, n, 0) for n in forced.get(shape[0], [])]
+            variants += [(f"{base_name}/t{n}", base_fd, base_handle, 0, n) for n in fixed_lengths]
             calls = []
-            for name, fd, handle, splits in variants:
+            for name, fd, handle, splits, split_tokens in variants:
                 fd_args = cs.decode_args_per_set(fd, data, shape)
                 for a in fd_args:
                     a.num_splits = splits
+                    a.split_tokens = split_tokens
 
                 # A handle shared by forced-split variants keeps the largest workspace.
                 run = cs.flashdecode_calls(fd, handle, fd_args)

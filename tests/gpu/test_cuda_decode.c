@@ -981,6 +981,13 @@ static void test_contents_checked_on_device(void **state) {
   char report[256] = "";
   int bad = 0;
 
+  /* The check kernel is one more launch. */
+  fd_plan_info info;
+  fd_plan_info_init(&info, sizeof info);
+  assert_int_equal(fd_describe_plan(checking, &t.d.args, &info), FD_SUCCESS);
+  const fd_plan_info unchecked_plan = describe(g_cuda, &t.d.args);
+  if (info.launches != unchecked_plan.launches + 1) bad = 1;
+
   /* Good contents: nothing to report, and the right answer. */
   CUDA_CHECK(cudaDeviceSynchronize());
   assert_int_equal(fd_decode(checking, &t.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS);
@@ -1273,8 +1280,11 @@ static void test_batch_beyond_grid_limit(void **state) {
  * refills_pipeline in policy.cpp); cluster merges have 2-8 splits;
  * the merge decides the launches; the workspace is fd_workspace_size's.
  * On sm_90+ some shapes must get wide tiles (they exist there). */
+/* A dense tensor at a made-up address (plans never read memory): q and out
+ * at 2^32, the cache at 2^40, apart as outputs and inputs must be. */
 static fd_tensor fake_dense(fd_dtype dtype, int64_t b, int64_t n, int64_t h, int64_t d) {
-  fd_tensor t = {(void *)(uintptr_t)0x100000000ull, dtype, 4, {b, n, h, d}, {n * h * d, h * d, d, 1}};
+  const uintptr_t address = n == 1 ? (uintptr_t)1 << 32 : (uintptr_t)1 << 40;
+  fd_tensor t = {(void *)address, dtype, 4, {b, n, h, d}, {n * h * d, h * d, d, 1}};
   return t;
 }
 

@@ -1,0 +1,672 @@
+// SPDX-License-Identifier: Apache-2.0
+/**
+ * @file flashdecode.h
+ * @brief flashdecode: flash-decoding attention behind a stable C ABI.
+ *
+ * One new query token per sequence attends to a long key/value cache. The
+ * cache is split along the sequence; each split computes a partial softmax
+ * (running max m, running sum l, unnormalised accumulator acc) in parallel,
+ * and the splits are merged into the output.
+ *
+ * This header is the whole public API: if it is not declared here, it is not
+ * API. It is C99 and C++ compatible and includes only `<stddef.h>` and
+ * `<stdint.h>`; CUDA types are declared opaquely so that no CUDA header is
+ * needed to use it.
+ *
+ * Reading order: version, status codes and errors, tensors, handle creation,
+ * the decode call, workspace control, plan descriptions.
+ *
+ * @par Thread safety
+ * - fd_version_number(), fd_version_string(), fd_status_string(),
+ *   fd_options_init(), fd_decode_args_init(), fd_plan_info_init() and
+ *   fd_last_error_message() may be called from any thread at any time.
+ * - Distinct handles are independent: any calls on different handles may run
+ *   concurrently from different threads.
+ * - On one handle, calls are serialised by the library: any of them may be
+ *   made from several threads at once and they run one at a time.
+ *   fd_destroy() waits for a call in progress on the handle; calls that start
+ *   after it return #FD_ERROR_INVALID_HANDLE. This orders host calls only: on
+ *   CUDA, decodes on one handle share its workspace and must still be ordered
+ *   on the device (see fd_decode()). Use one handle per thread or stream for
+ *   calls that should run in parallel.
+ * - CUDA graph capture in the default cudaStreamCaptureModeGlobal forbids
+ *   device allocation, freeing and synchronisation in every thread while
+ *   it lasts. The calls on a CUDA handle that do those (fd_create(),
+ *   fd_destroy(), fd_reserve_workspace(), fd_set_workspace(), and an
+ *   fd_decode() that grows its workspace) fail or invalidate the capture if
+ *   another thread is capturing: reserve workspace before capturing, or
+ *   capture in cudaStreamCaptureModeThreadLocal.
+ * - The detailed error message is thread-local: it describes the last failed
+ *   call made by the calling thread.
+ *
+ * @par Exceptions and crashes
+ * No C++ exception ever crosses this ABI. Every argument is checked before any
+ * work starts; on error nothing is written to the output and a specific status
+ * is returned together with a message naming the offending argument.
+ *
+ * @par Versioned structs
+ * #fd_options, #fd_decode_args and #fd_plan_info start with `struct_size`,
+ * the sizeof the caller compiled, so that callers built against older and
+ * newer headers share one ABI. Later minor versions append fields only
+ * past the sizeof of every earlier version (never into its trailing
+ * padding), and zero is the default of every field they add. The inputs
+ * (#fd_options, #fd_decode_args) are read as Linux's
+ * copy_struct_from_user() reads a user's struct:
+ * - a smaller struct_size (an older caller): the fields it lacks take their
+ *   defaults;
+ * - a larger struct_size (a newer caller): the bytes past this library's
+ *   sizeof belong to fields it does not know. If they are all zero, nothing
+ *   is asked of those fields and the call proceeds; if any is not, the call
+ *   asks for something this library cannot do and fails with
+ *   #FD_ERROR_UNSUPPORTED, whose message names the struct and the offset of
+ *   the first non-zero byte, rather than silently ignoring it;
+ * - a struct_size too small for the fields every version has, or above
+ *   4096 (an uninitialised struct), fails with #FD_ERROR_INVALID_ARGUMENT.
+ *
+ * Initialising with the `_init` function zeroes every byte of the caller's
+ * struct_size, so a newer caller is refused only for a field it set. The
+ * output #fd_plan_info is only written, never refused: a newer caller's
+ * extra bytes are left as they are.
+ */
+#ifndef FLASHDECODE_H_INCLUDED
+#define FLASHDECODE_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @brief Marks a function exported from libflashdecode (every other symbol is hidden). */
+#if defined(_WIN32)
+#define FD_API
+#elif defined(__GNUC__) && (__GNUC__ >= 4)
+#define FD_API __attribute__((visibility("default")))
+#else
+#define FD_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup version Version
+ * The macros describe the header you compiled against; the functions describe
+ * the library you loaded. A binding or a dlopen() user compares the two: the
+ * ABI is stable within one major version.
+ * @{ */
+
+/** @brief Major version: changes when the ABI breaks; it is the SONAME suffix. */
+#define FD_VERSION_MAJOR 0
+/** @brief Minor version: changes when API is added in an ABI-compatible way. */
+#define FD_VERSION_MINOR 2
+/** @brief Patch version: changes for fixes only. */
+#define FD_VERSION_PATCH 0
+/** @brief The version as one number: major * 10000 + minor * 100 + patch. */
+#define FD_VERSION_NUMBER (FD_VERSION_MAJOR * 10000 + FD_VERSION_MINOR * 100 + FD_VERSION_PATCH)
+
+/** @brief Helper of #FD_VERSION_STRING: the token @p x as a string literal. Not for use elsewhere. */
+#define FD_VERSION_STR_(x) #x
+/** @brief Helper of #FD_VERSION_STRING: the expansion of the macro @p x as a string literal. */
+#define FD_VERSION_XSTR_(x) FD_VERSION_STR_(x)
+/**
+ * @brief The version as a string literal, "MAJOR.MINOR.PATCH" (e.g. "0.2.0").
+ *
+ * Made from the three numbers above, so it cannot disagree with them; the
+ * library's fd_version_string() returns it as the library was built.
+ */
+#define FD_VERSION_STRING \
+  FD_VERSION_XSTR_(FD_VERSION_MAJOR) "." FD_VERSION_XSTR_(FD_VERSION_MINOR) "." FD_VERSION_XSTR_(FD_VERSION_PATCH)
+
+/**
+ * @brief Version of the loaded library, encoded like #FD_VERSION_NUMBER.
+ * @return major * 10000 + minor * 100 + patch of the library at run time.
+ */
+FD_API unsigned fd_version_number(void);
+
+/**
+ * @brief Version of the loaded library as text, e.g. "0.2.0": the
+ *        #FD_VERSION_STRING of the header it was built with.
+ * @return A static NUL-terminated string; never NULL, never freed.
+ */
+FD_API const char *fd_version_string(void);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup errors Status codes and error messages
+ * Every fallible call returns an ::fd_status; the calling thread's last
+ * detailed message names the argument at fault.
+ * @{ */
+
+/**
+ * @brief Result of every fallible call. Values are pinned and never renumbered.
+ *
+ * On any status other than #FD_SUCCESS, fd_last_error_message() returns a
+ * detailed message for the calling thread, naming the argument at fault.
+ */
+typedef enum fd_status {
+  FD_SUCCESS = 0,                    /**< The call succeeded. */
+  FD_ERROR_NULL_POINTER = 1,         /**< A required pointer (handle, argument struct or tensor data) was NULL. */
+  FD_ERROR_INVALID_ARGUMENT = 2,     /**< A scalar argument is invalid (e.g. a non-finite softmax scale, a
+                                          struct_size too small or above 4096). */
+  FD_ERROR_INVALID_DTYPE = 3,        /**< A dtype is unknown, or not allowed for that tensor, or q/k/v dtypes
+                                          differ. */
+  FD_ERROR_INVALID_HEAD_DIM = 4,     /**< head_dim is out of range for the API or for the handle's backend. */
+  FD_ERROR_INVALID_HEAD_COUNT = 5,   /**< A head count is out of range, or query heads are not a multiple of KV
+                                          heads. */
+  FD_ERROR_INVALID_SHAPE = 6,        /**< A tensor's rank or extents are invalid, or disagree with another
+                                          tensor's (batch, heads, head_dim). */
+  FD_ERROR_INVALID_STRIDE = 7,       /**< A stride is negative, head_dim is not contiguous (stride of head_dim
+                                          must be 1), or an output's strides make its elements share memory. */
+  FD_ERROR_INVALID_LENGTH = 8,       /**< A length is negative or too large, or a sequence is longer than its
+                                          cache. */
+  FD_ERROR_INVALID_BLOCK_TABLE = 9,  /**< A paged-cache block table entry points outside the page pool. */
+  FD_ERROR_INVALID_SPLITS = 10,      /**< num_splits is negative or larger than #FD_MAX_SPLITS. */
+  FD_ERROR_WORKSPACE_TOO_SMALL = 11, /**< The caller-provided workspace is smaller than fd_workspace_size()
+                                          requires, or a library-owned one would have to grow during CUDA graph
+                                          capture. */
+  FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
+                                          (detected by address; see fd_destroy()). */
+  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
+                                          query tokens; or a newer caller's #fd_options or #fd_decode_args with a
+                                          non-zero byte past this library's struct: a field this version does not
+                                          know (see "Versioned structs" above). */
+  FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
+                                          without CUDA. */
+  FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
+                                          beyond what any allocator can satisfy (above PTRDIFF_MAX). */
+  FD_ERROR_CUDA = 16,                /**< The CUDA runtime reported an error; the message carries its text. */
+  FD_ERROR_INTERNAL = 17             /**< A bug in flashdecode; please report it with the message. */
+} fd_status;
+
+/**
+ * @brief A short static description of a status, e.g. "invalid shape".
+ * @param status Any value; unknown values give "unknown status".
+ * @return A static NUL-terminated string; never NULL, never freed.
+ */
+FD_API const char *fd_status_string(fd_status status);
+
+/**
+ * @brief Copies the calling thread's last detailed error message.
+ *
+ * The message is set by every failing call: the status's description, then
+ * the argument at fault and what is wrong with it, e.g. "invalid stride: k:
+ * stride of head_dim must be 1, got 3". Successful calls do not clear it. It
+ * is empty if this thread has seen no error.
+ *
+ * @param buffer Where to copy the message (NUL-terminated, truncated to fit);
+ *        may be NULL when @p buffer_size is 0, to query the length.
+ * @param buffer_size Size of @p buffer in bytes.
+ * @return The full length of the message in bytes, without the terminating
+ *         NUL (as snprintf does); the message was truncated if this is
+ *         >= @p buffer_size.
+ */
+FD_API size_t fd_last_error_message(char *buffer, size_t buffer_size);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup tensors Tensors
+ * Strided views of host or device memory: every input and output of a decode.
+ * @{ */
+
+/** @brief Element type of a tensor. Values are pinned. */
+typedef enum fd_dtype {
+  FD_DTYPE_F32 = 0,  /**< IEEE binary32. */
+  FD_DTYPE_F16 = 1,  /**< IEEE binary16 (half). */
+  FD_DTYPE_BF16 = 2, /**< bfloat16: the upper 16 bits of a binary32. */
+  FD_DTYPE_I32 = 3   /**< int32, for sequence lengths and block tables. */
+} fd_dtype;
+
+/** @brief Largest number of dimensions of an #fd_tensor. */
+#define FD_MAX_DIMS 4
+
+/**
+ * @brief A strided view of memory: pointer, dtype, shape and element strides.
+ *
+ * The meaning of each dimension is fixed by the tensor's role (see
+ * #fd_decode_args); the memory layout is given only by the strides, so BHND
+ * (`[batch, heads, seq, dim]`) and BNHD (`[batch, seq, heads, dim]`) caches, or
+ * a slice of a larger cache, are all the same call with different strides.
+ * The last dimension (head_dim) must be contiguous (stride 1). Strides are in
+ * elements, not bytes, and must not be negative; a non-empty tensor's bytes,
+ * from `data` to the end of its furthest element, must span at most
+ * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_SHAPE
+ * otherwise: no memory block is larger). Data must be aligned to its
+ * element size (2 bytes for f16 and bf16, 4 for f32 and i32). The
+ * outputs (`out`, `lse`) must not overlap themselves: no two of their
+ * elements may share memory (#FD_ERROR_INVALID_STRIDE); nor may `out`
+ * and `lse` share memory with each other (#FD_ERROR_INVALID_ARGUMENT).
+ *
+ * Memory is host memory for the CPU backend and device memory (of the
+ * handle's device) for the CUDA backend.
+ */
+typedef struct fd_tensor {
+  void *data;                   /**< First element; NULL marks an optional tensor as absent. */
+  fd_dtype dtype;               /**< Element type. */
+  int32_t ndim;                 /**< Number of dimensions used in @p shape and @p strides. */
+  int64_t shape[FD_MAX_DIMS];   /**< Extent of each dimension. */
+  int64_t strides[FD_MAX_DIMS]; /**< Distance in elements between neighbours along each dimension. */
+} fd_tensor;
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup handles Handles
+ * A handle holds a backend (CPU or CUDA), its device and its workspace;
+ * create one with fd_create() and reuse it across calls.
+ * @{ */
+
+/** @brief An opaque decode handle: a backend, its device and its workspace. */
+typedef struct fd_handle fd_handle;
+
+/**
+ * @brief A CUDA stream (`cudaStream_t`), declared without CUDA headers.
+ *
+ * NULL is the legacy default stream.
+ */
+typedef struct CUstream_st *fd_cuda_stream;
+
+/** @brief Which backend a handle runs on. Values are pinned. */
+typedef enum fd_backend {
+  FD_BACKEND_AUTO = 0, /**< CUDA on fd_options::device if the library has a CUDA backend and the device is
+                            usable, else the CPU. */
+  FD_BACKEND_CPU = 1,  /**< The multi-threaded CPU backend; always available. */
+  FD_BACKEND_CUDA = 2  /**< The CUDA backend on fd_options::device. */
+} fd_backend;
+
+/** @brief Largest accepted fd_options::num_threads. */
+#define FD_MAX_THREADS 1024
+
+/**
+ * @brief Options for fd_create(). Initialise with
+ *        `fd_options_init(&options, sizeof options)`.
+ *
+ * The struct starts with its own size so fields can be appended in later
+ * minor versions without breaking callers compiled against older or newer
+ * headers: a newer caller's fields that this library does not know must be
+ * zero (see "Versioned structs" in the file description).
+ */
+typedef struct fd_options {
+  size_t struct_size;  /**< sizeof(fd_options) as the caller compiled it; set by fd_options_init(). Bytes past
+                            this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
+  fd_backend backend;  /**< Backend to use; default #FD_BACKEND_AUTO. */
+  int32_t device;      /**< CUDA device ordinal for the CUDA backend; default 0. */
+  int32_t num_threads; /**< Worker threads for the CPU backend, at most #FD_MAX_THREADS; 0 (default) uses
+                            every online core (up to that). */
+} fd_options;
+
+/**
+ * @brief Fills the caller's options struct with defaults and sets its struct_size.
+ *
+ * Safe across versions: writes exactly @p struct_size bytes, so a caller
+ * compiled against an older (smaller) header is never overrun, and bytes this
+ * library does not know (a newer header's fields) are zeroed — zero is the
+ * default of every field added later.
+ *
+ * @param options The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*options) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_options) of this library, for bindings that check the ABI.
+ */
+FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
+
+/**
+ * @brief Creates a decode handle.
+ *
+ * Allocates no workspace yet: that happens on the first fd_decode() or on
+ * fd_reserve_workspace(). For the CUDA backend this initialises the device's
+ * primary context.
+ *
+ * @param[out] handle Receives the new handle; set to NULL on failure.
+ * @param options Options, or NULL for the defaults of fd_options_init().
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p handle is NULL;
+ *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
+ *         count (above #FD_MAX_THREADS), or a negative device with
+ *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
+ *         #FD_ERROR_UNSUPPORTED for a non-zero byte past this library's
+ *         #fd_options (a newer caller's field; see "Versioned structs");
+ *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
+ *         device is missing, unavailable (exclusive mode, a driver too old),
+ *         cannot run this build's kernels, or the library has no CUDA
+ *         backend (#FD_BACKEND_AUTO then takes the CPU instead);
+ *         #FD_ERROR_OUT_OF_MEMORY, also when the system refuses a worker
+ *         thread; #FD_ERROR_CUDA for other CUDA runtime failures.
+ */
+FD_API fd_status fd_create(fd_handle **handle, const fd_options *options);
+
+/**
+ * @brief Destroys a handle and frees its library-owned workspace.
+ *
+ * Waits for a call on the handle in progress on another thread, but for no
+ * device work: the caller must ensure no decode enqueued with this handle is
+ * still running on the device (for example by synchronising the stream it
+ * used). Caller-provided workspace is not freed.
+ *
+ * A handle is recognised by its address: calls on a destroyed handle return
+ * #FD_ERROR_INVALID_HANDLE instead of touching freed memory, until a later
+ * fd_create() happens to return the same address, which then names the new
+ * handle. Do not keep pointers to destroyed handles.
+ *
+ * @param handle The handle; NULL is accepted and does nothing.
+ * @return #FD_SUCCESS; #FD_ERROR_INVALID_HANDLE if it is not live.
+ */
+FD_API fd_status fd_destroy(fd_handle *handle);
+
+/**
+ * @brief Reports the backend a handle runs on (resolves #FD_BACKEND_AUTO).
+ * @param handle A live handle.
+ * @param[out] backend Receives #FD_BACKEND_CPU or #FD_BACKEND_CUDA.
+ * @return #FD_SUCCESS, #FD_ERROR_NULL_POINTER or #FD_ERROR_INVALID_HANDLE.
+ */
+FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup decode Decode
+ * The call itself: what it reads and writes (::fd_decode_args) and fd_decode().
+ * @{ */
+
+/** @brief Largest accepted head_dim. */
+#define FD_MAX_HEAD_DIM 256
+/** @brief Largest accepted number of query heads (and of KV heads). */
+#define FD_MAX_HEADS 4096
+/** @brief Largest accepted batch (sequences per call). */
+#define FD_MAX_BATCH INT32_MAX
+/** @brief Largest accepted KV capacity per sequence (tokens). */
+#define FD_MAX_KV_LEN INT32_MAX
+/** @brief Largest accepted split count in fd_decode_args::num_splits. */
+#define FD_MAX_SPLITS 1024
+
+/**
+ * @brief Everything one decode call reads and writes. Initialise with
+ *        `fd_decode_args_init(&args, sizeof args)`, then fill in the tensors.
+ *
+ * Shapes, by role (dimension order is fixed; layout comes from strides):
+ * - `q`:   `[batch, q_len, q_heads, head_dim]`; q_len must be 1 in this
+ *          version (the dimension exists so several query tokens per sequence
+ *          can be added without an ABI change).
+ * - `k`, `v` (dense cache, @p block_table absent):
+ *          `[batch, kv_capacity, kv_heads, head_dim]`. A BHND cache
+ *          `[batch, heads, seq, dim]` is the same tensor with strides
+ *          `{H*N*D, D, N*D, 1}`.
+ * - `k`, `v` (paged cache, @p block_table present):
+ *          `[num_pages, page_size, kv_heads, head_dim]`: the page pool. NHD
+ *          pages (`[page, slot, head, dim]`) and HND pages
+ *          (`[page, head, slot, dim]`) differ only in strides.
+ * - `out`: `[batch, q_len, q_heads, head_dim]`, dtype of q or #FD_DTYPE_F32.
+ * - `lse`: optional, `[batch, q_len, q_heads]`, #FD_DTYPE_F32: the natural
+ *          logarithm of the softmax denominator, log(sum_j exp(scale * q.k_j)).
+ *          Natural log (not base 2), so partial results from different
+ *          libraries merge correctly. -inf for an empty sequence.
+ * - `seq_lens`: optional, `[batch]`, #FD_DTYPE_I32: tokens of each sequence
+ *          (0 allowed: its output is zeros and its LSE -inf). Absent: every
+ *          sequence uses the whole kv_capacity. Only the first seq_lens[b]
+ *          tokens are ever read, so padding may hold anything, NaN included.
+ * - `block_table`: optional, `[batch, max_pages]`, #FD_DTYPE_I32: page
+ *          indices into the pool; a sequence's capacity is max_pages * page_size.
+ *
+ * q, k and v share one dtype of F32, F16 or BF16. Query head h attends to KV
+ * head h / (q_heads / kv_heads) (grouped-query attention; MQA when kv_heads
+ * is 1). Scores, the softmax state and the accumulation are float32 whatever
+ * the storage type; with 16-bit inputs and a 16-bit output the CUDA backend
+ * rounds the softmax weights to the input type before multiplying by V (as
+ * FlashAttention does), scaled so that weights down to 2^-29 of the largest
+ * keep full fp16 precision, which stays well within that output's precision.
+ * An F32 output keeps the weights in float32.
+ *
+ * Non-finite values. A score is scale * q.k computed in float32 (with q
+ * pre-multiplied by the scale); both backends then follow these rules:
+ * - A score of -inf masks its key: it gets weight 0 (a large negative
+ *   score whose float32 product or sum overflows is such a score). A row
+ *   whose keys are all masked is zeros with LSE -inf, as an empty sequence.
+ * - A score that is NaN or +inf (a NaN in q or k, an infinite q or k
+ *   element whose product does not cancel, or an overflow to +inf) makes
+ *   that row's output and LSE NaN.
+ * - A NaN or infinity in v reaches every row that gives its token a
+ *   non-zero weight. Under a masked key it may or may not (0 * NaN is NaN
+ *   where a kernel multiplies, and a kernel may skip masked blocks), so the
+ *   result can depend on the plan: masking does not hide non-finite v.
+ * Tokens past a sequence's length are never read and cannot affect it.
+ *
+ * The CPU backend validates seq_lens and block_table contents (host memory).
+ * The CUDA backend cannot read them without synchronising, so it clamps each
+ * length to [0, kv_capacity] and does not check page indices.
+ */
+typedef struct fd_decode_args {
+  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
+                              Bytes past this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
+  fd_tensor q;           /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor k;           /**< Key cache (dense or page pool, see above). */
+  fd_tensor v;           /**< Value cache, same shape as @p k. */
+  fd_tensor out;         /**< Output, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor lse;         /**< Optional log-sum-exp output (data NULL: not written). */
+  fd_tensor seq_lens;    /**< Optional per-sequence KV lengths (data NULL: full capacity). */
+  fd_tensor block_table; /**< Optional paged-cache block table (data NULL: dense cache). */
+  double softmax_scale;  /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
+                              be finite, and so must scale * log2(e) as a float (|scale| below about
+                              2.3e38). Scores it makes overflow follow the non-finite rules above. */
+  int32_t num_splits;    /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
+} fd_decode_args;
+
+/**
+ * @brief Fills the caller's args struct with defaults (all tensors absent,
+ *        automatic scale and splits) and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param args The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*args) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_decode_args) of this library.
+ */
+FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
+
+/**
+ * @brief Computes decode attention for one query token per sequence.
+ *
+ * For every batch b and query head h:
+ * `out[b,0,h,:] = softmax(scale * q[b,0,h,:] . K[b,0:len_b,g,:]^T) V[b,0:len_b,g,:]`
+ * with g the KV head of h's group. The KV sequence is split into
+ * fd_decode_args::num_splits parts whose partial softmax states are merged in
+ * a fixed order: the same inputs and the same plan give bitwise-identical
+ * results.
+ *
+ * CUDA backend: asynchronous on @p stream; does not allocate, copy to or from
+ * the host, or synchronise once the workspace is large enough (see
+ * fd_reserve_workspace()), so it may be captured in a CUDA graph. Called
+ * during capture with too small a library-owned workspace, it returns
+ * #FD_ERROR_WORKSPACE_TOO_SMALL rather than allocate, and the capture stays
+ * valid. A captured graph holds the workspace's address: it stays valid
+ * until the handle's workspace changes (an fd_decode() or
+ * fd_reserve_workspace() that grows it, fd_set_workspace(), fd_destroy()).
+ * The handle keeps the plan of its last call and reuses it while the shapes
+ * stay the same. Decodes on one handle share its workspace (partial
+ * results, and counters that each launch leaves at zero), so they must run
+ * one after another on the device: enqueue them on one stream, or on
+ * streams ordered by events, graph replays included. Decodes that may run
+ * at the same time need one handle each. The call runs on the handle's
+ * device whatever device the calling thread has current, and leaves the
+ * thread's current context as it found it.
+ * CPU backend: synchronous, on the handle's worker threads; @p stream is
+ * ignored.
+ *
+ * Everything is validated before any work; on error the outputs are untouched.
+ *
+ * @param handle A live handle (calls on it from other threads wait their turn).
+ * @param args The problem; see #fd_decode_args.
+ * @param stream CUDA stream to enqueue on (NULL: the legacy default stream of the handle's device).
+ * @return #FD_SUCCESS or the status of the first problem found; see
+ *         fd_last_error_message() for details.
+ */
+FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cuda_stream stream);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup workspace Workspace
+ * The per-split partial results (m, l, acc) live in a workspace. By default
+ * the handle owns it, grows it on demand and reuses it across calls. To keep
+ * fd_decode() free of allocation (CUDA graph capture, real-time loops),
+ * reserve capacity ahead with fd_reserve_workspace(), or hand the handle
+ * memory of your own with fd_set_workspace().
+ * @{ */
+
+/**
+ * @brief Bytes of workspace fd_decode() needs for a problem on this handle.
+ *
+ * Depends only on shapes and num_splits, never on tensor contents.
+ *
+ * @param handle A live handle.
+ * @param args The problem, validated as fd_decode() validates it.
+ * @param[out] bytes Receives the size in bytes (0 if none is needed).
+ * @return #FD_SUCCESS or the validation status of @p args.
+ */
+FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args *args, size_t *bytes);
+
+/**
+ * @brief Makes sure the handle owns at least @p bytes of workspace.
+ *
+ * Allocates (on the handle's device for CUDA) if the library-owned workspace
+ * is smaller, and then (CUDA) zeroes the state kept at its start and waits
+ * for that; never shrinks it. Has no effect on a caller-provided workspace
+ * other than checking its size.
+ *
+ * A size no allocator can satisfy (above PTRDIFF_MAX, e.g. SIZE_MAX or a
+ * wrapped subtraction) is refused with #FD_ERROR_OUT_OF_MEMORY before any
+ * allocator sees it, as is a size the allocator refuses. On any error the
+ * handle keeps the workspace it had, and later calls use it as before.
+ *
+ * @param handle A live handle.
+ * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
+ *         #FD_ERROR_OUT_OF_MEMORY if @p bytes cannot be allocated (or is
+ *         above PTRDIFF_MAX); #FD_ERROR_WORKSPACE_TOO_SMALL if a
+ *         caller-provided workspace is smaller than @p bytes;
+ *         #FD_ERROR_CUDA if zeroing the state fails.
+ */
+FD_API fd_status fd_reserve_workspace(fd_handle *handle, size_t bytes);
+
+/**
+ * @brief Hands the handle caller-owned workspace memory, or goes back to
+ *        library-owned workspace.
+ *
+ * The memory must be host memory for the CPU backend and device memory of
+ * the handle's device for the CUDA backend, aligned to 256 bytes, and stay
+ * valid until it is replaced or the handle destroyed. A library-owned
+ * workspace is freed. The CUDA backend keeps state between calls at the
+ * start of its workspace (counters of the merge fused into the split
+ * kernel, 64 KiB): this call zeroes that part and waits until it is done, so
+ * the memory must not be in use by other work, and the caller must not
+ * write to it while it belongs to the handle.
+ *
+ * No memory block can be larger than PTRDIFF_MAX bytes or run past the end
+ * of the address space: such a @p bytes is refused with
+ * #FD_ERROR_INVALID_ARGUMENT (nothing is allocated here, so it is not
+ * #FD_ERROR_OUT_OF_MEMORY). On any error the handle keeps the workspace it
+ * had.
+ *
+ * @param handle A live handle.
+ * @param workspace The memory, or NULL to return to library-owned workspace.
+ * @param bytes Its size in bytes (ignored when @p workspace is NULL).
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
+ *         #FD_ERROR_INVALID_ARGUMENT if misaligned or if @p bytes is
+ *         impossible (see above); #FD_ERROR_CUDA if zeroing the state
+ *         fails (e.g. host memory given to a CUDA handle).
+ */
+FD_API fd_status fd_set_workspace(fd_handle *handle, void *workspace, size_t bytes);
+
+/** @} */
+
+/* ------------------------------------------------------------------------ */
+/** @defgroup plans Plans
+ * What fd_decode() would run for a problem: the split count the planner
+ * chose, the kernel, how the splits are merged and how many launches that
+ * takes. For logs, tuning and tests; fd_decode() needs none of it. Since 0.2.
+ * @{ */
+
+/** @brief How a decode combines the partial results of its splits. Values are pinned. */
+typedef enum fd_merge {
+  FD_MERGE_NONE = 0,     /**< One split (CUDA): the split kernel writes the output itself. */
+  FD_MERGE_SEPARATE = 1, /**< A pass after every split is done: the CUDA merge kernel (a second launch), or
+                              the CPU backend's merge pass. */
+  FD_MERGE_FUSED = 2,    /**< CUDA: the last thread block of each (sequence, KV head) to finish merges its
+                              splits inside the split kernel, counting finished blocks at the start of the
+                              workspace. */
+  FD_MERGE_CLUSTER = 3   /**< CUDA, compute capability 9.0+: the splits of each (sequence, KV head) run as
+                              one thread-block cluster and merge through distributed shared memory. */
+} fd_merge;
+
+/**
+ * @brief A description of the work fd_decode() would do for one problem.
+ *        Initialise with `fd_plan_info_init(&info, sizeof info)`; filled by
+ *        fd_describe_plan().
+ *
+ * Starts with its own size, like #fd_options: a later minor version may
+ * append fields, and fd_describe_plan() writes only the caller's
+ * struct_size bytes. An output, so a newer caller's larger struct is never
+ * refused: the bytes past this library's sizeof are left as they are.
+ */
+typedef struct fd_plan_info {
+  size_t struct_size;     /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */
+  fd_backend backend;     /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
+  int32_t num_splits;     /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's
+                               choice when that is 0. */
+  int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty). */
+  size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
+  /**
+   * The split kernel, as a static NUL-terminated string (never NULL, never
+   * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
+   * `"tensor-core-<bucket>"` or `"tensor-core-wide-<bucket>"` with the
+   * head_dim bucket (64, 128 or 256) whose code runs. For logs: the names
+   * may change between versions.
+   */
+  const char *kernel;
+  fd_merge merge;   /**< How the splits' partial results are combined. */
+  int32_t launches; /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA, 0 on the CPU (and for an empty batch). */
+  int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
+                         covered by fewer, looping blocks); CPU: tasks of the split pass. */
+} fd_plan_info;
+
+/**
+ * @brief Fills the caller's plan-info struct with zeros and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param info The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*info) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_plan_info) of this library.
+ */
+FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size);
+
+/**
+ * @brief Describes what fd_decode() would run for @p args on this handle,
+ *        without running it.
+ *
+ * Validates @p args as fd_workspace_size() does (everything fd_decode()
+ * checks but the contents of seq_lens and block_table, which the CPU
+ * backend reads only in fd_decode()) and plans the problem the same way:
+ * the same plan, kernel and merge, pointer alignment and strides included.
+ * It allocates nothing, enqueues nothing and does not change the handle.
+ * The description holds for fd_decode() calls on this handle with the same
+ * shapes, strides, split count and pointer alignment. An empty batch runs
+ * nothing: #FD_MERGE_NONE, no launches, no blocks.
+ *
+ * @param handle A live handle.
+ * @param args The problem, validated as fd_decode() validates it.
+ * @param[in,out] info Initialised with fd_plan_info_init(); receives the
+ *        description (only its struct_size bytes are written).
+ * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p info is NULL;
+ *         #FD_ERROR_INVALID_ARGUMENT if its struct_size is too small; or
+ *         the validation status of @p args. On error @p info is untouched.
+ */
+FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info);
+
+/** @} */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHDECODE_H_INCLUDED */
