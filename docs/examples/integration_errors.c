@@ -95,6 +95,7 @@ int main(void) {
   fd_options_init(&options, sizeof options);
   options.backend = FD_BACKEND_CPU;
   options.num_threads = 2;
+  options.checks = FD_CHECK_CONTENTS; /* lengths and page ids too, as while debugging an integration */
   fd_handle *handle = NULL;
   if (fd_create(&handle, &options) != FD_SUCCESS) return 1;
   int failures = 0;
