@@ -728,10 +728,12 @@ class Handle:
         _fill(call.args.k, k_view, _cache_dims(k_view, layout, "k", paged))
         _fill(call.args.v, v_view, _cache_dims(v_view, layout, "v", paged))
 
-        if out is None and size_query:
-            # The size and plan queries read shapes only: q's memory stands in
-            # for the output, described as the contiguous array decode would
-            # allocate (q itself may be a broadcast view, which no output may be).
+        placeholder_out = out is None and size_query
+        if placeholder_out:
+            # The size and plan queries read shapes only: the output is
+            # described as the contiguous array decode would allocate, at an
+            # address apart from every input's bytes (set below, once all are
+            # described), which the library validates but never touches.
             shape, _ = _query_dims(q_view, layout, "out")
             _fill(call.args.out, q_view, (shape, _contiguous(shape)))
         else:
@@ -763,6 +765,8 @@ class Handle:
             _fill(call.args.block_table, table_view, _own_dims(table_view, "block_table"))
         call.args.softmax_scale = _softmax_scale(softmax_scale)
         call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits")
+        if placeholder_out:
+            call.args.out.data = _address_apart(call.args)
         return call
 
 
@@ -1078,6 +1082,42 @@ def _fill(tensor: FdTensor, view: ArrayView, dims: Dims) -> None:
     for axis, (extent, stride) in enumerate(zip(shape, strides)):
         tensor.shape[axis] = extent
         tensor.strides[axis] = stride
+
+
+_ELEMENT_BYTES: Dict[int, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I32: 4}
+_ADDRESS_LIMIT = 2**63  # below any sign or address-space trouble on 64-bit Linux
+
+
+def _extent_bytes(tensor: FdTensor) -> int:
+    """Bytes of a described tensor from its first element to the end of its furthest one; 0 if it is empty."""
+    furthest = 0
+    for axis in range(tensor.ndim):
+        extent = int(tensor.shape[axis])
+        if extent <= 0:
+            return 0
+        furthest += (extent - 1) * int(tensor.strides[axis])
+    return (furthest + 1) * _ELEMENT_BYTES.get(int(tensor.dtype), 4)
+
+
+def _address_apart(args: FdDecodeArgs) -> int:
+    """An address for a size query's stand-in output (``args.out``, described but for its data)
+    whose bytes overlap no input's, aligned as a fresh allocation is: the library refuses an output
+    that overlaps an input other than as ``out`` = ``q`` exactly, and plans the same for any out."""
+    inputs: List[Tuple[int, int]] = []
+    for tensor in (args.q, args.k, args.v, args.seq_lens, args.block_table):
+        start = int(tensor.data or 0)
+        size = _extent_bytes(tensor) if start else 0
+        if size > 0:
+            inputs.append((start, start + size))
+    alignment = _library.WORKSPACE_ALIGNMENT
+    if not inputs:
+        return alignment
+    size = _extent_bytes(args.out)
+    above = -(-max(end for _, end in inputs) // alignment) * alignment
+    if above + size <= _ADDRESS_LIMIT:
+        return above
+    below = (min(start for start, _ in inputs) - size) // alignment * alignment
+    return below if below >= alignment else above  # nowhere apart: an input's strides span the address space
 
 
 def _contiguous(shape: Tuple[int, ...]) -> Tuple[int, ...]:
