@@ -15,6 +15,12 @@
 // tensors are device pointers (uintptr) for the CUDA backend. Failures are
 // *Error values carrying the library's message; errors.Is matches them
 // against the Err* statuses.
+//
+// The package builds against the header of the library it links (0.2 or
+// later) and needs a library at least as new at run time. Built against a
+// 0.2 header it has no 0.3 features: Options.CheckContents,
+// DecodeArgs.SplitTokens and Handle.CheckContents then fail with
+// ErrUnsupported, naming the version they need.
 package flashdecode
 
 /*
@@ -46,6 +52,27 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
 // Device addresses arrive as integers; converting them in C keeps them out
 // of Go's pointer rules (they never point into Go memory).
 static void *fdgo_address(uintptr_t address) { return (void *)address; }
+
+// What 0.3 added, where the header has it: the package builds against a 0.2
+// header too, without these features (HeaderHas03).
+enum { FDGO_CHECK_CONTENTS = 1 }; // FD_CHECK_CONTENTS (pinned)
+#if FD_VERSION_MINOR >= 3
+enum { FDGO_HAS_0_3 = 1 };
+static void fdgo_set_checks(fd_options *options, uint32_t checks) { options->checks = checks; }
+static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { args->split_tokens = tokens; }
+static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
+  return fd_check_contents(handle, (fd_cuda_stream)stream);
+}
+#else
+enum { FDGO_HAS_0_3 = 0 };
+static void fdgo_set_checks(fd_options *options, uint32_t checks) { (void)options; (void)checks; }
+static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { (void)args; (void)tokens; }
+static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
+  (void)handle;
+  (void)stream;
+  return FD_ERROR_UNSUPPORTED;
+}
+#endif
 */
 import "C"
 
@@ -60,13 +87,16 @@ import (
 const (
 	HeaderVersionMajor = C.FD_VERSION_MAJOR
 	HeaderVersionMinor = C.FD_VERSION_MINOR
+	// HeaderHas03 says whether that header has 0.3's features (content
+	// checks, SplitTokens); without them they fail with ErrUnsupported.
+	HeaderHas03 = C.FDGO_HAS_0_3 == 1
 	// MaxDims is the most dimensions a tensor has.
 	MaxDims = C.FD_MAX_DIMS
 	// WorkspaceAlignment is the alignment in bytes SetWorkspace requires.
 	WorkspaceAlignment = 256
 )
 
-// Version is the loaded library's version string, e.g. "0.1.0".
+// Version is the loaded library's version string, e.g. "0.3.0".
 func Version() string { return C.GoString(C.fd_version_string()) }
 
 // VersionNumber is the loaded library's version as major*10000 + minor*100 + patch.
@@ -79,15 +109,35 @@ var (
 
 // checkVersion makes sure, once, that the loaded library has the header's
 // major version and at least its minor version (the declarations used here).
+// (A library older than the header usually fails to load at all: the
+// dynamic loader finds no version node of that minor, e.g. FLASHDECODE_0.3.)
 func checkVersion() error {
 	versionOnce.Do(func() {
 		loaded := VersionNumber()
 		if loaded/10000 != HeaderVersionMajor || loaded/100%100 < HeaderVersionMinor {
-			versionError = refuse(ErrUnsupported, fmt.Sprintf("libflashdecode %s is loaded; this package needs %d.x with x >= %d",
-				Version(), HeaderVersionMajor, HeaderVersionMinor))
+			versionError = refuse(ErrUnsupported, fmt.Sprintf(
+				"libflashdecode %s is loaded; this package was compiled against flashdecode.h %d.%d and needs %d.x with x >= %d",
+				Version(), HeaderVersionMajor, HeaderVersionMinor, HeaderVersionMajor, HeaderVersionMinor))
 		}
 	})
 	return versionError
+}
+
+// require03 is nil when the header this package was compiled against has
+// 0.3's features, else the ErrUnsupported error for feature.
+func require03(feature string) error {
+	if HeaderHas03 {
+		return nil
+	}
+	return refuse(ErrUnsupported, fmt.Sprintf(
+		"%s needs flashdecode 0.3 or later; this package was compiled against flashdecode.h %d.%d",
+		feature, HeaderVersionMajor, HeaderVersionMinor))
+}
+
+// setSplitTokens sets fd_decode_args.split_tokens (a 0.3 header's field;
+// the C helpers live in this file's preamble).
+func setSplitTokens(raw *C.fd_decode_args, tokens int) {
+	C.fdgo_set_split_tokens(raw, C.int64_t(tokens))
 }
 
 // Backend is where a handle runs (fd_backend).
@@ -116,11 +166,21 @@ func (b Backend) String() string {
 }
 
 // Options configure New. The zero value picks BackendAuto on device 0 with
-// a CPU worker per core.
+// a CPU worker per core, and no content checks.
 type Options struct {
 	Backend    Backend
 	Device     int // CUDA device ordinal
 	NumThreads int // CPU backend workers; 0 uses every core
+	// CheckContents checks seq_lens and block_table on every decode
+	// (FD_CHECK_CONTENTS, since 0.3). Without it each length is clamped to
+	// [0, kv_capacity] and each used page index into the pool: a bad one
+	// gives a meaningless result, not an error. With it a bad length fails
+	// with ErrInvalidLength and a bad page index with ErrInvalidBlockTable,
+	// naming the element: from Decode itself on the CPU backend; on CUDA,
+	// where the check runs on the device, from the next Decode or from
+	// Handle.CheckContents. FLASHDECODE_CHECKS=contents in the environment
+	// turns the checks on for every handle.
+	CheckContents bool
 }
 
 // Handle is a backend, its device, and a workspace reused across calls.
@@ -150,6 +210,12 @@ func New(options Options) (*Handle, error) {
 	raw.num_threads = C.int32_t(options.NumThreads)
 	if int(raw.device) != options.Device || int(raw.num_threads) != options.NumThreads {
 		return nil, refuse(ErrInvalidArgument, "options: device and thread count must fit in 32 bits")
+	}
+	if options.CheckContents {
+		if err := require03("Options.CheckContents"); err != nil {
+			return nil, err
+		}
+		C.fdgo_set_checks(&raw, C.FDGO_CHECK_CONTENTS)
 	}
 	h := &Handle{device: options.Device}
 	if err := call(func() C.fd_status { return C.fd_create(&h.raw, &raw) }); err != nil {
@@ -195,6 +261,31 @@ func (h *Handle) Decode(args *DecodeArgs) error {
 func (h *Handle) DecodeOnStream(args *DecodeArgs, stream uintptr) error {
 	_, err := h.run(args, stream, C.FDGO_DECODE, nil)
 	return err
+}
+
+// CheckContents reports a bad seq_lens or block_table entry that a checked
+// decode found (fd_check_contents, since 0.3), after waiting for the legacy
+// default stream; see CheckContentsOnStream.
+func (h *Handle) CheckContents() error {
+	return h.CheckContentsOnStream(0)
+}
+
+// CheckContentsOnStream reports a bad seq_lens or block_table entry that a
+// checked decode found, after waiting for stream (the cudaStream_t the
+// decodes ran on; 0 is the legacy default stream).
+//
+// For handles made with Options.CheckContents. On CUDA the checks run on
+// the device, asynchronously: this synchronises the stream and returns what
+// the first bad decode since the last report found (ErrInvalidLength or
+// ErrInvalidBlockTable), then clears the report. On the CPU backend Decode
+// fails at once, so there is never anything left to report. It fails with
+// ErrInvalidArgument for a handle without checks (or a stream being
+// captured into a CUDA graph).
+func (h *Handle) CheckContentsOnStream(stream uintptr) error {
+	if err := require03("Handle.CheckContents"); err != nil {
+		return err
+	}
+	return h.locked(func(raw *C.fd_handle) C.fd_status { return C.fdgo_check_contents(raw, C.uintptr_t(stream)) })
 }
 
 // WorkspaceSize is the bytes of workspace Decode needs for args on this

@@ -134,7 +134,7 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		if extent > 1 {
 			// Each term stays below 2^62; their sum is checked too.
 			if stride > (1<<62)/extent || last > math.MaxInt64-(extent-1)*stride {
-				return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v overflows", name, t.shape, t.strides))
+				return raw, refuse(ErrInvalidStride, fmt.Sprintf("%s: shape %v with strides %v overflows", name, t.shape, t.strides))
 			}
 			last += (extent - 1) * stride
 		}
@@ -172,6 +172,14 @@ type DecodeArgs struct {
 	SeqLens, BlockTable Tensor  // optional
 	SoftmaxScale        float64 // 0 means 1/sqrt(head_dim)
 	NumSplits           int     // 0 lets the library choose
+	// SplitTokens is a fixed split length in KV tokens, for batch-invariant
+	// results (since 0.3): a sequence's Out and LSE are then bitwise the
+	// same whether it runs alone or in any batch, on one backend, device
+	// model and library version (see fd_decode_args.split_tokens in the C
+	// header). The library rounds it up to its KV tile (DescribePlan reports
+	// the length used). 0 leaves the splits to NumSplits or the library; do
+	// not set both.
+	SplitTokens int
 }
 
 func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, error) {
@@ -182,6 +190,12 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	raw.num_splits = C.int32_t(a.NumSplits)
 	if int(raw.num_splits) != a.NumSplits {
 		return raw, refuse(ErrInvalidSplits, fmt.Sprintf("num_splits %d does not fit in 32 bits", a.NumSplits))
+	}
+	if a.SplitTokens != 0 {
+		if err := require03("DecodeArgs.SplitTokens"); err != nil {
+			return raw, err
+		}
+		setSplitTokens(&raw, a.SplitTokens)
 	}
 	roles := []struct {
 		name   string

@@ -24,5 +24,20 @@ def cpu() -> Iterator[flashdecode.Handle]:
 
 
 @pytest.fixture
+def checked() -> Iterator[flashdecode.Handle]:
+    """A CPU-backend handle that checks seq_lens and block_table contents (check_contents=True)."""
+    with flashdecode.Handle("cpu", num_threads=2, check_contents=True) as handle:
+        yield handle
+
+
+@pytest.fixture
+def unchecked(monkeypatch: pytest.MonkeyPatch) -> Iterator[flashdecode.Handle]:
+    """A CPU-backend handle that checks no contents, whatever FLASHDECODE_CHECKS says outside the test."""
+    monkeypatch.delenv("FLASHDECODE_CHECKS", raising=False)
+    with flashdecode.Handle("cpu", num_threads=2) as handle:
+        yield handle
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20240611)

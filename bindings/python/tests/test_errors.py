@@ -94,27 +94,22 @@ LIBRARY_REJECTS: Dict[str, tuple] = {
         flashdecode.InvalidStrideError,
         "v: stride of kv_capacity must not be negative",
     ),
-    "length": (
-        lambda p: p.update(seq_lens=np.array([100, 101], np.int32)),
-        flashdecode.InvalidLengthError,
-        r"seq_lens\[1\] must be in \[0, 100\]",
-    ),
-    "block table": (
-        lambda p: p.update(
-            block_table=np.array([[0, 1], [9, 2]], np.int32),
-            seq_lens=np.array([20, 20], np.int32),
-            k=p["k"][:1].reshape(5, 20, 2, 64),
-            v=p["v"][:1].reshape(5, 20, 2, 64),
-        ),
-        flashdecode.InvalidBlockTableError,
-        r"block_table\[1\]\[0\] must be in \[0, 5\)",
-    ),
     "too many splits": (
         lambda p: p.update(num_splits=2000),
         flashdecode.InvalidSplitsError,
         r"num_splits must be in \[0, 1024\]",
     ),
     "negative splits": (lambda p: p.update(num_splits=-1), flashdecode.InvalidSplitsError, "got -1"),
+    "negative split_tokens": (
+        lambda p: p.update(split_tokens=-16),
+        flashdecode.InvalidSplitsError,
+        r"split_tokens must be in \[0, 2147483647\] \(0 = not fixed\), got -16",
+    ),
+    "split_tokens and num_splits": (
+        lambda p: p.update(split_tokens=32, num_splits=2),
+        flashdecode.InvalidSplitsError,
+        r"split_tokens \(32\) and num_splits \(2\) are both set",
+    ),
     "scale": (
         lambda p: p.update(softmax_scale=float("inf")),
         flashdecode.InvalidArgumentError,
@@ -134,6 +129,102 @@ def test_library_rejects_with_its_message(cpu, rng, case) -> None:
     call = problem(rng)
     break_it(call)
     expect_refused(cpu, call, error, needle)
+
+
+# Contents of seq_lens and block_table: refused only by a handle made with
+# check_contents=True; (how to break it, expected error, message, the call
+# an unchecked handle computes instead: lengths and used pages clamped).
+CONTENT_REJECTS: Dict[str, tuple] = {
+    "length": (
+        lambda p: p.update(seq_lens=np.array([100, 101], np.int32)),
+        flashdecode.InvalidLengthError,
+        r"seq_lens\[1\] must be in \[0, 100\]",
+        lambda p: p.update(seq_lens=np.array([100, 100], np.int32)),
+    ),
+    "negative length": (
+        lambda p: p.update(seq_lens=np.array([-5, 30], np.int32)),
+        flashdecode.InvalidLengthError,
+        r"seq_lens\[0\] must be in \[0, 100\]",
+        lambda p: p.update(seq_lens=np.array([0, 30], np.int32)),
+    ),
+    "block table": (
+        lambda p: p.update(
+            block_table=np.array([[0, 1], [9, 2]], np.int32),
+            seq_lens=np.array([20, 40], np.int32),
+            k=p["k"][:1].reshape(5, 20, 2, 64),
+            v=p["v"][:1].reshape(5, 20, 2, 64),
+        ),
+        flashdecode.InvalidBlockTableError,
+        r"block_table\[1\]\[0\] must be in \[0, 5\)",
+        lambda p: p.update(block_table=np.array([[0, 1], [4, 2]], np.int32)),
+    ),
+    "negative page": (
+        lambda p: p.update(
+            block_table=np.array([[0, -1], [3, 2]], np.int32),
+            seq_lens=np.array([21, 40], np.int32),
+            k=p["k"][:1].reshape(5, 20, 2, 64),
+            v=p["v"][:1].reshape(5, 20, 2, 64),
+        ),
+        flashdecode.InvalidBlockTableError,
+        r"block_table\[0\]\[1\] must be in \[0, 5\)",
+        lambda p: p.update(block_table=np.array([[0, 0], [3, 2]], np.int32)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTENT_REJECTS))
+def test_checked_handle_rejects_bad_contents(checked, rng, case) -> None:
+    break_it, error, needle, _ = CONTENT_REJECTS[case]
+    call = problem(rng)
+    break_it(call)
+    expect_refused(checked, call, error, needle)
+    checked.check_contents()  # the CPU backend reported it from decode: nothing is left
+
+
+@pytest.mark.parametrize("case", sorted(CONTENT_REJECTS))
+def test_unchecked_handle_clamps_bad_contents(unchecked, rng, case) -> None:
+    """By default (0.3) the contents are not validated: lengths are clamped to [0, kv_capacity] and
+    used page indices into the pool, giving bitwise what the clamped values give."""
+    break_it, _, _, clamp = CONTENT_REJECTS[case]
+    call = problem(rng)
+    break_it(call)
+    got = unchecked.decode(**call)
+    clamp(call)
+    call["out"] = np.full_like(call["out"], SENTINEL)
+    expected = unchecked.decode(**call)
+    np.testing.assert_array_equal(got, expected)
+    assert np.all(np.isfinite(got))
+
+
+def test_unchecked_handle_has_nothing_to_check(unchecked) -> None:
+    with pytest.raises(flashdecode.InvalidArgumentError, match="handle: it checks nothing"):
+        unchecked.check_contents()
+
+
+def test_checks_from_the_environment(rng, monkeypatch) -> None:
+    """FLASHDECODE_CHECKS=contents checks every handle, whatever its options say."""
+    monkeypatch.setenv("FLASHDECODE_CHECKS", "contents")
+    call = problem(rng)
+    CONTENT_REJECTS["length"][0](call)
+    with flashdecode.Handle("cpu", num_threads=2) as handle:
+        expect_refused(handle, call, flashdecode.InvalidLengthError, r"seq_lens\[1\] must be in \[0, 100\]")
+        handle.check_contents()
+    monkeypatch.setenv("FLASHDECODE_CHECKS", "everything")
+    with pytest.raises(
+        flashdecode.InvalidArgumentError, match='FLASHDECODE_CHECKS=everything: unknown check "everything"'
+    ):
+        flashdecode.Handle("cpu")
+
+
+def test_check_contents_option_is_a_bool() -> None:
+    with pytest.raises(flashdecode.InvalidArgumentError, match="check_contents: expected a bool, got int"):
+        flashdecode.Handle("cpu", check_contents=1)  # type: ignore[arg-type]
+    with flashdecode.Handle("cpu", num_threads=1, check_contents=np.bool_(True)) as handle:
+        handle.check_contents(stream=12345)  # the CPU backend ignores the stream
+    handle = flashdecode.Handle("cpu", num_threads=1, check_contents=True)
+    handle.close()
+    with pytest.raises(flashdecode.InvalidHandleError, match="this Handle was closed"):
+        handle.check_contents()
 
 
 class FakeCudaArray:
@@ -213,6 +304,21 @@ BINDING_REJECTS: Dict[str, tuple] = {
         "num_splits: expected an int",
     ),
     "splits range": (lambda p: p.update(num_splits=2**40), flashdecode.InvalidArgumentError, "does not fit in 32 bits"),
+    "split_tokens type": (
+        lambda p: p.update(split_tokens=64.0),
+        flashdecode.InvalidArgumentError,
+        "split_tokens: expected an int, got float",
+    ),
+    "split_tokens bool": (
+        lambda p: p.update(split_tokens=True),
+        flashdecode.InvalidArgumentError,
+        "split_tokens: expected an int, got bool",
+    ),
+    "split_tokens range": (
+        lambda p: p.update(split_tokens=2**64),
+        flashdecode.InvalidArgumentError,
+        "does not fit in 64 bits",
+    ),
     "zero scale": (lambda p: p.update(softmax_scale=0), flashdecode.InvalidArgumentError, "None selects 1/sqrt"),
     "scale type": (
         lambda p: p.update(softmax_scale="big"),

@@ -129,10 +129,10 @@ def test_allocated_outputs_are_new_each_call(cpu, rng, kind) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_lengths_and_tables_are_read_each_call(cpu, rng, kind) -> None:
+def test_lengths_and_tables_are_read_each_call(checked, rng, kind) -> None:
     """Contents are never part of the signature: new lengths and page tables take effect, and
-    invalid ones are still refused by the library, naming the argument, on the fast path."""
-    convert = KINDS[kind]
+    invalid ones are still refused by a checking handle, naming the argument, on the fast path."""
+    cpu, convert = checked, KINDS[kind]
     q, k, v = make(rng, 3, 4, 2, 48, 32)
     for lens in ([48, 0, 17], [1, 48, 30], [5, 5, 5]):
         lens_array = np.array(lens, np.int32)
@@ -237,10 +237,32 @@ def test_numpy_pointer_reader_agrees_with_the_interface(rng) -> None:
 def test_only_plain_arrays_take_the_fast_path(cpu, rng) -> None:
     """Subclasses, lists and mixed kinds go the full way (and still work)."""
     q, k, v = make(rng, 2, 8, 2, 40, 64)
-    assert _handle._signature(q, k, v, None, None, False, None, None, None, None, "NHD", None) is not None
+    assert _handle._signature(q, k, v, None, None, False, None, None, None, None, None, "NHD", None) is not None
     for args in ((q.view(np.matrix) if q.ndim == 2 else np.ma.masked_array(q), k, v), (q, k, v.tolist())):
-        assert _handle._signature(*args, None, None, False, None, None, None, None, "NHD", None) is None
-    assert _handle._signature(q, k, v, None, None, False, [40, 40], None, None, None, "NHD", None) is None
-    assert _handle._signature(q, k, v, None, None, False, None, None, np.float32(0.5), None, "NHD", None) is None
+        assert _handle._signature(*args, None, None, False, None, None, None, None, None, "NHD", None) is None
+    assert _handle._signature(q, k, v, None, None, False, [40, 40], None, None, None, None, "NHD", None) is None
+    assert _handle._signature(q, k, v, None, None, False, None, None, np.float32(0.5), None, None, "NHD", None) is None
+    assert _handle._signature(q, k, v, None, None, False, None, None, None, None, np.int64(64), "NHD", None) is None
     check(cpu.decode(q, k, v, seq_lens=[40, 12]), q, k, v, seq_lens=[40, 12])
     check(cpu.decode(q, k, v, softmax_scale=np.float32(0.5)), q, k, v, scale=float(np.float32(0.5)))
+    check(cpu.decode(q, k, v, split_tokens=np.int64(16)), q, k, v)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_split_tokens_is_part_of_the_signature(cpu, rng, kind) -> None:
+    """split_tokens changes the plan (and so the last bits): calls alternating it each get their own,
+    bitwise the same as the first call of each, and describe_plan agrees with what ran."""
+    convert = KINDS[kind]
+    q, k, v = (convert(x) for x in make(rng, 2, 8, 2, 200, 64))
+    runs: Dict[Any, Any] = {}
+    for _ in range(3):
+        for split_tokens in (None, 32, 64, 0):
+            out = to_numpy(cpu.decode(q, k, v, split_tokens=split_tokens)).copy()
+            if split_tokens in runs:
+                np.testing.assert_array_equal(out, runs[split_tokens])
+            runs[split_tokens] = out
+    assert plans(cpu) == 4  # None and 0 mean the same to the library, but the key holds the argument as given
+    for split_tokens in (32, 64):
+        info = cpu.describe_plan(q, k, v, split_tokens=split_tokens)
+        assert info.split_tokens >= split_tokens and info.num_splits == -(-200 // info.split_tokens)
+    check(runs[32], *(to_numpy(x) for x in (q, k, v)))

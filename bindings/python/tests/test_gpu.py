@@ -349,3 +349,66 @@ def test_torch_compile_on_cuda(backend, mode) -> None:
                 out = compiled(q, k, v).clone()
                 torch.cuda.synchronize()
                 expect_hnd(torch, out, q, k, v)
+
+
+# ---- 0.3: content checks on the device, batch-invariant splits ---------------------
+
+
+def test_cuda_content_checks_report_through_check_contents() -> None:
+    """A checked CUDA handle checks on the device: the decode is enqueued, and check_contents()
+    (after waiting for the stream) raises what it found, once; an unchecked one clamps."""
+    torch = cuda_torch()
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn((2, 1, 8, 128), device="cuda", dtype=torch.float16, generator=generator)
+    k = torch.randn((2, 100, 2, 128), device="cuda", dtype=torch.float16, generator=generator)
+    v = torch.randn((2, 100, 2, 128), device="cuda", dtype=torch.float16, generator=generator)
+    bad = torch.tensor([100, 101], dtype=torch.int32, device="cuda")
+    good = torch.tensor([100, 100], dtype=torch.int32, device="cuda")
+    with flashdecode.Handle("cuda", check_contents=True) as checked:
+        checked.decode(q, k, v, seq_lens=bad)
+        with pytest.raises(flashdecode.InvalidLengthError, match=r"seq_lens\[1\] must be in \[0, 100\]"):
+            checked.check_contents()
+        checked.check_contents()  # reported once: nothing is left
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            checked.decode(q, k, v, seq_lens=good)
+        checked.check_contents(stream=stream)
+
+        pool_k, pool_v = k.reshape(10, 20, 2, 128), v.reshape(10, 20, 2, 128)
+        table = torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 12]], dtype=torch.int32, device="cuda")
+        checked.decode(q, pool_k, pool_v, block_table=table, seq_lens=good)
+        with pytest.raises(flashdecode.InvalidBlockTableError, match=r"block_table\[1\]\[4\] must be in \[0, 10\)"):
+            checked.check_contents()
+    with flashdecode.Handle("cuda") as unchecked:
+        clamped = unchecked.decode(q, k, v, seq_lens=bad)
+        assert torch.equal(clamped, unchecked.decode(q, k, v, seq_lens=good))
+        with pytest.raises(flashdecode.InvalidArgumentError, match="handle: it checks nothing"):
+            unchecked.check_contents()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_split_tokens_is_batch_invariant(dtype) -> None:
+    torch = cuda_torch()
+    generator = torch.Generator(device="cuda").manual_seed(12)
+    kind = getattr(torch, dtype)
+    lengths = [4096, 1, 0, 1000, 2500, 333]
+    batch, capacity = len(lengths), 4096
+    q = torch.randn((batch, 1, 32, 128), device="cuda", dtype=kind, generator=generator)
+    k = torch.randn((batch, capacity, 8, 128), device="cuda", dtype=kind, generator=generator)
+    v = torch.randn((batch, capacity, 8, 128), device="cuda", dtype=kind, generator=generator)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    with flashdecode.Handle("cuda") as handle:
+        out, lse = handle.decode(q, k, v, seq_lens=lens, split_tokens=512, return_lse=True)
+        expected, _ = attention(host_nhd(q, "NHD")[:, 0], host_nhd(k, "NHD"), host_nhd(v, "NHD"), seq_lens=lengths)
+        tolerance = TOLERANCE[dtype]
+        np.testing.assert_allclose(host_nhd(out, "NHD")[:, 0], expected, atol=tolerance, rtol=tolerance)
+        for b, length in enumerate(lengths):
+            alone, alone_lse = handle.decode(
+                q[b : b + 1], k[b : b + 1, :length], v[b : b + 1, :length], split_tokens=512, return_lse=True
+            )
+            assert torch.equal(alone[0], out[b]), f"sequence {b} alone"
+            assert torch.equal(alone_lse[0], lse[b]), f"lse of sequence {b} alone"
+        info = handle.describe_plan(q, k, v, seq_lens=lens, split_tokens=512)
+        assert info.split_tokens >= 512 and info.num_splits == -(-capacity // info.split_tokens)
+        op_out, _ = torch.ops.flashdecode.decode(q, k, v, lens, None, None, None, "NHD", 512)
+        assert torch.equal(op_out, out)

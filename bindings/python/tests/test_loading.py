@@ -116,6 +116,34 @@ def test_older_minor_version_is_refused_by_its_version(tmp_path: Path) -> None:
     assert "is version 0.1.0; this binding needs 0.x with x >= 2" in result.stderr
 
 
+def test_library_of_this_minor_must_have_its_functions(tmp_path: Path) -> None:
+    # A library that says 0.3 must export fd_check_contents; an older one need not (see test_old_library.py).
+    functions = [name for name, _, _ in _library._PROTOTYPES if name != "fd_check_contents"]
+    fake = build_fake_library(tmp_path, 300, "0.3.0", functions)
+    result = run_python(REPORT, library=fake)
+    assert result.returncode != 0
+    assert "does not export fd_check_contents" in result.stderr
+
+
+def test_older_minor_must_have_that_minors_struct_sizes(tmp_path: Path) -> None:
+    # A 0.2 library is loaded without the 0.3 functions, but its structs must be 0.2's
+    # (the stubs here report sizes of 0).
+    functions = [name for name, _, _ in _library._PROTOTYPES if _library.SINCE.get(name, 0) <= 2]
+    fake = build_fake_library(tmp_path, 200, "0.2.0", functions)
+    result = run_python(REPORT, library=fake)
+    assert result.returncode != 0
+    assert "its fd_options is 0 bytes, this binding expects 24 of version 0.2" in result.stderr
+
+
+def test_struct_sizes_of_older_minors() -> None:
+    # 0.3 appended its fields where 0.2's structs ended (their old padding became reserved_0).
+    assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 2) == 24
+    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 2) == 584
+    assert _library.struct_size_of_minor("fd_plan_info", _library.FdPlanInfo, 2) == 56
+    assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 3) == 32
+    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 592
+
+
 def test_switching_library_after_loading_is_refused() -> None:
     info = flashdecode.load_library()
     assert flashdecode.load_library(info.path) == info

@@ -148,6 +148,22 @@ def test_opcheck() -> None:
     torch.library.opcheck(flashdecode.torch_op(), (q, k, v, None, None, None, None, "HND"))
     lens = torch.tensor([3, 50], dtype=torch.int32)
     torch.library.opcheck(flashdecode.torch_op(), (q, k, v, lens, None, 0.5, 3, "HND"))
+    torch.library.opcheck(flashdecode.torch_op(), (q, k, v, lens, None, 0.5, None, "HND", 16))
+
+
+@needs_custom_op
+def test_op_takes_split_tokens() -> None:
+    """split_tokens (since 0.3), after layout: a sequence alone gives bitwise its result in the batch."""
+    op = flashdecode.torch_op()
+    q, k, v, expected, expected_lse = problem(8, layout="NHD")
+    lens = torch.tensor([50, 17], dtype=torch.int32)
+    out, lse = op(q, k, v, lens, None, None, None, "NHD", 16)
+    reference, _ = attention(*(x.double().numpy() for x in (q[:, 0], k, v)), seq_lens=[50, 17])
+    np.testing.assert_allclose(out.numpy()[:, 0], reference, atol=2e-5)
+    alone, alone_lse = op(q[1:], k[1:, :17], v[1:, :17], split_tokens=16)
+    assert torch.equal(alone[0], out[1]) and torch.equal(alone_lse[0], lse[1])
+    with pytest.raises(flashdecode.InvalidSplitsError, match="are both set"):
+        op(q, k, v, lens, None, None, 2, "NHD", 16)
 
 
 @needs_custom_op
@@ -175,7 +191,7 @@ def test_torch_compile(backend) -> None:
     def step(q: Any, k: Any, v: Any) -> Any:
         scaled = q * 2
         a = flashdecode.flash_decode(scaled, k, v)
-        b, lse = handle.decode(scaled, k, v, layout="HND", return_lse=True, softmax_scale=0.1)
+        b, lse = handle.decode(scaled, k, v, layout="HND", return_lse=True, softmax_scale=0.1, split_tokens=32)
         return a + 1, b, lse
 
     compiled = torch.compile(step, backend=backend, fullgraph=True)

@@ -66,6 +66,7 @@ pub struct Options {
     backend: Backend,
     device: i32,
     num_threads: i32,
+    check_contents: bool,
 }
 
 impl Options {
@@ -103,6 +104,24 @@ impl Options {
         self.num_threads = num_threads;
         self
     }
+
+    /// Checks the contents of `seq_lens` and `block_table` on every decode
+    /// (`FD_CHECK_CONTENTS`, since 0.3; default off).
+    ///
+    /// Without checks, each length is clamped to `[0, kv_capacity]` and each
+    /// used page index into the pool: a bad one gives a meaningless result,
+    /// not an error. With them, a bad length fails with
+    /// [`Status::InvalidLength`] and a bad page index with
+    /// [`Status::InvalidBlockTable`], naming the element: from
+    /// [`Handle::decode`] itself on the CPU backend; on CUDA, where the
+    /// check runs on the device, from the next decode or from
+    /// [`Handle::check_contents`]. `FLASHDECODE_CHECKS=contents` in the
+    /// environment turns the checks on for every handle. A library older
+    /// than 0.3 refuses the handle with [`Status::Unsupported`].
+    pub fn check_contents(mut self, check: bool) -> Options {
+        self.check_contents = check;
+        self
+    }
 }
 
 /// Everything one decode reads and writes.
@@ -128,6 +147,7 @@ pub struct DecodeArgs<'a> {
     block_table: Option<Tensor<'a>>,
     softmax_scale: Option<f64>,
     num_splits: i32,
+    split_tokens: i64,
 }
 
 impl<'a> DecodeArgs<'a> {
@@ -144,6 +164,7 @@ impl<'a> DecodeArgs<'a> {
             block_table: None,
             softmax_scale: None,
             num_splits: 0,
+            split_tokens: 0,
         }
     }
 
@@ -177,7 +198,23 @@ impl<'a> DecodeArgs<'a> {
         self
     }
 
-    fn raw(&self) -> Result<sys::fd_decode_args> {
+    /// A fixed split length in KV tokens, for batch-invariant results (since
+    /// 0.3): a sequence's out and lse are then bitwise the same whether it
+    /// runs alone or in any batch, on one backend, device model and library
+    /// version (see `fd_decode_args::split_tokens` in the C header). The
+    /// library rounds it up to its KV tile ([`Handle::describe_plan`]
+    /// reports the length used). 0 (the default) leaves the splits to
+    /// [`num_splits`](Self::num_splits) or the library; do not set both. A
+    /// library older than 0.3 refuses a non-zero one with [`Status::Unsupported`].
+    pub fn split_tokens(mut self, split_tokens: i64) -> Self {
+        self.split_tokens = split_tokens;
+        self
+    }
+
+    fn raw(&self, library: &Library) -> Result<sys::fd_decode_args> {
+        if self.split_tokens != 0 {
+            library.require(3, "split_tokens")?;
+        }
         if self.softmax_scale == Some(0.0) {
             // The C API reads 0 as "automatic": refuse it rather than change its meaning.
             return Err(Error::refused(
@@ -195,6 +232,7 @@ impl<'a> DecodeArgs<'a> {
             block_table: self.block_table.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             softmax_scale: self.softmax_scale.unwrap_or(0.0),
             num_splits: self.num_splits,
+            split_tokens: self.split_tokens,
             ..sys::fd_decode_args::default()
         })
     }
@@ -295,10 +333,18 @@ impl Handle {
     /// for a bad device or thread count.
     pub fn new(library: &Library, options: &Options) -> Result<Handle> {
         let functions = library.functions();
+        if options.check_contents {
+            library.require(3, "check_contents")?;
+        }
         let raw_options = sys::fd_options {
             backend: options.backend as sys::fd_backend,
             device: options.device,
             num_threads: options.num_threads,
+            checks: if options.check_contents {
+                sys::CHECK_CONTENTS
+            } else {
+                sys::CHECK_NONE
+            },
             ..sys::fd_options::default()
         };
         let mut raw: *mut sys::fd_handle = std::ptr::null_mut();
@@ -344,7 +390,7 @@ impl Handle {
     /// [`decode`](Self::decode), enqueued on `stream` (CUDA backend; the CPU ignores it).
     pub fn decode_on(&mut self, args: &mut DecodeArgs<'_>, stream: CudaStream) -> Result<()> {
         self.check_memory(args)?;
-        let raw = args.raw()?;
+        let raw = args.raw(&self.library)?;
         // SAFETY: the tensors borrow memory that outlives the call (host) or
         // was promised valid by an unsafe constructor (device), and is of the
         // kind this backend reads.
@@ -355,7 +401,7 @@ impl Handle {
     /// Bytes of workspace [`decode`](Self::decode) needs for `args` on this
     /// handle; depends only on shapes and the split count.
     pub fn workspace_size(&self, args: &DecodeArgs<'_>) -> Result<usize> {
-        let raw = args.raw()?;
+        let raw = args.raw(&self.library)?;
         let mut bytes = 0usize;
         // SAFETY: shapes only are read; the pointers are not dereferenced.
         self.library
@@ -366,7 +412,7 @@ impl Handle {
     /// What [`decode`](Self::decode) would run for `args` on this handle,
     /// without running it; validates `args` as `decode` does.
     pub fn describe_plan(&self, args: &DecodeArgs<'_>) -> Result<PlanInfo> {
-        let raw = args.raw()?;
+        let raw = args.raw(&self.library)?;
         let mut info = sys::fd_plan_info::default();
         // SAFETY: shapes only are read; the pointers are not dereferenced.
         self.library
@@ -400,6 +446,37 @@ impl Handle {
             launches: info.launches,
             blocks: info.blocks,
         })
+    }
+
+    /// Reports a bad `seq_lens` or `block_table` entry that a checked decode
+    /// found (`fd_check_contents`, since 0.3), after waiting for the legacy
+    /// default stream; see [`check_contents_on`](Self::check_contents_on).
+    pub fn check_contents(&mut self) -> Result<()> {
+        self.check_contents_on(CudaStream::LEGACY_DEFAULT)
+    }
+
+    /// Reports a bad `seq_lens` or `block_table` entry that a checked decode
+    /// found, after waiting for `stream` (the one the decodes ran on).
+    ///
+    /// For handles created with [`Options::check_contents`]. On CUDA the
+    /// checks run on the device, asynchronously: this synchronises `stream`
+    /// and returns what the first bad decode since the last report found
+    /// ([`Status::InvalidLength`] or [`Status::InvalidBlockTable`]), then
+    /// clears the report. On the CPU backend [`decode`](Self::decode) fails
+    /// at once, so there is never anything left to report. Fails with
+    /// [`Status::InvalidArgument`] for a handle without checks (or a stream
+    /// being captured into a CUDA graph), [`Status::Unsupported`] with a
+    /// library older than 0.3.
+    pub fn check_contents_on(&mut self, stream: CudaStream) -> Result<()> {
+        self.library.require(3, "check_contents")?;
+        let check = self.library.functions().fd_check_contents.ok_or_else(|| {
+            Error::refused(
+                Status::Unsupported,
+                "check_contents: the library does not export fd_check_contents",
+            )
+        })?;
+        // SAFETY: a live handle; the stream is the caller's (null: the legacy default).
+        self.library.check(unsafe { check(self.raw.as_ptr(), stream.as_raw()) })
     }
 
     /// Makes the library-owned workspace at least `bytes`, so that decodes

@@ -9,8 +9,10 @@
 //!
 //! The library is loaded at run time with `dlopen` ([`Library::load`]:
 //! `$FLASHDECODE_LIBRARY`, else the SONAME `libflashdecode.so.0`), so nothing
-//! is needed at build time and no crate beyond `std` is used. Its major
-//! version is checked when it is loaded.
+//! is needed at build time and no crate beyond `std` is used. Its version
+//! is checked when it is loaded: major 0, minor 2 or later. A 0.2 library
+//! works without what 0.3 added (content checks, [`DecodeArgs::split_tokens`]),
+//! which then fails with [`Status::Unsupported`].
 //!
 //! ```
 //! use flashdecode::{DecodeArgs, Library, Options, Tensor, TensorMut};

@@ -68,6 +68,11 @@ impl Library {
     pub const ENV: &'static str = "FLASHDECODE_LIBRARY";
     /// The SONAME [`Library::load`] asks the dynamic loader for.
     pub const SONAME: &'static str = "libflashdecode.so.0";
+    /// The oldest minor version this crate loads. A library older than
+    /// [`sys::VERSION_MINOR`] works as that version does; what it lacks
+    /// (see [`Library::minor`]) fails with [`Status::Unsupported`](crate::Status::Unsupported),
+    /// naming the version it needs, when it is asked for.
+    pub const OLDEST_MINOR: u32 = 2;
 
     /// Loads the library named by `$FLASHDECODE_LIBRARY`, or else by its
     /// SONAME through the dynamic loader's search (`LD_LIBRARY_PATH`, the
@@ -100,7 +105,7 @@ impl Library {
                 last_dl_error()
             )));
         }
-        let functions = match check_version_first(dl, name).and_then(|()| resolve_functions(dl, name)) {
+        let functions = match check_version_first(dl, name).and_then(|minor| resolve_functions(dl, name, minor)) {
             Ok(functions) => functions,
             Err(error) => {
                 // SAFETY: nothing from this library is in use yet.
@@ -143,6 +148,33 @@ impl Library {
     /// The library's version as `major * 10000 + minor * 100 + patch`.
     pub fn version_number(&self) -> u32 {
         self.inner.version_number
+    }
+
+    /// The library's minor version: what it has of the API. 0.3 added
+    /// content checks ([`Options::check_contents`](crate::Options::check_contents),
+    /// [`Handle::check_contents`](crate::Handle::check_contents)) and
+    /// [`DecodeArgs::split_tokens`](crate::DecodeArgs::split_tokens).
+    pub fn minor(&self) -> u32 {
+        self.inner.version_number / 100 % 100
+    }
+
+    /// `Ok` if the library has minor version `minor` or later, else the
+    /// [`Status::Unsupported`](crate::Status::Unsupported) error for `feature`.
+    pub(crate) fn require(&self, minor: u32, feature: &str) -> Result<()> {
+        if self.minor() >= minor {
+            return Ok(());
+        }
+        Err(Error::refused(
+            crate::Status::Unsupported,
+            format!(
+                "{} needs libflashdecode {}.{} or later; {} is version {}",
+                feature,
+                sys::VERSION_MAJOR,
+                minor,
+                self.inner.path.display(),
+                self.inner.version
+            ),
+        ))
     }
 
     /// The raw C functions, for what the safe API does not cover.
@@ -214,8 +246,8 @@ unsafe fn symbol<F: Copy>(dl: *mut c_void, symbol: &'static str, library: &OsStr
 }
 
 /// The version before the other functions: an older library lacks later
-/// ones, and its version is the useful message.
-fn check_version_first(dl: *mut c_void, library: &OsStr) -> Result<()> {
+/// ones, and its version is the useful message. Returns the minor version.
+fn check_version_first(dl: *mut c_void, library: &OsStr) -> Result<u32> {
     // SAFETY: the declarations of the two symbols; both take no arguments and
     // return a number or a static string.
     let (number, text) = unsafe {
@@ -223,30 +255,56 @@ fn check_version_first(dl: *mut c_void, library: &OsStr) -> Result<()> {
         let text: unsafe extern "C" fn() -> *const c_char = symbol(dl, "fd_version_string\0", library)?;
         (number(), CStr::from_ptr(text()).to_string_lossy().into_owned())
     };
-    check_version(Path::new(library), number, &text)
+    check_version(Path::new(library), number, &text)?;
+    Ok(number / 100 % 100)
 }
 
-/// The major version must be this crate's and the minor at least the one its
-/// declarations come from.
+/// The major version must be this crate's and the minor at least
+/// [`Library::OLDEST_MINOR`].
 fn check_version(path: &Path, version_number: u32, version: &str) -> Result<()> {
     let (major, minor) = (version_number / 10000, version_number / 100 % 100);
-    if major != sys::VERSION_MAJOR || minor < sys::VERSION_MINOR {
+    if major != sys::VERSION_MAJOR || minor < Library::OLDEST_MINOR {
         return Err(Error::load(format!(
             "{} is version {}; this crate needs {}.x with x >= {}",
             path.display(),
             version,
             sys::VERSION_MAJOR,
-            sys::VERSION_MINOR
+            Library::OLDEST_MINOR
         )));
     }
     Ok(())
 }
 
-fn resolve_functions(dl: *mut c_void, library: &OsStr) -> Result<sys::Functions> {
+/// Every function; one added after minor version 0.2 is required only of a
+/// library of that minor or later.
+fn resolve_functions(dl: *mut c_void, library: &OsStr, minor: u32) -> Result<sys::Functions> {
+    /// A function of minor version `since`: `None` in an older library.
+    ///
+    /// # Safety
+    /// As for [`symbol`].
+    unsafe fn optional<F: Copy>(
+        dl: *mut c_void,
+        name: &'static str,
+        library: &OsStr,
+        since: u32,
+        minor: u32,
+    ) -> Result<Option<F>> {
+        // SAFETY: the caller's promise.
+        match unsafe { symbol(dl, name, library) } {
+            Ok(function) => Ok(Some(function)),
+            Err(_) if minor < since => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
     macro_rules! resolve {
-        ($($name:ident),* $(,)?) => {
+        ($($name:ident),* $(,)?; $($later:ident since $since:expr),* $(,)?) => {
             // SAFETY: each field's type is the declaration of the symbol of the same name.
-            unsafe { sys::Functions { $($name: symbol(dl, concat!(stringify!($name), "\0"), library)?,)* } }
+            unsafe {
+                sys::Functions {
+                    $($name: symbol(dl, concat!(stringify!($name), "\0"), library)?,)*
+                    $($later: optional(dl, concat!(stringify!($later), "\0"), library, $since, minor)?,)*
+                }
+            }
         };
     }
     let functions = resolve!(
@@ -264,7 +322,8 @@ fn resolve_functions(dl: *mut c_void, library: &OsStr) -> Result<sys::Functions>
         fd_reserve_workspace,
         fd_set_workspace,
         fd_plan_info_init,
-        fd_describe_plan,
+        fd_describe_plan;
+        fd_check_contents since 3,
     );
     Ok(functions)
 }
@@ -284,8 +343,36 @@ fn loaded_file(address: *const c_void) -> Option<PathBuf> {
     std::fs::canonicalize(OsStr::from_bytes(name.to_bytes())).ok()
 }
 
-/// The major version must be this crate's and the minor at least the one its
-/// declarations come from; the struct sizes the library reports must match.
+/// The size of a struct in a library of an older minor version than this
+/// crate's: where the first field that a later minor added begins (later
+/// minors append only past every earlier sizeof).
+pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
+    // Byte offsets without offset_of! (Rust 1.77; this crate builds with 1.63).
+    fn offset<S, F>(base: &S, field: &F) -> usize {
+        field as *const F as usize - base as *const S as usize
+    }
+    let (options, args) = (sys::fd_options::default(), sys::fd_decode_args::default());
+    // (struct, field, the minor that added it): after 0.2.
+    let added = [
+        ("fd_options", offset(&options, &options.checks), 3),
+        ("fd_decode_args", offset(&args, &args.split_tokens), 3),
+    ];
+    let ours = match name {
+        "fd_options" => std::mem::size_of::<sys::fd_options>(),
+        "fd_decode_args" => std::mem::size_of::<sys::fd_decode_args>(),
+        _ => std::mem::size_of::<sys::fd_plan_info>(),
+    };
+    added
+        .iter()
+        .filter(|&&(struct_name, _, since)| struct_name == name && since > minor)
+        .map(|&(_, offset, _)| offset)
+        .min()
+        .unwrap_or(ours)
+}
+
+/// The major version must be this crate's and the minor at least
+/// [`Library::OLDEST_MINOR`]; the struct sizes the library reports must be
+/// this crate's (at least, for a newer library; that minor's, for an older one).
 fn check_compatible(loaded: &Loaded) -> Result<()> {
     check_version(&loaded.path, loaded.version_number, &loaded.version)?;
     let minor = loaded.version_number / 100 % 100;
@@ -311,15 +398,42 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
         ]
     };
     for (name, library_size, ours) in sizes {
-        if library_size < ours || (minor == sys::VERSION_MINOR && library_size != ours) {
+        let (expected, wrong) = if minor < sys::VERSION_MINOR {
+            let expected = struct_size_of_minor(name, minor);
+            (expected, library_size != expected)
+        } else {
+            (
+                ours,
+                library_size < ours || (minor == sys::VERSION_MINOR && library_size != ours),
+            )
+        };
+        if wrong {
             return Err(Error::load(format!(
-                "{}: its {} is {} bytes, this crate's is {}: the crate and the library disagree on the ABI",
+                "{}: its {} is {} bytes, this crate expects {} of version {}.{}: the crate and the library \
+                 disagree on the ABI",
                 loaded.path.display(),
                 name,
                 library_size,
-                ours
+                expected,
+                sys::VERSION_MAJOR,
+                minor
             )));
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::struct_size_of_minor;
+
+    #[test]
+    fn struct_sizes_of_older_minors() {
+        // 0.3 appended its fields where 0.2's structs ended (their padding became reserved_0).
+        assert_eq!(struct_size_of_minor("fd_options", 2), 24);
+        assert_eq!(struct_size_of_minor("fd_decode_args", 2), 584);
+        assert_eq!(struct_size_of_minor("fd_plan_info", 2), 56);
+        assert_eq!(struct_size_of_minor("fd_options", 3), 32);
+        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 592);
+    }
 }

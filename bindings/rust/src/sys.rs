@@ -12,7 +12,7 @@ use std::os::raw::{c_char, c_int, c_uint, c_void};
 /// `FD_VERSION_MAJOR` of the header mirrored here: the ABI, and the SONAME suffix.
 pub const VERSION_MAJOR: u32 = 0;
 /// `FD_VERSION_MINOR` of the header mirrored here.
-pub const VERSION_MINOR: u32 = 2;
+pub const VERSION_MINOR: u32 = 3;
 /// `FD_MAX_DIMS`: the most dimensions an [`fd_tensor`] has.
 pub const MAX_DIMS: usize = 4;
 /// Alignment in bytes that `fd_set_workspace` requires of caller memory.
@@ -62,6 +62,12 @@ impl fd_tensor {
     };
 }
 
+/// `FD_CHECK_NONE`: no checks beyond argument validation (since 0.3).
+pub const CHECK_NONE: u32 = 0;
+/// `FD_CHECK_CONTENTS`: every decode checks seq_lens and the block-table
+/// entries it uses (since 0.3).
+pub const CHECK_CONTENTS: u32 = 1;
+
 /// `fd_options`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -74,6 +80,12 @@ pub struct fd_options {
     pub device: i32,
     /// CPU worker threads; 0 uses every core.
     pub num_threads: i32,
+    /// The trailing padding of 0.2's struct: never read.
+    pub reserved_0: u32,
+    /// Since 0.3: `fd_check` flags ORed together ([`CHECK_CONTENTS`]).
+    pub checks: u32,
+    /// Padding: never read.
+    pub reserved_1: u32,
 }
 
 impl Default for fd_options {
@@ -85,6 +97,9 @@ impl Default for fd_options {
             backend: 0,
             device: 0,
             num_threads: 0,
+            reserved_0: 0,
+            checks: CHECK_NONE,
+            reserved_1: 0,
         }
     }
 }
@@ -113,6 +128,11 @@ pub struct fd_decode_args {
     pub softmax_scale: f64,
     /// KV splits; 0 chooses automatically.
     pub num_splits: i32,
+    /// The trailing padding of 0.2's struct: never read.
+    pub reserved_0: i32,
+    /// Since 0.3: a fixed split length in KV tokens, for batch-invariant
+    /// results; 0 leaves the splits to `num_splits` or the planner.
+    pub split_tokens: i64,
 }
 
 impl Default for fd_decode_args {
@@ -129,6 +149,8 @@ impl Default for fd_decode_args {
             block_table: fd_tensor::ABSENT,
             softmax_scale: 0.0,
             num_splits: 0,
+            reserved_0: 0,
+            split_tokens: 0,
         }
     }
 }
@@ -174,7 +196,8 @@ impl Default for fd_plan_info {
     }
 }
 
-/// Every exported function, resolved from a loaded library.
+/// Every exported function, resolved from a loaded library. A function of
+/// a later minor version than 0.2 is an `Option`: `None` in an older library.
 #[derive(Clone, Copy, Debug)]
 pub struct Functions {
     /// `unsigned fd_version_number(void)`
@@ -207,4 +230,6 @@ pub struct Functions {
     pub fd_plan_info_init: unsafe extern "C" fn(*mut fd_plan_info, usize) -> usize,
     /// `fd_status fd_describe_plan(const fd_handle *, const fd_decode_args *, fd_plan_info *)`
     pub fd_describe_plan: unsafe extern "C" fn(*const fd_handle, *const fd_decode_args, *mut fd_plan_info) -> fd_status,
+    /// `fd_status fd_check_contents(fd_handle *, fd_cuda_stream)` (since 0.3).
+    pub fd_check_contents: Option<unsafe extern "C" fn(*mut fd_handle, fd_cuda_stream) -> fd_status>,
 }

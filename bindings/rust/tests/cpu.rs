@@ -19,6 +19,13 @@ fn cpu_handle() -> Handle {
         .expect("CPU handle")
 }
 
+/// A CPU handle that checks seq_lens and block_table contents.
+fn checked_handle() -> Handle {
+    library()
+        .create_handle(&Options::cpu().num_threads(2).check_contents(true))
+        .expect("checked CPU handle")
+}
+
 /// Deterministic values in [-1, 1).
 fn values(count: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -455,13 +462,10 @@ fn library_errors_carry_its_message_and_write_nothing() {
     let mut b = buffers();
     let q_shape = [2, 1, 8, 64];
     let kv_shape = [2, 100, 2, 64];
-    let lens_too_long = [100, 101];
-    let table = [0, 9];
     let half = vec![0u16; 2 * 100 * 2 * 64];
     let cases: Vec<(&str, Status, &str)> = vec![
         ("splits", Status::InvalidSplits, "num_splits must be in [0, 1024]"),
         ("scale", Status::InvalidArgument, "softmax_scale must be finite"),
-        ("length", Status::InvalidLength, "seq_lens[1] must be in [0, 100]"),
         ("heads", Status::InvalidHeadCount, "must be a multiple of kv_heads"),
         (
             "stride",
@@ -469,9 +473,14 @@ fn library_errors_carry_its_message_and_write_nothing() {
             "k: stride of head_dim must be 1, got 2",
         ),
         (
-            "block table",
-            Status::InvalidBlockTable,
-            "block_table[1][0] must be in [0, 4)",
+            "split_tokens and num_splits",
+            Status::InvalidSplits,
+            "split_tokens (64) and num_splits (2) are both set",
+        ),
+        (
+            "negative split_tokens",
+            Status::InvalidSplits,
+            "split_tokens must be in [0, 2147483647]",
         ),
         ("query tokens", Status::Unsupported, "q_len must be 1"),
         ("dtypes differ", Status::InvalidDType, "k: dtype must be f32, got f16"),
@@ -484,7 +493,6 @@ fn library_errors_carry_its_message_and_write_nothing() {
         let mut args = match case {
             "splits" => DecodeArgs::new(q, k, k, out).num_splits(2000),
             "scale" => DecodeArgs::new(q, k, k, out).softmax_scale(f64::INFINITY),
-            "length" => DecodeArgs::new(q, k, k, out).seq_lens(Tensor::i32(&lens_too_long, &[2]).unwrap()),
             "heads" => {
                 let k3 = Tensor::f32(&b.k[..2 * 100 * 3 * 16], &[2, 100, 3, 16]).unwrap();
                 let q3 = Tensor::f32(&b.q[..2 * 8 * 16], &[2, 1, 8, 16]).unwrap();
@@ -500,12 +508,8 @@ fn library_errors_carry_its_message_and_write_nothing() {
                 let out32 = TensorMut::f32(&mut b.out[..2 * 8 * 32], &[2, 1, 8, 32]).unwrap();
                 DecodeArgs::new(q32, wide, wide, out32)
             }
-            "block table" => {
-                let pool = Tensor::f32(&b.k, &[4, 50, 2, 64]).unwrap();
-                DecodeArgs::new(q, pool, pool, out)
-                    .block_table(Tensor::i32(&table, &[2, 1]).unwrap())
-                    .seq_lens(Tensor::i32(&[50, 50], &[2]).unwrap())
-            }
+            "split_tokens and num_splits" => DecodeArgs::new(q, k, k, out).split_tokens(64).num_splits(2),
+            "negative split_tokens" => DecodeArgs::new(q, k, k, out).split_tokens(-1),
             "query tokens" => {
                 let q2 = Tensor::f32(&b.q, &[2, 2, 4, 64]).unwrap();
                 let out2 = TensorMut::f32(&mut b.out, &[2, 2, 4, 64]).unwrap();
@@ -524,6 +528,161 @@ fn library_errors_carry_its_message_and_write_nothing() {
         };
         expect_refused(handle.decode(&mut args), status, needle);
         assert!(b.out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
+    }
+}
+
+/// Bad seq_lens and block_table contents: errors from a checking handle,
+/// clamped by default (0.3). Each case: lengths, block table (None: dense),
+/// the clamped ones, the status and message of a checking handle.
+#[test]
+fn contents_are_checked_on_request_and_clamped_by_default() {
+    type Case<'a> = (
+        &'a [i32],
+        Option<&'a [i32]>,
+        &'a [i32],
+        Option<&'a [i32]>,
+        Status,
+        &'a str,
+    );
+    let cases: [Case<'_>; 4] = [
+        (
+            &[100, 101],
+            None,
+            &[100, 100],
+            None,
+            Status::InvalidLength,
+            "seq_lens[1] must be in [0, 100]",
+        ),
+        (
+            &[-5, 30],
+            None,
+            &[0, 30],
+            None,
+            Status::InvalidLength,
+            "seq_lens[0] must be in [0, 100]",
+        ),
+        (
+            &[50, 50],
+            Some(&[0, 9]),
+            &[50, 50],
+            Some(&[0, 3]),
+            Status::InvalidBlockTable,
+            "block_table[1][0] must be in [0, 4)",
+        ),
+        (
+            &[50, 50],
+            Some(&[-2, 1]),
+            &[50, 50],
+            Some(&[0, 1]),
+            Status::InvalidBlockTable,
+            "block_table[0][0] must be in [0, 4)",
+        ),
+    ];
+    let b = buffers();
+    let mut checked = checked_handle();
+    let mut unchecked = library().create_handle(&Options::cpu().num_threads(2)).unwrap();
+    for (lens, table, clamped_lens, clamped_table, status, needle) in cases {
+        let decode = |handle: &mut Handle, lens: &[i32], table: Option<&[i32]>| -> Result<Vec<f32>, Error> {
+            let mut out = vec![7.0f32; 2 * 8 * 64];
+            let q = Tensor::f32(&b.q, &[2, 1, 8, 64]).unwrap();
+            let mut args = match table {
+                None => {
+                    let k = Tensor::f32(&b.k, &[2, 100, 2, 64]).unwrap();
+                    DecodeArgs::new(q, k, k, TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap())
+                }
+                Some(table) => {
+                    let pool = Tensor::f32(&b.k, &[4, 50, 2, 64]).unwrap();
+                    DecodeArgs::new(q, pool, pool, TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap())
+                        .block_table(Tensor::i32(table, &[2, 1]).unwrap())
+                }
+            }
+            .seq_lens(Tensor::i32(lens, &[2]).unwrap());
+            handle.decode(&mut args)?;
+            drop(args);
+            Ok(out)
+        };
+        expect_refused(decode(&mut checked, lens, table).map(|_| ()), status, needle);
+        checked.check_contents().unwrap(); // the CPU backend reported it from decode: nothing is left
+        if std::env::var_os("FLASHDECODE_CHECKS").is_none() {
+            let got = decode(&mut unchecked, lens, table).unwrap();
+            let want = decode(&mut unchecked, clamped_lens, clamped_table).unwrap();
+            assert_eq!(got, want, "{}: clamped", needle);
+            assert!(got.iter().all(|x| x.is_finite()));
+        }
+    }
+    if std::env::var_os("FLASHDECODE_CHECKS").is_none() {
+        expect_refused(
+            unchecked.check_contents(),
+            Status::InvalidArgument,
+            "handle: it checks nothing",
+        );
+    }
+}
+
+/// split_tokens (0.3): a sequence alone gives bitwise its result in a batch,
+/// whatever the batch, its capacity, seq_lens and the thread count.
+#[test]
+fn split_tokens_makes_results_batch_invariant() {
+    let problem = Problem {
+        batch: 4,
+        heads: 8,
+        kv_heads: 2,
+        kv_len: 300,
+        dim: 64,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let q = values(4 * 8 * 64, 21);
+    let k = values(4 * 300 * 2 * 64, 22);
+    let v = values(4 * 300 * 2 * 64, 23);
+    let lens = [300i32, 129, 0, 77];
+    let mut out = vec![0f32; q.len()];
+    let mut lse = vec![0f32; 4 * 8];
+    let mut handle = cpu_handle();
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &q_shape).unwrap(),
+        Tensor::f32(&k, &kv_shape).unwrap(),
+        Tensor::f32(&v, &kv_shape).unwrap(),
+        TensorMut::f32(&mut out, &q_shape).unwrap(),
+    )
+    .lse(TensorMut::f32(&mut lse, &[4, 1, 8]).unwrap())
+    .seq_lens(Tensor::i32(&lens, &[4]).unwrap())
+    .split_tokens(32);
+    let info = handle.describe_plan(&args).unwrap();
+    assert!(info.split_tokens >= 32, "{:?}", info);
+    assert_eq!(
+        info.num_splits as i64,
+        (300 + info.split_tokens - 1) / info.split_tokens
+    );
+    handle.decode(&mut args).unwrap();
+    drop(args);
+    let (expected, _) = problem.reference(&widen(&q), &widen(&k), &widen(&v), &[300, 129, 0, 77], 1.0 / 8.0);
+    assert_close(&widen(&out), &expected, 2e-5);
+
+    let mut one = library().create_handle(&Options::cpu().num_threads(1)).unwrap();
+    for (b, &len) in lens.iter().enumerate() {
+        let len = len as usize;
+        // Alone: its own cache of its length (copied out of the batch's), no seq_lens, one thread.
+        let row = |x: &[f32]| -> Vec<f32> { x[b * 300 * 2 * 64..][..len * 2 * 64].to_vec() };
+        let (k1, v1) = (row(&k), row(&v));
+        let mut out1 = vec![0f32; 8 * 64];
+        let mut lse1 = vec![0f32; 8];
+        let mut args = DecodeArgs::new(
+            Tensor::f32(&q[b * 8 * 64..][..8 * 64], &[1, 1, 8, 64]).unwrap(),
+            Tensor::f32(&k1, &[1, len as i64, 2, 64]).unwrap(),
+            Tensor::f32(&v1, &[1, len as i64, 2, 64]).unwrap(),
+            TensorMut::f32(&mut out1, &[1, 1, 8, 64]).unwrap(),
+        )
+        .lse(TensorMut::f32(&mut lse1, &[1, 1, 8]).unwrap())
+        .split_tokens(32);
+        one.decode(&mut args).unwrap();
+        drop(args);
+        assert_eq!(&out1[..], &out[b * 8 * 64..][..8 * 64], "sequence {} alone", b);
+        assert_eq!(
+            lse1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            lse[b * 8..][..8].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "lse of sequence {} alone",
+            b
+        );
     }
 }
 

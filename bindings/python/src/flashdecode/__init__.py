@@ -56,11 +56,11 @@ from . import _torch
 from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. ``"0.2.0"`` (loads it if needed)."""
+    """The loaded library's version string, e.g. ``"0.3.0"`` (loads it if needed)."""
     return load_library().version
 
 
@@ -68,7 +68,7 @@ def torch_op() -> Any:
     """``torch.ops.flashdecode.decode``, registered if it is not yet (imports PyTorch).
 
     ``decode(q, k, v, seq_lens=None, block_table=None, softmax_scale=None,
-    num_splits=None, layout="NHD") -> (out, lse)``: :meth:`Handle.decode`
+    num_splits=None, layout="NHD", split_tokens=None) -> (out, lse)``: :meth:`Handle.decode`
     with ``return_lse=True``, as a PyTorch custom op with a fake
     implementation, so that it works under ``torch.compile`` (any backend)
     and in captured CUDA graphs. It runs on this thread's handle for q's

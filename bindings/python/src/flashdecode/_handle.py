@@ -165,15 +165,34 @@ class Handle:
             the CPU), ``"cpu"`` or ``"cuda"``; or a :class:`Backend`.
         device: CUDA device ordinal for the CUDA backend.
         num_threads: worker threads of the CPU backend; 0 uses every core.
+        check_contents: check the contents of ``seq_lens`` and ``block_table``
+            on every decode (``FD_CHECK_CONTENTS``, since 0.3). By default
+            they are not checked: each length is clamped to [0, kv_capacity]
+            and each used page index into the pool, so a bad one gives a
+            meaningless result rather than an error. With checks, a bad
+            length raises :class:`InvalidLengthError` and a bad page index
+            :class:`InvalidBlockTableError`, naming the element: from
+            :meth:`decode` itself on the CPU backend; on CUDA, where the
+            check runs on the device, from the next :meth:`decode` or from
+            :meth:`check_contents`. ``FLASHDECODE_CHECKS=contents`` in the
+            environment turns the checks on for every handle.
 
     Raises:
         NoDeviceError: CUDA was asked for but there is no usable GPU (no
             NVIDIA driver, no device with that ordinal, one the build cannot
             run on) or the library was built without CUDA; the message says which.
         InvalidArgumentError: a bad backend, device or thread count.
+        UnsupportedError: ``check_contents`` with a library older than 0.3.
     """
 
-    def __init__(self, backend: Union[Backend, str] = Backend.AUTO, *, device: int = 0, num_threads: int = 0) -> None:
+    def __init__(
+        self,
+        backend: Union[Backend, str] = Backend.AUTO,
+        *,
+        device: int = 0,
+        num_threads: int = 0,
+        check_contents: bool = False,
+    ) -> None:
         self._pointer: Optional[int] = None  # first, so that __del__ works if creation fails
         self._lock = threading.Lock()
         self._workspace: Optional[ArrayView] = None
@@ -186,6 +205,11 @@ class Handle:
         options.backend = _as_backend(backend)
         options.device = _int32(device, "device")
         options.num_threads = _int32(num_threads, "num_threads")
+        if not isinstance(check_contents, (bool, np.bool_)):
+            raise refuse(InvalidArgumentError, f"check_contents: expected a bool, got {type(check_contents).__name__}")
+        if check_contents:
+            _library.require("fd_options.checks", "check_contents=True")
+            options.checks = _library.CHECK_CONTENTS
         pointer = ctypes.c_void_p()
         status = lib.fd_create(ctypes.byref(pointer), ctypes.byref(options))
         if status:
@@ -258,6 +282,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
+        split_tokens: Optional[int] = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -277,6 +302,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
+        split_tokens: Optional[int] = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -295,6 +321,7 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
+        split_tokens: Optional[int] = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -326,6 +353,14 @@ class Handle:
                 are then a paged cache.
             softmax_scale: multiplies q.k; None means 1/sqrt(head_dim).
             num_splits: KV splits; None (or 0) lets the library choose.
+            split_tokens: a fixed split length in KV tokens (since 0.3), for
+                batch-invariant results: a sequence's out and lse are then
+                bitwise the same whether it runs alone or in any batch (on
+                one backend, device model and library version; see
+                ``fd_decode_args.split_tokens`` in the C header). The
+                library rounds it up to its KV tile (:meth:`describe_plan`
+                reports the length used). None (or 0) leaves the splits to
+                ``num_splits`` or the library; not both.
             layout: ``"NHD"`` or ``"HND"``: the dimension order of q and out
                 as well as of k and v (and lse's), see :data:`LAYOUTS`.
                 :func:`flash_decode` defaults to ``"HND"``, this method to
@@ -361,6 +396,10 @@ class Handle:
         Raises:
             FlashDecodeError: a subclass per status, with the library's
                 message naming the argument at fault; nothing is written.
+                With ``check_contents=True``, bad lengths and page indices
+                raise :class:`InvalidLengthError` and
+                :class:`InvalidBlockTableError` (see :class:`Handle`).
+            UnsupportedError: ``split_tokens`` with a library older than 0.3.
             TypeError: an argument is not an array at all.
         """
         if type(q) is not _ndarray:
@@ -368,11 +407,12 @@ class Handle:
             if torch is not None and _torch.compiling(torch):
                 return _compiled_decode(
                     torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
-                    softmax_scale, num_splits, layout, dtype, stream,
+                    softmax_scale, num_splits, split_tokens, layout, dtype, stream,
                 )  # fmt: skip
         return self._decode(
-            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype, stream
-        )
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout,
+            dtype, stream,
+        )  # fmt: skip
 
     def _decode(
         self,
@@ -386,13 +426,14 @@ class Handle:
         block_table: Any,
         softmax_scale: Any,
         num_splits: Any,
+        split_tokens: Any,
         layout: Any,
         dtype: Any,
         stream: Any,
     ) -> Any:
         """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
         signature = _signature(
-            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, layout, dtype
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout, dtype
         )
         with self._lock:
             pointer = self._pointer
@@ -454,6 +495,7 @@ class Handle:
                         block_table=block_table,
                         softmax_scale=softmax_scale,
                         num_splits=num_splits,
+                        split_tokens=split_tokens,
                         layout=layout,
                         dtype=dtype,
                         stream=stream,
@@ -482,12 +524,13 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
+        split_tokens: Optional[int] = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
         """Bytes of workspace :meth:`decode` needs for these arguments on this handle.
 
-        Depends only on shapes and ``num_splits``; validates like :meth:`decode`.
+        Depends only on shapes and ``num_splits`` (or ``split_tokens``); validates like :meth:`decode`.
         ``out`` may be omitted (nothing is allocated or written).
         """
         nbytes = ctypes.c_size_t()
@@ -503,6 +546,7 @@ class Handle:
             block_table=block_table,
             softmax_scale=softmax_scale,
             num_splits=num_splits,
+            split_tokens=split_tokens,
             layout=layout,
             dtype=dtype,
         )
@@ -520,13 +564,15 @@ class Handle:
         block_table: Any = None,
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
+        split_tokens: Optional[int] = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
         """What :meth:`decode` would run for these arguments on this handle, without running it.
 
         Validates like :meth:`decode`; ``out`` may be omitted. The plan holds
-        for decodes with the same shapes, split count and pointer alignment.
+        for decodes with the same shapes, split count (or ``split_tokens``)
+        and pointer alignment.
         """
         info = _library.FdPlanInfo(struct_size=ctypes.sizeof(_library.FdPlanInfo))
         self._shape_query(
@@ -541,6 +587,7 @@ class Handle:
             block_table=block_table,
             softmax_scale=softmax_scale,
             num_splits=num_splits,
+            split_tokens=split_tokens,
             layout=layout,
             dtype=dtype,
         )
@@ -594,6 +641,43 @@ class Handle:
             nbytes = int(np.prod(view.shape, dtype=np.int64)) * view.itemsize
             check(library().fd_set_workspace(pointer, view.pointer or None, nbytes))
             self._workspace = view
+
+    def check_contents(self, stream: Any = None) -> None:
+        """Reports a bad ``seq_lens`` or ``block_table`` entry that a checked decode found
+        (``fd_check_contents``, since 0.3), after waiting for ``stream``.
+
+        For handles created with ``check_contents=True``. On CUDA the checks
+        run on the device, asynchronously: this synchronises ``stream`` (the
+        one the decodes ran on) and raises what the first bad decode since
+        the last report found, then clears the report. On the CPU backend
+        :meth:`decode` raises at once, so there is never anything left to
+        report here.
+
+        Args:
+            stream: CUDA backend: the stream to wait for (an int
+                ``cudaStream_t`` or a PyTorch/CuPy/Numba stream). Default:
+                PyTorch's current stream on the handle's device when PyTorch
+                is imported (the stream :meth:`decode` uses for tensors),
+                else the legacy default stream. Ignored by the CPU backend.
+
+        Raises:
+            InvalidLengthError: a length outside [0, kv_capacity].
+            InvalidBlockTableError: a used page index outside the pool.
+            InvalidArgumentError: the handle was created without checks, or
+                ``stream`` is being captured into a CUDA graph.
+            UnsupportedError: the library is older than 0.3.
+        """
+        _library.require("fd_check_contents", "Handle.check_contents()")
+        stream_value = 0
+        if self._backend is Backend.CUDA:
+            if stream is not None:
+                stream_value = stream_pointer(stream)
+            else:
+                torch_state = _torch.get()
+                if torch_state is not None:
+                    stream_value = torch_state.current_stream(self._device)
+        with self._lock:
+            check(library().fd_check_contents(self._live_pointer(), stream_value or None))
 
     # ---- internals ------------------------------------------------------------
 
@@ -699,6 +783,7 @@ class Handle:
         layout: Layout,
         dtype: Any,
         stream: Any,
+        split_tokens: Optional[int] = None,
         size_query: bool = False,
     ) -> _PreparedCall:
         layout = _as_layout(layout)
@@ -728,10 +813,12 @@ class Handle:
         _fill(call.args.k, k_view, _cache_dims(k_view, layout, "k", paged))
         _fill(call.args.v, v_view, _cache_dims(v_view, layout, "v", paged))
 
-        if out is None and size_query:
-            # The size and plan queries read shapes only: q's memory stands in
-            # for the output, described as the contiguous array decode would
-            # allocate (q itself may be a broadcast view, which no output may be).
+        placeholder_out = out is None and size_query
+        if placeholder_out:
+            # The size and plan queries read shapes only: the output is
+            # described as the contiguous array decode would allocate, at an
+            # address apart from every input's bytes (set below, once all are
+            # described), which the library validates but never touches.
             shape, _ = _query_dims(q_view, layout, "out")
             _fill(call.args.out, q_view, (shape, _contiguous(shape)))
         else:
@@ -763,6 +850,10 @@ class Handle:
             _fill(call.args.block_table, table_view, _own_dims(table_view, "block_table"))
         call.args.softmax_scale = _softmax_scale(softmax_scale)
         call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits")
+        if split_tokens is not None:
+            call.args.split_tokens = _split_tokens(split_tokens)
+        if placeholder_out:
+            call.args.out.data = _address_apart(call.args)
         return call
 
 
@@ -792,6 +883,7 @@ def _signature(
     block_table: Any,
     softmax_scale: Any,
     num_splits: Any,
+    split_tokens: Any,
     layout: Any,
     dtype: Any,
 ) -> Optional[_Signature]:
@@ -807,6 +899,7 @@ def _signature(
     if not (
         (softmax_scale is None or type(softmax_scale) in _SCALE_TYPES)
         and (num_splits is None or type(num_splits) is int)
+        and (split_tokens is None or type(split_tokens) is int)
         and (dtype is None or type(dtype) in _DTYPE_ARGUMENT_TYPES)
         and type(layout) is str
     ):
@@ -821,7 +914,7 @@ def _signature(
         arrays = _torch_signature(cls, q, k, v, out, lse, seq_lens, block_table)
     if arrays is None:
         return None
-    return (layout, dtype, softmax_scale, num_splits, bool(return_lse)) + arrays[0], arrays[1]
+    return (layout, dtype, softmax_scale, num_splits, split_tokens, bool(return_lse)) + arrays[0], arrays[1]
 
 
 def _numpy_signature(
@@ -1080,6 +1173,42 @@ def _fill(tensor: FdTensor, view: ArrayView, dims: Dims) -> None:
         tensor.strides[axis] = stride
 
 
+_ELEMENT_BYTES: Dict[int, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I32: 4}
+_ADDRESS_LIMIT = 2**63  # below any sign or address-space trouble on 64-bit Linux
+
+
+def _extent_bytes(tensor: FdTensor) -> int:
+    """Bytes of a described tensor from its first element to the end of its furthest one; 0 if it is empty."""
+    furthest = 0
+    for axis in range(tensor.ndim):
+        extent = int(tensor.shape[axis])
+        if extent <= 0:
+            return 0
+        furthest += (extent - 1) * int(tensor.strides[axis])
+    return (furthest + 1) * _ELEMENT_BYTES.get(int(tensor.dtype), 4)
+
+
+def _address_apart(args: FdDecodeArgs) -> int:
+    """An address for a size query's stand-in output (``args.out``, described but for its data)
+    whose bytes overlap no input's, aligned as a fresh allocation is: the library refuses an output
+    that overlaps an input other than as ``out`` = ``q`` exactly, and plans the same for any out."""
+    inputs: List[Tuple[int, int]] = []
+    for tensor in (args.q, args.k, args.v, args.seq_lens, args.block_table):
+        start = int(tensor.data or 0)
+        size = _extent_bytes(tensor) if start else 0
+        if size > 0:
+            inputs.append((start, start + size))
+    alignment = _library.WORKSPACE_ALIGNMENT
+    if not inputs:
+        return alignment
+    size = _extent_bytes(args.out)
+    above = -(-max(end for _, end in inputs) // alignment) * alignment
+    if above + size <= _ADDRESS_LIMIT:
+        return above
+    below = (min(start for start, _ in inputs) - size) // alignment * alignment
+    return below if below >= alignment else above  # nowhere apart: an input's strides span the address space
+
+
 def _contiguous(shape: Tuple[int, ...]) -> Tuple[int, ...]:
     """Row-major element strides of ``shape``."""
     strides, step = [], 1
@@ -1155,6 +1284,17 @@ def _int32(value: Any, name: str) -> int:
     return int(value)
 
 
+def _split_tokens(value: Any) -> int:
+    """``split_tokens`` for fd_decode_args: an int; a non-zero one needs a 0.3 library (the library checks its range)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise refuse(InvalidArgumentError, f"split_tokens: expected an int, got {type(value).__name__}")
+    if not -(2**63) <= int(value) < 2**63:
+        raise refuse(InvalidArgumentError, f"split_tokens: {value} does not fit in 64 bits")
+    if value:
+        _library.require("fd_decode_args.split_tokens", "split_tokens")
+    return int(value)
+
+
 def _size(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 2**63:
         raise refuse(InvalidArgumentError, f"{name}: expected a byte count (an int >= 0), got {value!r}")
@@ -1211,6 +1351,7 @@ def flash_decode(
     out: Optional[ArrayT] = None,
     layout: Layout = "HND",
     stream: Any = None,
+    split_tokens: Optional[int] = None,
 ) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
@@ -1229,6 +1370,8 @@ def flash_decode(
             or ``"NHD"`` (:meth:`Handle.decode`'s default); it orders q and
             out as well as k and v, see :data:`LAYOUTS`.
         stream: CUDA stream (see :meth:`Handle.decode`).
+        split_tokens: a fixed split length for batch-invariant results
+            (since 0.3; see :meth:`Handle.decode`); not with ``num_splits``.
 
     Returns:
         q's shape in q's dtype, of q's kind: a NumPy array (computed on the
@@ -1245,32 +1388,35 @@ def flash_decode(
         softmax_scale = sm_scale
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None
         )
     torch = _modules.get("torch")
     if torch is not None and _torch.compiling(torch):
         return _compiled_decode(  # type: ignore[no-any-return]
-            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream
-        )
+            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+            stream,
+        )  # fmt: skip
     torch_state = _torch.get()
     if torch_state is not None and isinstance(q, torch_state.Tensor):
         if q.is_cuda:
             device = q.get_device()
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
             return _thread_handle(Backend.CUDA, device, stream_value)._decode(  # type: ignore[no-any-return]
-                q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, stream_value
-            )
+                q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+                stream_value,
+            )  # fmt: skip
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, layout, None, None
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None
         )
     location, device_index = locate(q)
     if location == CUDA:
         stream_value = stream_pointer(stream) if stream is not None else default_stream(q)
         return _thread_handle(Backend.CUDA, device_index or 0, stream_value).decode(
-            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout, stream=stream_value
-        )
+            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, split_tokens=split_tokens,
+            layout=layout, stream=stream_value,
+        )  # fmt: skip
     return _thread_handle(Backend.CPU, 0, 0).decode(
-        q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, layout=layout
+        q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, split_tokens=split_tokens, layout=layout
     )
 
 
@@ -1286,6 +1432,7 @@ def op_decode(
     softmax_scale: Optional[float],
     num_splits: Optional[int],
     layout: str,
+    split_tokens: Optional[int] = None,
 ) -> Tuple[Any, Any]:
     """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
     handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
@@ -1314,6 +1461,7 @@ def op_decode(
             block_table=block_table,
             softmax_scale=softmax_scale,
             num_splits=num_splits,
+            split_tokens=split_tokens,
             layout=_as_layout(layout),
             return_lse=True,
             stream=stream,
@@ -1343,6 +1491,7 @@ def _compiled_decode(
     block_table: Any,
     softmax_scale: Any,
     num_splits: Any,
+    split_tokens: Any,
     layout: Any,
     dtype: Any,
     stream: Any,
@@ -1357,7 +1506,9 @@ def _compiled_decode(
             "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
             "and the op runs on PyTorch's current stream",
         )
-    result, result_lse = torch.ops.flashdecode.decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
+    result, result_lse = torch.ops.flashdecode.decode(
+        q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens
+    )
     if out is not None:
         out.copy_(result)
         result = out

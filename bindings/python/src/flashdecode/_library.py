@@ -11,6 +11,11 @@ with the library), then on the system by its SONAME ``libflashdecode.so.0``
 (``LD_LIBRARY_PATH``, the ld.so cache) and by ``ctypes.util.find_library``.
 The first candidate that loads, exports every function and has this binding's
 major version wins; otherwise :class:`LibraryError` lists what was tried.
+
+A library of an older minor version, down to :data:`OLDEST_MINOR`, is used
+as it is: what it does not have (see :data:`SINCE`) raises
+:class:`UnsupportedError` naming the version it needs when it is asked for,
+and everything else works as that library does.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ._errors import LibraryError, error_from_status
+from ._errors import LibraryError, UnsupportedError, error_from_status, refuse
 
 ABI_MAJOR = 0
 """The major version (ABI, SONAME suffix) these declarations were written for."""
-ABI_MINOR = 2
+ABI_MINOR = 3
 """The minor version of the header these declarations were written from."""
+OLDEST_MINOR = 2
+"""The oldest minor version this binding loads: a 0.2 library lacks the features
+of :data:`SINCE`, which then raise :class:`UnsupportedError` when asked for."""
 SONAME = f"libflashdecode.so.{ABI_MAJOR}"
 LIBRARY_ENV = "FLASHDECODE_LIBRARY"
 BUNDLED_LIBRARY = Path(__file__).resolve().parent / "_lib" / SONAME
@@ -60,7 +68,15 @@ class FdOptions(ctypes.Structure):
         ("backend", c_enum),
         ("device", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
+        ("reserved_0", ctypes.c_uint32),  # 0.2's trailing padding: never read
+        ("checks", ctypes.c_uint32),  # since 0.3: fd_check flags
+        ("reserved_1", ctypes.c_uint32),
     ]
+
+
+CHECK_NONE = 0
+CHECK_CONTENTS = 1
+"""``fd_check``: the flags of ``fd_options.checks`` (since 0.3)."""
 
 
 class FdDecodeArgs(ctypes.Structure):
@@ -77,6 +93,8 @@ class FdDecodeArgs(ctypes.Structure):
         ("block_table", FdTensor),
         ("softmax_scale", ctypes.c_double),
         ("num_splits", ctypes.c_int32),
+        ("reserved_0", ctypes.c_int32),  # 0.2's trailing padding: never read
+        ("split_tokens", ctypes.c_int64),  # since 0.3
     ]
 
 
@@ -128,7 +146,17 @@ _PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
     ("fd_set_workspace", c_enum, [_handle_p, ctypes.c_void_p, ctypes.c_size_t]),
     ("fd_plan_info_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
     ("fd_describe_plan", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(FdPlanInfo)]),
+    ("fd_check_contents", c_enum, [_handle_p, ctypes.c_void_p]),
 )
+
+SINCE: Dict[str, int] = {
+    "fd_plan_info_init": 2,
+    "fd_describe_plan": 2,
+    "fd_check_contents": 3,
+    "fd_options.checks": 3,
+    "fd_decode_args.split_tokens": 3,
+}
+"""The minor version that added each function and struct field of a later minor than 0.1."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +167,7 @@ class LibraryInfo:
         path: the file that was loaded (resolved by the dynamic loader).
         source: how it was found: ``"FLASHDECODE_LIBRARY"``, ``"bundled"``,
             ``"system"`` or ``"explicit"`` (given to :func:`load_library`).
-        version: its version string, e.g. ``"0.2.0"``.
+        version: its version string, e.g. ``"0.3.0"``.
         version_number: ``major * 10000 + minor * 100 + patch``.
     """
 
@@ -147,6 +175,11 @@ class LibraryInfo:
     source: str
     version: str
     version_number: int
+
+    @property
+    def minor(self) -> int:
+        """The minor version: which features of :data:`SINCE` the library has."""
+        return (self.version_number // 100) % 100
 
 
 _load_lock = threading.Lock()
@@ -199,6 +232,32 @@ def library() -> ctypes.CDLL:
     return loaded[0]
 
 
+def info() -> LibraryInfo:
+    """What :func:`load_library` loaded, loading it on first use."""
+    loaded = _loaded
+    if loaded is None:
+        return load_library()
+    return loaded[1]
+
+
+def require(feature: str, what: str) -> None:
+    """Raises :class:`UnsupportedError` if the loaded library is older than ``feature`` (a key of
+    :data:`SINCE`); ``what`` is how the caller asked for it, e.g. ``"check_contents=True"``.
+
+    For what this binding asks of an older library: the library would refuse
+    an unknown field too, but by its byte offset; this names the feature and
+    the version that has it.
+    """
+    loaded = info()
+    needed = SINCE[feature]
+    if loaded.minor < needed:
+        raise refuse(
+            UnsupportedError,
+            f"{what} needs libflashdecode {ABI_MAJOR}.{needed} or later ({feature}); "
+            f"{loaded.path} is version {loaded.version}",
+        )
+
+
 def last_error_message() -> str:
     """The calling thread's last detailed error message (``fd_last_error_message``)."""
     lib = library()
@@ -243,11 +302,12 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
     path = _loaded_file(lib) or name
     number = int(lib.fd_version_number())
     version = lib.fd_version_string().decode()
-    if number // 10000 != ABI_MAJOR or (number // 100) % 100 < ABI_MINOR:
+    minor = (number // 100) % 100
+    if number // 10000 != ABI_MAJOR or minor < OLDEST_MINOR:
         raise LibraryError(
-            f"{path} ({source}) is version {version}; this binding needs {ABI_MAJOR}.x with x >= {ABI_MINOR}"
+            f"{path} ({source}) is version {version}; this binding needs {ABI_MAJOR}.x with x >= {OLDEST_MINOR}"
         )
-    declare(lib, where)
+    declare(lib, where, minor=minor)
     _check_struct_sizes(lib, path, number)
     return lib, LibraryInfo(path=path, source=source, version=version, version_number=number)
 
@@ -255,14 +315,18 @@ def _open(source: str, name: str) -> Tuple[ctypes.CDLL, LibraryInfo]:
 _VERSION_FUNCTIONS = ("fd_version_number", "fd_version_string")
 
 
-def declare(lib: ctypes.CDLL, where: str, require_all: bool = True, only: Sequence[str] = ()) -> None:
+def declare(
+    lib: ctypes.CDLL, where: str, require_all: bool = True, only: Sequence[str] = (), minor: Optional[int] = None
+) -> None:
     """Sets the argument and result types of every exported function on ``lib``.
 
     For tools that load several builds of the library side by side (the
     benchmarks in ``tests/bench``), which :func:`load_library` does not.
     With ``require_all`` false, functions an older build lacks (e.g.
-    ``fd_describe_plan`` before 0.2) are left undeclared instead; ``only``
-    limits the work to the functions it names.
+    ``fd_describe_plan`` before 0.2) are left undeclared instead; with
+    ``minor``, only those a library of that minor version must have (see
+    :data:`SINCE`) are required. ``only`` limits the work to the functions
+    it names.
 
     Raises:
         LibraryError: a function is missing (``where`` names the library).
@@ -273,15 +337,32 @@ def declare(lib: ctypes.CDLL, where: str, require_all: bool = True, only: Sequen
         try:
             declared = getattr(lib, function)
         except AttributeError:
-            if not require_all:
+            if not require_all or (minor is not None and SINCE.get(function, 0) > minor):
                 continue
             raise LibraryError(f"{where}: does not export {function}; not a flashdecode library?") from None
         declared.restype = restype
         declared.argtypes = argtypes
 
 
+def struct_size_of_minor(name: str, struct: Any, minor: int) -> int:
+    """The sizeof of struct ``name`` in a library of an older ``minor`` version: where the first
+    field a later minor added begins (later minors append only past every earlier sizeof)."""
+    later = [
+        getattr(struct, key.split(".", 1)[1]).offset
+        for key, since in SINCE.items()
+        if key.startswith(name + ".") and since > minor
+    ]
+    return min(later) if later else ctypes.sizeof(struct)
+
+
 def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
-    """Catches a header/binding mismatch: the init functions return the library's sizeof."""
+    """Catches a header/binding mismatch: the init functions return the library's sizeof.
+
+    A library of this binding's minor has exactly its structs, a newer one at
+    least as large, an older one exactly that minor's (which this binding
+    passes in its larger structs, the fields the library lacks left zero).
+    """
+    minor = (number // 100) % 100
     for name, init, struct in (
         ("fd_options", lib.fd_options_init, FdOptions),
         ("fd_decode_args", lib.fd_decode_args_init, FdDecodeArgs),
@@ -289,11 +370,16 @@ def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
     ):
         library_size = int(init(None, 0))  # NULL: only the size is asked for
         ours = ctypes.sizeof(struct)
-        same_minor = (number // 100) % 100 == ABI_MINOR
-        if library_size < ours or (same_minor and library_size != ours):
+        if minor < ABI_MINOR:
+            expected = struct_size_of_minor(name, struct, minor)
+            wrong = library_size != expected
+        else:
+            expected = ours
+            wrong = library_size < ours or (minor == ABI_MINOR and library_size != ours)
+        if wrong:
             raise LibraryError(
-                f"{path}: its {name} is {library_size} bytes, this binding's is {ours}; "
-                "the binding and the library disagree on the ABI"
+                f"{path}: its {name} is {library_size} bytes, this binding expects {expected} of version "
+                f"{ABI_MAJOR}.{minor}; the binding and the library disagree on the ABI"
             )
 
 

@@ -115,10 +115,11 @@ def _register_op(torch: Any) -> Any:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         layout: str = "NHD",
+        split_tokens: Optional[int] = None,
     ) -> Tuple[Any, Any]:
         from ._handle import op_decode
 
-        return op_decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout)
+        return op_decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens)
 
     decode.__annotations__ = {
         "q": Tensor,
@@ -129,6 +130,7 @@ def _register_op(torch: Any) -> Any:
         "softmax_scale": Optional[float],
         "num_splits": Optional[int],
         "layout": str,
+        "split_tokens": Optional[int],
         "return": Tuple[Tensor, Tensor],
     }
     op = library.custom_op(OP_NAME, mutates_args=())(decode)
@@ -142,6 +144,7 @@ def _register_op(torch: Any) -> Any:
         softmax_scale: Any = None,
         num_splits: Any = None,
         layout: str = "NHD",
+        split_tokens: Any = None,
     ) -> Tuple[Any, Any]:
         if q.dim() not in (3, 4):
             from ._errors import InvalidShapeError, refuse

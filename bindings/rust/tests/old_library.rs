@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A library older than this crate's header: a real 0.2.0 build named by
+//! `$FLASHDECODE_OLD_LIBRARY` (the CTest test rust_old_library builds it from
+//! the git history with bindings/tools/old_library.sh). It loads and decodes
+//! as 0.2 does; the 0.3 features fail with `Status::Unsupported`, naming the
+//! version they need. Without the variable every test here passes vacuously.
+
+use flashdecode::{DecodeArgs, Library, Options, Status, Tensor, TensorMut};
+
+fn old_library() -> Option<Library> {
+    match std::env::var_os("FLASHDECODE_OLD_LIBRARY") {
+        Some(path) if !path.is_empty() => Some(Library::open(&path).expect("the 0.2 library loads")),
+        _ => {
+            eprintln!("FLASHDECODE_OLD_LIBRARY names no 0.2 library: nothing to test");
+            None
+        }
+    }
+}
+
+#[test]
+fn loads_and_decodes_without_the_new_features() {
+    let library = match old_library() {
+        Some(library) => library,
+        None => return,
+    };
+    assert_eq!(library.minor(), 2);
+    assert!(library.version().starts_with("0.2."), "{}", library.version());
+    assert!(library.functions().fd_check_contents.is_none());
+
+    let q = vec![0.5f32; 2 * 8 * 64];
+    let k = vec![0.25f32; 2 * 100 * 2 * 64];
+    let v = vec![1.5f32; k.len()];
+    let lens = [100, 37];
+    let mut out = vec![0f32; q.len()];
+    let mut handle = library.create_handle(&Options::cpu().num_threads(2)).unwrap();
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+        TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+    )
+    .seq_lens(Tensor::i32(&lens, &[2]).unwrap())
+    .num_splits(3);
+    assert_eq!(handle.describe_plan(&args).unwrap().num_splits, 3);
+    handle.decode(&mut args).unwrap();
+    drop(args);
+    assert!(out.iter().all(|&x| (x - 1.5).abs() < 1e-6));
+
+    let needs = |error: flashdecode::Error, feature: &str| {
+        assert_eq!(error.status(), Some(Status::Unsupported), "{}", error);
+        let wanted = format!("{} needs libflashdecode 0.3 or later; ", feature);
+        assert!(error.message().contains(&wanted), "{}", error);
+        assert!(
+            error.message().ends_with(&format!("is version {}", library.version())),
+            "{}",
+            error
+        );
+    };
+    needs(
+        library.create_handle(&Options::cpu().check_contents(true)).unwrap_err(),
+        "check_contents",
+    );
+    needs(handle.check_contents().unwrap_err(), "check_contents");
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+        TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+    )
+    .split_tokens(64);
+    needs(handle.decode(&mut args).unwrap_err(), "split_tokens");
+    needs(handle.workspace_size(&args).unwrap_err(), "split_tokens");
+    needs(handle.describe_plan(&args).unwrap_err(), "split_tokens");
+    let mut args = args.split_tokens(0);
+    handle.decode(&mut args).unwrap();
+}
+
+#[test]
+fn validates_contents_as_0_2_did() {
+    // 0.2's CPU backend checks seq_lens on every decode; 0.3 clamps unless asked to check.
+    let library = match old_library() {
+        Some(library) => library,
+        None => return,
+    };
+    let q = vec![0.5f32; 2 * 8 * 64];
+    let k = vec![0.25f32; 2 * 100 * 2 * 64];
+    let mut out = vec![0f32; q.len()];
+    let mut handle = library.create_handle(&Options::cpu().num_threads(2)).unwrap();
+    let error = handle
+        .decode(
+            &mut DecodeArgs::new(
+                Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+                Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+                Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+                TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+            )
+            .seq_lens(Tensor::i32(&[100, 101], &[2]).unwrap()),
+        )
+        .unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidLength), "{}", error);
+}
