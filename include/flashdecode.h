@@ -497,8 +497,8 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * dtypes, head_dim, group size, softmax_scale, cache kind (dense, or paged
  * with one page size) and 16-byte alignment of the cache's rows. The split
  * count, ceil(kv_capacity / split length), must be at most #FD_MAX_SPLITS
- * (#FD_ERROR_INVALID_SPLITS). The CUDA backend then always merges in a
- * second kernel; docs/performance.md measures what the mode costs.
+ * (#FD_ERROR_INVALID_SPLITS). The CUDA backend then merges several splits
+ * in a second kernel; docs/performance.md measures what the mode costs.
  */
 typedef struct fd_decode_args {
   size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().

@@ -32,6 +32,17 @@ constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 #define FD_CLUSTER_MERGE 1
 #endif
 
+// Batch-invariant plans ("Batch-invariant mode"): wide tiles for dense
+// caches where the device has them, and MHA with head_dim 65-128 on the
+// tensor cores or on the CUDA cores; overridable at build time for A/B
+// measurements.
+#ifndef FD_INVARIANT_WIDE
+#define FD_INVARIANT_WIDE 1
+#endif
+#ifndef FD_INVARIANT_MHA_CUDA_CORE
+#define FD_INVARIANT_MHA_CUDA_CORE 0
+#endif
+
 // MHA (one query head per KV head) with head_dim 65-128 and at least this
 // many waves of tensor-core CTAs runs the CUDA-core kernel: the tensor-core
 // CTA fills 1 of its 16 head slots and has the larger fixed cost, which many
@@ -117,8 +128,10 @@ struct VariantChoice {
 // ragged dense batches ("Wide tensor-core tiles").
 VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   VariantChoice choice;
+  if (FD_INVARIANT_MHA_CUDA_CORE && mha_bucket_128(p)) return choice;
   choice.variant = SplitVariant::tensor_core;
-  if (!p.paged && device.occupancy.ctas(SplitVariant::tensor_core_wide, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0)
+  if (FD_INVARIANT_WIDE && !p.paged &&
+      device.occupancy.ctas(SplitVariant::tensor_core_wide, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0)
     choice.variant = SplitVariant::tensor_core_wide;
   return choice;
 }
@@ -227,15 +240,16 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.group_size, shape.rows);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
-  // Batch-invariant plans always merge in the merge kernel, whose order of
-  // sums they fix, even with one split: the fused and cluster merges and
-  // the split kernel's own epilogue round differently, and which of them
-  // runs would depend on the batch.
+  if (plan.num_splits == 1) return launch;
+  // Batch-invariant plans merge several splits in the merge kernel, whose
+  // order of sums they fix: the fused and cluster merges order them
+  // differently, and which of them runs would depend on the batch. One
+  // split writes the output itself, with the bits the merge kernel gives a
+  // single non-empty split (weight exp2(0) = 1, sums from +0).
   if (p.batch_invariant()) {
     launch.merge = FD_MERGE_SEPARATE;
     return launch;
   }
-  if (plan.num_splits == 1) return launch;
   // In clusters where they fit, else fused into the split kernel where a
   // unit's partials fit, else the merge kernel.
   const int64_t unit_states = static_cast<int64_t>(launch.heads.heads_per_chunk) * plan.num_splits;
