@@ -15,7 +15,7 @@ inputs are built once, every variant's output is checked against the float64
 reference, then each round times every variant under CUDA graph replay (KV sets
 rotated, median of the replays), the order reversed on odd rounds. --splits
 adds variants of the first library with num_splits forced for a shape
-("shape:n,n;shape:n"); --split-tokens adds variants of the first library in
+("shape:n,n;shape:n"); --split-tokens adds variants of every library in
 batch-invariant mode (fd_decode_args.split_tokens, 0.3 and later) on every
 shape ("n,n"). Prints one line per shape: each variant's per-round medians
 in microseconds.
@@ -47,7 +47,7 @@ def main():
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--splits", default="", help="forced split counts on the first library: 'shape:n,n;shape:n'")
     parser.add_argument("--split-tokens", default="",
-                        help="batch-invariant variants of the first library, split lengths 'n,n' on every shape")
+                        help="batch-invariant variants of every library, split lengths 'n,n' on every shape")
     parser.add_argument("--plans", action="store_true",
                         help="print each variant's plan (kernel, splits x tokens, merge; builds from 0.2 on)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -84,7 +84,7 @@ def main():
             variants = [(name, fd, handle, 0, 0) for name, fd, handle in libs]
             base_name, base_fd, base_handle = libs[0]
             variants += [(f"{base_name}/s{n}", base_fd, base_handle, n, 0) for n in forced.get(shape[0], [])]
-            variants += [(f"{base_name}/t{n}", base_fd, base_handle, 0, n) for n in fixed_lengths]
+            variants += [(f"{name}/t{n}", fd, handle, 0, n) for name, fd, handle in libs for n in fixed_lengths]
             calls = []
             for name, fd, handle, splits, split_tokens in variants:
                 fd_args = cs.decode_args_per_set(fd, data, shape)

@@ -3,12 +3,13 @@
 # Builds one variant of the library for an A/B run on a GPU machine
 # (tests/bench/ab_variants.py, or flashdecode --bench with LD_LIBRARY_PATH):
 #
-#   tests/tools/build-variant.sh NAME [GIT_REF] [CUDA_FLAGS]
+#   tests/tools/build-variant.sh NAME [GIT_REF] [FLAGS]
 #
 # checks GIT_REF (default HEAD; "." for the working tree as it is, with
 # uncommitted edits) out into a scratch worktree, builds only the library
 # for the CUDA architectures in FD_VARIANT_ARCHS (default 90a-real, the
-# H200) with CUDA_FLAGS added (e.g. "-DFD_FUSED_MERGE_MAX_BYTES=0"), and
+# H200) with FLAGS added to the host and CUDA compilers (e.g.
+# "-DFD_FUSED_MERGE_MAX_BYTES=0", which policy.cpp reads), and
 # copies libflashdecode.so.0 to ab/NAME/ at the repository root. ab/ is
 # not tracked: name it in the device run's carry. Each variant must have its
 # own path (ab_variants.py refuses two libraries that share code).
@@ -57,7 +58,8 @@ command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 # Quiet on success; on failure the build's last lines say why.
 log=$scratch/build.log
 if ! { cmake -S "$scratch/src" -B "$scratch/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-         -DFLASHDECODE_CUDA_ARCHS="$archs" -DFLASHDECODE_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" &&
+         -DFLASHDECODE_CUDA_ARCHS="$archs" -DFLASHDECODE_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" \
+         -DCMAKE_CXX_FLAGS="$flags" &&
        cmake --build "$scratch/build" --target flashdecode --parallel; } >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "build-variant.sh: building $name failed" >&2

@@ -109,7 +109,6 @@ cuda::MergeParams merge_params(const Problem &p, const Plan &plan, const cuda::S
   merge.num_splits = plan.num_splits;
   merge.head_dim = s.head_dim;
   merge.q_heads = s.q_heads;
-  merge.batch_invariant = p.batch_invariant();
   merge.output = output_params(p);
   return merge;
 }

@@ -294,13 +294,10 @@ struct MergeKernel;
 template <class OutT>
 cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
   MergeParams p = merge;
-  // Batch-invariant plans group splits as for the most splits, so that the
-  // order of the sums does not depend on how many splits the capacity makes.
-  const int grouped_splits = p.batch_invariant ? kMaxMergeSplits : p.num_splits;
-  p.groups = merge_groups(grouped_splits, p.head_dim);
+  p.groups = merge_groups(p.num_splits, p.head_dim);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
-  config.blockDim = dim3(static_cast<unsigned>(merge_threads(grouped_splits, p.head_dim)));
+  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   // Programmatic dependent launch: the merge's CTAs may be scheduled once

@@ -92,7 +92,6 @@ struct MergeParams {
   int32_t head_dim = 0;
   int32_t q_heads = 0;
   int32_t groups = 1;            // set at launch: split groups per row (kernels/merge_kernel.cuh)
-  bool batch_invariant = false;  // groups do not depend on num_splits (flashdecode.h, "Batch invariance")
   OutputParams output;
 };
 

@@ -3,7 +3,11 @@
 // states into out and lse. The common max is the largest split max; every split is rescaled by exp2(m_split - m_max).
 // The CTA's threads form `groups` x (head_dim / 4) float4 columns: group g sums splits g, g + groups, g + 2 groups, ...
 // in increasing order, then the groups' sums are added in group order. groups depends only on num_splits and head_dim
-// (merge_groups), so the result does not depend on timing. Spreading the splits over groups keeps a long row of splits
+// (merge_groups), so the result does not depend on timing. Nor does it depend on trailing empty splits, which
+// batch-invariant plans add as the capacity grows (flashdecode.h, "Batch invariance"): groups is min(num_splits, G)
+// with G set by head_dim, so a row's n non-empty splits fall into the same groups in the same order for any
+// num_splits >= n (split s alone in group s while n <= G, in group s % G otherwise); empty splits weigh 0 and are
+// skipped, and adding an empty group's +0 leaves a sum unchanged. Spreading the splits over groups keeps a long row of splits
 // (128 in shape 2x8/1x262144) from being a chain of dependent loads. Empty splits (m = -inf) weigh 0 and add nothing
 // (their acc, zeros, may be read); a row whose splits are all empty gets zeros and LSE -inf.
 #pragma once
