@@ -32,16 +32,14 @@ constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 #define FD_CLUSTER_MERGE 1
 #endif
 
-// Batch-invariant plans ("Batch-invariant mode"): wide tiles for dense
-// caches where the device has them, and MHA with head_dim 65-128 on the
-// tensor cores or on the CUDA cores; overridable at build time for A/B
-// measurements.
-#ifndef FD_INVARIANT_WIDE
-#define FD_INVARIANT_WIDE 1
+// Batch-invariant plans take wide tiles (dense caches, head_dim above 64)
+// for splits of at least this many tokens: shorter ones, and head_dim 64,
+// stream faster on standard tiles ("Batch-invariant mode"). Overridable at
+// build time for A/B measurements.
+#ifndef FD_INVARIANT_WIDE_MIN_SPLIT_TOKENS
+#define FD_INVARIANT_WIDE_MIN_SPLIT_TOKENS 2048
 #endif
-#ifndef FD_INVARIANT_MHA_CUDA_CORE
-#define FD_INVARIANT_MHA_CUDA_CORE 0
-#endif
+constexpr int64_t kInvariantWideMinSplitTokens = FD_INVARIANT_WIDE_MIN_SPLIT_TOKENS;
 
 // MHA (one query head per KV head) with head_dim 65-128 and at least this
 // many waves of tensor-core CTAs runs the CUDA-core kernel: the tensor-core
@@ -122,15 +120,16 @@ struct VariantChoice {
 
 // Batch-invariant plans (flashdecode.h, "Batch invariance"): the kernel may
 // depend on nothing that changes with the batch (size, capacity, whether
-// lengths are given), since another kernel rounds differently. The tensor
-// cores where they take the problem (no MHA wave rule: it counts the
-// batch); wide tiles for dense caches where the device has them, as for
-// ragged dense batches ("Wide tensor-core tiles").
+// lengths are given), since another kernel rounds differently; the caller's
+// split length is fixed, so it may decide. The tensor cores where they take
+// the problem (no MHA wave rule: it counts the batch; MHA measured as fast
+// on them with fixed splits), wide tiles for long splits of dense caches
+// where the device has them ("Batch-invariant mode").
 VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   VariantChoice choice;
-  if (FD_INVARIANT_MHA_CUDA_CORE && mha_bucket_128(p)) return choice;
   choice.variant = SplitVariant::tensor_core;
-  if (FD_INVARIANT_WIDE && !p.paged &&
+  const bool long_splits = p.requested_split_tokens >= kInvariantWideMinSplitTokens && p.head_dim > 64;
+  if (long_splits && !p.paged &&
       device.occupancy.ctas(SplitVariant::tensor_core_wide, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0)
     choice.variant = SplitVariant::tensor_core_wide;
   return choice;
