@@ -16,8 +16,8 @@ reference, then each round times every variant under CUDA graph replay (KV sets
 rotated, median of the replays), the order reversed on odd rounds. --splits
 adds variants of the first library with num_splits forced for a shape
 ("shape:n,n;shape:n"); --split-tokens adds variants of every library in
-batch-invariant mode (fd_decode_args.split_tokens, 0.3 and later) on every
-shape ("n,n"). Prints one line per shape: each variant's per-round medians
+batch-invariant mode (fd_decode_args.split_tokens; libraries of 0.3 and
+later) on every shape ("n,n"). Prints one line per shape: each variant's per-round medians
 in microseconds.
 """
 import argparse
@@ -84,7 +84,8 @@ def main():
             variants = [(name, fd, handle, 0, 0) for name, fd, handle in libs]
             base_name, base_fd, base_handle = libs[0]
             variants += [(f"{base_name}/s{n}", base_fd, base_handle, n, 0) for n in forced.get(shape[0], [])]
-            variants += [(f"{name}/t{n}", fd, handle, 0, n) for name, fd, handle in libs for n in fixed_lengths]
+            variants += [(f"{name}/t{n}", fd, handle, 0, n) for name, fd, handle in libs for n in fixed_lengths
+                         if fd.lib.fd_version_number() >= 300]  # split_tokens: 0.3 and later
             calls = []
             for name, fd, handle, splits, split_tokens in variants:
                 fd_args = cs.decode_args_per_set(fd, data, shape)
