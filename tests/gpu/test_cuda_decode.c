@@ -1094,6 +1094,7 @@ static void test_allowed_sharing(void **state) {
     const size_t es = fdt_dtype_size(c.dtype);
     void *padded = NULL;
     CUDA_CHECK(cudaMalloc(&padded, (size_t)(B * H * pitch) * es));
+    CUDA_CHECK(cudaMemset(padded, 0xff, (size_t)(B * H * pitch) * es)); /* poison: the rest of the padding stays so */
     a = t.d.args;
     a.out.data = padded;
     a.out.strides[0] = a.out.strides[1] = H * pitch;
@@ -1110,6 +1111,8 @@ static void test_allowed_sharing(void **state) {
     for (int64_t r = 0; r < B * H; ++r) {
       padding_differs |= memcmp(rows + (size_t)(r * pitch) * es, expected + (size_t)(r * D) * es, (size_t)D * es);
       padding_differs |= memcmp(rows + (size_t)(r * pitch + D) * es, (const unsigned char *)p->lse + r * 4, 4);
+      for (size_t i = (size_t)D * es + 4; i < (size_t)pitch * es; ++i)
+        padding_differs |= rows[(size_t)(r * pitch) * es + i] != 0xff;
     }
     CUDA_CHECK(cudaFree(padded));
     free(rows);
