@@ -91,7 +91,7 @@ struct MergeParams {
   int32_t num_splits = 1;
   int32_t head_dim = 0;
   int32_t q_heads = 0;
-  int32_t groups = 1;            // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  int32_t groups = 1;  // set at launch: split groups per row (kernels/merge_kernel.cuh)
   OutputParams output;
 };
 

@@ -7,9 +7,9 @@
 // batch-invariant plans add as the capacity grows (flashdecode.h, "Batch invariance"): groups is min(num_splits, G)
 // with G set by head_dim, so a row's n non-empty splits fall into the same groups in the same order for any
 // num_splits >= n (split s alone in group s while n <= G, in group s % G otherwise); empty splits weigh 0 and are
-// skipped, and adding an empty group's +0 leaves a sum unchanged. Spreading the splits over groups keeps a long row of splits
-// (128 in shape 2x8/1x262144) from being a chain of dependent loads. Empty splits (m = -inf) weigh 0 and add nothing
-// (their acc, zeros, may be read); a row whose splits are all empty gets zeros and LSE -inf.
+// skipped, and adding an empty group's +0 leaves a sum unchanged. Spreading the splits over groups keeps a long row of
+// splits (128 in shape 2x8/1x262144) from being a chain of dependent loads. Empty splits (m = -inf) weigh 0 and add
+// nothing (their acc, zeros, may be read); a row whose splits are all empty gets zeros and LSE -inf.
 #pragma once
 
 #include <cstdint>
