@@ -764,6 +764,92 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
 
 /** @} */
 
+/* ------------------------------------------------------------------------ */
+/** @defgroup merge Merging partial results
+ * Attention over a cache split into parts computed apart (a shared prefix
+ * and each sequence's own suffix, or shards of one cache on several GPUs)
+ * is the merge of the parts' outputs by their log-sum-exps. Since 0.3.
+ * @{ */
+
+/** @brief Largest accepted fd_merge_args::num_states. */
+#define FD_MAX_MERGE_STATES 64
+
+/**
+ * @brief The partial results fd_merge_states() combines, and where it
+ *        writes. Initialise with `fd_merge_args_init(&args, sizeof args)`.
+ *
+ * State s is `states_out[s]` `[batch, q_len, heads, head_dim]` (#FD_DTYPE_F32,
+ * #FD_DTYPE_F16 or #FD_DTYPE_BF16; the states may differ in dtype) with its
+ * natural-log LSE `states_lse[s]` `[batch, q_len, heads]` (#FD_DTYPE_F32):
+ * attention of the same queries over one part of the keys, normalised over
+ * that part, as fd_decode() writes `out` and `lse`. For every row,
+ * with m = max_s lse_s and w_s = exp(lse_s - m):
+ * `out = sum_s w_s out_s / sum_s w_s`, `lse = m + log(sum_s w_s)`.
+ * A state with LSE -inf is empty (a part with no keys): it weighs nothing and
+ * its output is not read into the result, NaN included; a row whose states
+ * are all empty is zeros with LSE -inf. A NaN LSE, or +inf, makes the row
+ * NaN. Sums run in state order: the same inputs give bitwise the same
+ * result.
+ *
+ * `out` may be one of the `states_out` (the same data, dtype and strides),
+ * and `lse` one of the `states_lse`: the merge then runs in place.
+ * Otherwise the outputs must not overlap any input, as for fd_decode(). Tensors follow #fd_tensor's rules (strides
+ * in elements, head_dim contiguous).
+ */
+typedef struct fd_merge_args {
+  size_t struct_size;          /**< sizeof(fd_merge_args) as the caller compiled it; set by fd_merge_args_init(). */
+  int32_t num_states;          /**< States to merge, 1 to #FD_MAX_MERGE_STATES. */
+  int32_t reserved_0;          /**< Padding: never read. */
+  const fd_tensor *states_out; /**< num_states outputs, `[batch, q_len, heads, head_dim]`. */
+  const fd_tensor *states_lse; /**< num_states LSEs, `[batch, q_len, heads]`, #FD_DTYPE_F32. */
+  fd_tensor out;               /**< The merged output, `[batch, q_len, heads, head_dim]`, F32, F16 or BF16. */
+  fd_tensor lse;               /**< Optional merged LSE, `[batch, q_len, heads]`, F32 (data NULL: not written). */
+} fd_merge_args;
+
+/**
+ * @brief Fills the caller's merge-args struct with defaults (no states, all
+ *        tensors absent) and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param args The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*args) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_merge_args) of this library.
+ */
+FD_API size_t fd_merge_args_init(fd_merge_args *args, size_t struct_size);
+
+/**
+ * @brief Merges partial attention results by their log-sum-exps (see
+ *        #fd_merge_args).
+ *
+ * The building block of cascade attention (a prefix shared by many
+ * sequences decoded once, each sequence's suffix apart, then merged) and of
+ * context-parallel decode: each GPU decodes its shard of the cache with
+ * `lse`, the (out, lse) pairs are gathered (an NCCL all-gather, say), and
+ * this merges them.
+ *
+ * CUDA backend: one kernel on @p stream; no allocation, no copy, no
+ * synchronisation, so it may be captured in a CUDA graph (the tensors'
+ * addresses are captured with it; their contents may change between
+ * replays). Uses no workspace. CPU backend: synchronous; @p stream is
+ * ignored.
+ *
+ * Everything is validated before any work; on error the outputs are
+ * untouched.
+ *
+ * @param handle A live handle; its backend decides where the tensors live.
+ * @param args The states and outputs.
+ * @param stream CUDA stream to enqueue on (NULL: the legacy default stream
+ *        of the handle's device).
+ * @return #FD_SUCCESS or the status of the first problem found: as for
+ *         fd_decode(); #FD_ERROR_INVALID_ARGUMENT for a num_states out of
+ *         range; #FD_ERROR_NULL_POINTER for NULL state arrays.
+ */
+FD_API fd_status fd_merge_states(fd_handle *handle, const fd_merge_args *args, fd_cuda_stream stream);
+
+/** @} */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -404,6 +404,21 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
   });
 }
 
+FD_API size_t fd_merge_args_init(fd_merge_args *args, size_t struct_size) {
+  fd_merge_args defaults;
+  std::memset(&defaults, 0, sizeof defaults);
+  defaults.struct_size = sizeof defaults;
+  return fd::init_sized(args, struct_size, defaults);
+}
+
+FD_API fd_status fd_merge_states(fd_handle *handle, const fd_merge_args *args, fd_cuda_stream stream) {
+  return fd::guarded([&] {
+    const fd::LockedHandle<fd_handle> locked(handle);
+    const fd::MergeProblem problem = fd::validate_merge_args(args);
+    (*locked).backend->merge_states(problem, stream);
+  });
+}
+
 FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream) {
   return fd::guarded([&] {
     const fd::LockedHandle<fd_handle> locked(handle);

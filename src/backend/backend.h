@@ -70,6 +70,10 @@ class Backend {
   // least plan.workspace_bytes. Must not allocate.
   virtual void decode(const Problem &problem, const Plan &plan, void *workspace, fd_cuda_stream stream) = 0;
 
+  // Runs (or enqueues) one validated fd_merge_states: no workspace, no
+  // allocation.
+  virtual void merge_states(const MergeProblem &problem, fd_cuda_stream stream) = 0;
+
   // What decode(problem, plan, ...) would enqueue, without enqueueing it
   // (never called for an empty batch, which fd_decode does not pass on).
   virtual LaunchSummary describe(const Problem &problem, const Plan &plan) const = 0;

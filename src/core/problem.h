@@ -64,6 +64,23 @@ struct Problem {
 // contents) and fills a Problem. Throws fd::Error naming the argument.
 Problem validate_decode_args(const fd_decode_args *args);
 
+// A merge of partial attention results after validation (fd_merge_states):
+// state s is out [batch, q_len, heads, head_dim] of states_dtype[s] with its
+// f32 lse [batch, q_len, heads]; out and lse as in Problem.
+struct MergeProblem {
+  int32_t num_states = 0;
+  int64_t batch = 0, q_len = 0, heads = 0, head_dim = 0;
+  StridedView states_out[FD_MAX_MERGE_STATES];
+  fd_dtype states_dtype[FD_MAX_MERGE_STATES] = {};
+  StridedView states_lse[FD_MAX_MERGE_STATES];
+  StridedView out, lse;
+  fd_dtype out_dtype = FD_DTYPE_F32;
+  bool has_lse = false;
+};
+
+// Checks fd_merge_args as validate_decode_args checks fd_decode_args.
+MergeProblem validate_merge_args(const fd_merge_args *args);
+
 // Checks seq_lens and block_table values (FD_CHECK_CONTENTS), for backends
 // whose tensors live in host memory. Throws fd::Error naming the element at
 // fault.

@@ -4,6 +4,7 @@
 // validate_host_contents, which backends with host memory call.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -431,6 +432,92 @@ void validate_host_contents(const Problem &p) {
       }
     }
   }
+}
+
+namespace {
+
+const char *const kMergeOutDims[] = {"batch", "q_len", "heads", "head_dim"};
+const char *const kMergeLseDims[] = {"batch", "q_len", "heads"};
+
+fd_merge_args read_merge_args(const fd_merge_args *args) {
+  if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
+  const size_t required = offsetof(fd_merge_args, lse) + sizeof(args->lse);
+  fd_merge_args defaults;
+  fd_merge_args_init(&defaults, sizeof defaults);
+  return read_sized_struct(*args, defaults, required, "args", "fd_merge_args");
+}
+
+}  // namespace
+
+MergeProblem validate_merge_args(const fd_merge_args *caller_args) {
+  const fd_merge_args args = read_merge_args(caller_args);
+  if (args.num_states < 1 || args.num_states > FD_MAX_MERGE_STATES) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "num_states must be in [1, %d], got %d", FD_MAX_MERGE_STATES,
+         static_cast<int>(args.num_states));
+  }
+  if (args.states_out == nullptr) fail(FD_ERROR_NULL_POINTER, "states_out is NULL");
+  if (args.states_lse == nullptr) fail(FD_ERROR_NULL_POINTER, "states_lse is NULL");
+
+  MergeProblem p;
+  p.num_states = args.num_states;
+  p.out = check_tensor(args.out, "out", 4, kMergeOutDims, true);
+  require_float_dtype(args.out, "out");
+  p.out_dtype = args.out.dtype;
+  p.batch = p.out.shape[0];
+  p.q_len = p.out.shape[1];
+  p.heads = p.out.shape[2];
+  p.head_dim = p.out.shape[3];
+  if (p.head_dim < 1 || p.head_dim > FD_MAX_HEAD_DIM) {
+    fail(FD_ERROR_INVALID_HEAD_DIM, "out: head_dim must be in [1, %d], got %lld", FD_MAX_HEAD_DIM,
+         static_cast<long long>(p.head_dim));
+  }
+  if (p.heads > FD_MAX_HEADS) {
+    fail(FD_ERROR_INVALID_HEAD_COUNT, "out: heads must be at most %d, got %lld", FD_MAX_HEADS,
+         static_cast<long long>(p.heads));
+  }
+  if (p.batch > FD_MAX_BATCH || p.q_len > FD_MAX_KV_LEN) {
+    fail(FD_ERROR_INVALID_SHAPE, "out: batch (%lld) and q_len (%lld) must be at most %d",
+         static_cast<long long>(p.batch), static_cast<long long>(p.q_len), FD_MAX_BATCH);
+  }
+  require_no_overlap(p.out, 4, "out");
+  if (args.lse.data != nullptr) {
+    p.lse = check_tensor(args.lse, "lse", 3, kMergeLseDims, false);
+    require_dtype(args.lse, "lse", FD_DTYPE_F32);
+    for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.out.shape[d], "lse", kMergeLseDims[d], "out");
+    require_no_overlap(p.lse, 3, "lse");
+    const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
+    if (ranges_overlap(out_bytes, byte_range(p.lse, 3, sizeof(float))) &&
+        lse_touches_out(p.out, dtype_bytes(p.out_dtype), p.lse)) {
+      fail(FD_ERROR_INVALID_ARGUMENT, "lse: an element shares memory with an element of out; outputs must not overlap");
+    }
+    p.has_lse = true;
+  }
+
+  const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
+  const ByteRange lse_bytes = p.has_lse ? byte_range(p.lse, 3, sizeof(float)) : ByteRange{};
+  for (int s = 0; s < p.num_states; ++s) {
+    char out_name[32], lse_name[32];
+    snprintf(out_name, sizeof out_name, "states_out[%d]", s);
+    snprintf(lse_name, sizeof lse_name, "states_lse[%d]", s);
+    p.states_out[s] = check_tensor(args.states_out[s], out_name, 4, kMergeOutDims, true);
+    require_float_dtype(args.states_out[s], out_name);
+    p.states_dtype[s] = args.states_out[s].dtype;
+    for (int d = 0; d < 4; ++d) require_extent(p.states_out[s], d, p.out.shape[d], out_name, kMergeOutDims[d], "out");
+    p.states_lse[s] = check_tensor(args.states_lse[s], lse_name, 3, kMergeLseDims, false);
+    require_dtype(args.states_lse[s], lse_name, FD_DTYPE_F32);
+    for (int d = 0; d < 3; ++d) require_extent(p.states_lse[s], d, p.out.shape[d], lse_name, kMergeLseDims[d], "out");
+    // Inputs are read while outputs are written (out may be a state itself).
+    const ByteRange state_bytes = byte_range(p.states_out[s], 4, dtype_bytes(p.states_dtype[s]));
+    const ByteRange state_lse_bytes = byte_range(p.states_lse[s], 3, sizeof(float));
+    const bool in_place = p.states_dtype[s] == p.out_dtype && same_view(p.out, p.states_out[s], 4);
+    if (!in_place) require_apart(out_bytes, "out", state_bytes, out_name);
+    require_apart(out_bytes, "out", state_lse_bytes, lse_name);
+    require_apart(lse_bytes, "lse", state_bytes, out_name);
+    // The merged LSE may replace a state's LSE in place, like out.
+    if (!(p.has_lse && same_view(p.lse, p.states_lse[s], 3)))
+      require_apart(lse_bytes, "lse", state_lse_bytes, lse_name);
+  }
+  return p;
 }
 
 }  // namespace fd

@@ -1191,6 +1191,80 @@ static void test_batch_invariant(void **state) {
   }
 }
 
+/* fd_merge_states on the device: the cache decoded in parts (each with its
+ * LSE, states in f32 or the output's dtype) and merged equals the whole
+ * within the output's bound; also in place, over state 0's own out and lse. */
+static void test_merge_states(void **state) {
+  (void)state;
+  enum { kParts = 3 };
+  const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
+  for (int k = 0; k < 6; ++k) {
+    fdt_case c = dense_case(dtypes[k % 3], 9, 32, 8, k < 3 ? 128 : 64, 3000, g_seed + 480 + (uint64_t)k);
+    c.ragged = 1;
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    fdt_problem *p = &t.p;
+    const fd_dtype state_dtype = k >= 3 ? FD_DTYPE_F32 : c.dtype;
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + kParts - 1) / kParts;
+    void *outs[kParts];
+    float *lses[kParts];
+    int32_t *lens[kParts];
+    fd_tensor states_out[kParts], states_lse[kParts];
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int s = 0; s < kParts; ++s) {
+      const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
+      int32_t host_lens[64];
+      fdt_part_lengths(p->lens, B, start, n, host_lens);
+      CUDA_CHECK(cudaMalloc(&outs[s], (size_t)(B * H * D) * fdt_dtype_size(state_dtype)));
+      CUDA_CHECK(cudaMalloc((void **)&lses[s], (size_t)(B * H) * sizeof(float)));
+      CUDA_CHECK(cudaMalloc((void **)&lens[s], (size_t)B * sizeof(int32_t)));
+      CUDA_CHECK(cudaMemcpy(lens[s], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[s], outs[s], state_dtype, lses[s]);
+      if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
+      states_out[s] = a.out;
+      states_lse[s] = a.lse;
+    }
+    fd_merge_args m;
+    fd_merge_args_init(&m, sizeof m);
+    m.num_states = kParts;
+    m.states_out = states_out;
+    m.states_lse = states_lse;
+    m.out = t.d.args.out;
+    m.lse = t.d.args.lse;
+    if (fd_merge_states(g_cuda, &m, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("merge: %s", last_message());
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
+    char report[256];
+    int bad = fdt_check(p, report, sizeof report, NULL, NULL);
+    /* In place over state 0 (f32 states only: out's dtype must match). */
+    int in_place_bad = 0;
+    if (state_dtype == c.out_dtype) {
+      unsigned char *expected = malloc(p->out_bytes);
+      memcpy(expected, p->out, p->out_bytes);
+      m.out = states_out[0];
+      m.lse = states_lse[0];
+      if (fd_merge_states(g_cuda, &m, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("in place: %s", last_message());
+      CUDA_CHECK(cudaStreamSynchronize(g_stream));
+      unsigned char *got = malloc(p->out_bytes);
+      CUDA_CHECK(cudaMemcpy(got, outs[0], p->out_bytes, cudaMemcpyDeviceToHost));
+      in_place_bad = memcmp(got, expected, p->out_bytes) != 0;
+      free(got);
+      free(expected);
+    }
+    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s\n", kParts,
+                  fdt_dtype_name(state_dtype), fdt_dtype_name(c.out_dtype), (long long)D, report,
+                  state_dtype == c.out_dtype ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a");
+    for (int s = 0; s < kParts; ++s) {
+      CUDA_CHECK(cudaFree(outs[s]));
+      CUDA_CHECK(cudaFree(lses[s]));
+      CUDA_CHECK(cudaFree(lens[s]));
+    }
+    close_case(&t);
+    if (bad || in_place_bad) fail_msg("merge case %d: %s", k, report);
+  }
+}
+
 /* Every sequence empty: zeros and LSE -inf, never NaN, with one split or many. */
 static void test_all_sequences_empty(void **state) {
   (void)state;
@@ -1497,7 +1571,7 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 24];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 32];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
@@ -1524,6 +1598,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_contents_checked_on_device);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_allowed_sharing);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

@@ -552,3 +552,26 @@ fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len
   }
   return a;
 }
+
+fd_decode_args fdt_part_args(const fd_decode_args *whole, int64_t start, int64_t count, int32_t *part_lens, void *out,
+                             fd_dtype out_dtype, float *lse) {
+  fd_decode_args a = *whole;
+  a.k.data = offset_elements(a.k.data, a.k.dtype, start * a.k.strides[1]);
+  a.v.data = offset_elements(a.v.data, a.v.dtype, start * a.v.strides[1]);
+  a.k.shape[1] = a.v.shape[1] = count;
+  const int64_t batch = a.q.shape[0], heads = a.q.shape[2], dim = a.q.shape[3];
+  const int64_t lens_shape[1] = {batch}, lens_strides[1] = {1};
+  a.seq_lens = fdt_tensor(part_lens, FD_DTYPE_I32, 1, lens_shape, lens_strides);
+  const int64_t out_shape[4] = {batch, 1, heads, dim}, out_strides[4] = {heads * dim, heads * dim, dim, 1};
+  a.out = fdt_tensor(out, out_dtype, 4, out_shape, out_strides);
+  const int64_t lse_shape[3] = {batch, 1, heads}, lse_strides[3] = {heads, heads, 1};
+  a.lse = fdt_tensor(lse, FD_DTYPE_F32, 3, lse_shape, lse_strides);
+  return a;
+}
+
+void fdt_part_lengths(const int64_t *lens, int64_t batch, int64_t start, int64_t count, int32_t *part_lens) {
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t n = lens[b] - start;
+    part_lens[b] = (int32_t)(n < 0 ? 0 : n > count ? count : n);
+  }
+}

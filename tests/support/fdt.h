@@ -142,6 +142,17 @@ double fdt_error_bound(fd_dtype out_dtype);
  * tests (flashdecode.h, "Batch invariance"). */
 fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths);
 
+/* The arguments of one part of a dense problem's cache, tokens
+ * [start, start + count), for fd_merge_states tests: k and v sliced (pointer
+ * arithmetic alone, host or device), seq_lens at part_lens (int32 [batch],
+ * filled by fdt_part_lengths; host or device), out [batch, 1, q_heads,
+ * head_dim] contiguous at `out` in out_dtype, lse [batch, 1, q_heads] at
+ * `lse`. */
+fd_decode_args fdt_part_args(const fd_decode_args *whole, int64_t start, int64_t count, int32_t *part_lens, void *out,
+                             fd_dtype out_dtype, float *lse);
+/* How many of each sequence's tokens (lens[b]) fall in [start, start + count). */
+void fdt_part_lengths(const int64_t *lens, int64_t batch, int64_t start, int64_t count, int32_t *part_lens);
+
 /* Human-readable case description. */
 void fdt_case_describe(const fdt_case *c, char *buffer, size_t size);
 

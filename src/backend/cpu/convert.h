@@ -112,4 +112,16 @@ struct Storage<FD_DTYPE_BF16> {
   static void store(uint16_t *p, float x) { *p = float_to_bf16(x); }
 };
 
+// Element `offset` of float storage of a dtype known at run time (the
+// states of a merge may differ in dtype); 0 for a dtype that is not one
+// (validation admits none).
+inline float load_element(fd_dtype dtype, const void *data, int64_t offset) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return Storage<FD_DTYPE_F32>::load(static_cast<const float *>(data) + offset);
+    case FD_DTYPE_F16: return Storage<FD_DTYPE_F16>::load(static_cast<const uint16_t *>(data) + offset);
+    case FD_DTYPE_BF16: return Storage<FD_DTYPE_BF16>::load(static_cast<const uint16_t *>(data) + offset);
+    default: return 0.0f;
+  }
+}
+
 }  // namespace fd

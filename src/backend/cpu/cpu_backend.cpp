@@ -180,6 +180,51 @@ void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t r
   if (p.has_lse) static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + head * p.lse.strides[2]] = lse;
 }
 
+// fd_merge_states for one row: the states weighed by exp(lse_s - max) in
+// state order; empty states (LSE -inf) are not read.
+template <fd_dtype OutD>
+void merge_states_row(const MergeProblem &p, int64_t row) {
+  const int64_t h = row % p.heads;
+  const int64_t t = (row / p.heads) % p.q_len;
+  const int64_t b = row / (p.heads * p.q_len);
+  float lse[FD_MAX_MERGE_STATES];
+  float m = kNegInf;
+  for (int s = 0; s < p.num_states; ++s) {
+    const StridedView &v = p.states_lse[s];
+    lse[s] = static_cast<const float *>(v.data)[b * v.strides[0] + t * v.strides[1] + h * v.strides[2]];
+    m = max_nan(m, lse[s]);
+  }
+  using T = typename Storage<OutD>::type;
+  T *out = static_cast<T *>(p.out.data) + b * p.out.strides[0] + t * p.out.strides[1] + h * p.out.strides[2];
+  float merged_lse = m;
+  if (m == kNegInf) {
+    for (int64_t d = 0; d < p.head_dim; ++d) Storage<OutD>::store(out + d, 0.0f);
+  } else if (std::isnan(m) || m == std::numeric_limits<float>::infinity()) {
+    merged_lse = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t d = 0; d < p.head_dim; ++d) Storage<OutD>::store(out + d, merged_lse);
+  } else {
+    float weight[FD_MAX_MERGE_STATES];
+    float l = 0.0f;
+    for (int s = 0; s < p.num_states; ++s) {
+      weight[s] = lse[s] == kNegInf ? 0.0f : std::exp(lse[s] - m);
+      l += weight[s];
+    }
+    // Accumulated over the row first: out may be a state (in place).
+    float acc[FD_MAX_HEAD_DIM] = {};
+    for (int s = 0; s < p.num_states; ++s) {
+      if (weight[s] == 0.0f) continue;
+      const StridedView &v = p.states_out[s];
+      const int64_t base = b * v.strides[0] + t * v.strides[1] + h * v.strides[2];
+      for (int64_t d = 0; d < p.head_dim; ++d) acc[d] += weight[s] * load_element(p.states_dtype[s], v.data, base + d);
+    }
+    const float inv_l = 1.0f / l;
+    for (int64_t d = 0; d < p.head_dim; ++d) Storage<OutD>::store(out + d, acc[d] * inv_l);
+    merged_lse = m + std::log(l);
+  }
+  if (p.has_lse)
+    static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + t * p.lse.strides[1] + h * p.lse.strides[2]] = merged_lse;
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, bool check_contents) : pool_(num_threads), check_contents_(check_contents) {}
@@ -222,6 +267,18 @@ class CpuBackend final : public Backend {
       case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, workspace); break;
       default: fail(FD_ERROR_INTERNAL, "cpu backend: no kernel for dtype %s", dtype_name(p.kv_dtype));
     }
+  }
+
+  void merge_states(const MergeProblem &p, fd_cuda_stream) override {
+    const int64_t rows = p.batch * p.q_len * p.heads;
+    pool_.parallel_for(rows, [&](int64_t row) {
+      switch (p.out_dtype) {
+        case FD_DTYPE_F32: merge_states_row<FD_DTYPE_F32>(p, row); break;
+        case FD_DTYPE_F16: merge_states_row<FD_DTYPE_F16>(p, row); break;
+        case FD_DTYPE_BF16: merge_states_row<FD_DTYPE_BF16>(p, row); break;
+        default: break;  // validation admits float dtypes only
+      }
+    });
   }
 
   // run's two passes: a task per (sequence, KV head, split), then the merge.

@@ -302,6 +302,39 @@ class CudaBackend final : public Backend {
                "fd_decode: kernel launch");
   }
 
+  void merge_states(const MergeProblem &p, fd_cuda_stream stream) override {
+    if (p.head_dim > cuda::kMaxHeadDim) {
+      fail(FD_ERROR_INVALID_HEAD_DIM, "out: head_dim %lld is more than the CUDA backend's %d",
+           static_cast<long long>(p.head_dim), cuda::kMaxHeadDim);
+    }
+    cuda::MergeStatesParams m;
+    m.num_states = p.num_states;
+    m.head_dim = static_cast<int32_t>(p.head_dim);
+    m.q_len = p.q_len;
+    m.heads = p.heads;
+    m.rows = p.batch * p.q_len * p.heads;
+    m.out = p.out.data;
+    for (int d = 0; d < 3; ++d) m.out_strides[d] = p.out.strides[d];
+    if (p.has_lse) {
+      m.lse = static_cast<float *>(p.lse.data);
+      for (int d = 0; d < 3; ++d) m.lse_strides[d] = p.lse.strides[d];
+    }
+    for (int s = 0; s < p.num_states; ++s) {
+      cuda::MergeStateView &state = m.states[s];
+      state.out = p.states_out[s].data;
+      state.lse = static_cast<const float *>(p.states_lse[s].data);
+      state.dtype = p.states_dtype[s];
+      for (int d = 0; d < 3; ++d) {
+        state.out_strides[d] = p.states_out[s].strides[d];
+        state.lse_strides[d] = p.states_lse[s].strides[d];
+      }
+    }
+    if (m.rows == 0) return;
+    DeviceGuard guard(device_, primary_context_);
+    check_cuda(cuda::launch_merge_states(p.out_dtype, m, reinterpret_cast<cudaStream_t>(stream)),
+               "fd_merge_states: kernel launch");
+  }
+
   LaunchSummary describe(const Problem &p, const Plan &plan) const override {
     LaunchSummary summary = cuda::summarize(p, plan, cuda::choose_launch(p, plan, profile_));
     if (report_ != nullptr) ++summary.launches;  // the check kernel ahead of the decode

@@ -7,8 +7,10 @@
 #include "backend/cuda/dispatch.h"
 #include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
+#include "backend/cuda/kernels/merge_states.cuh"
 #include "backend/cuda/kernels/split_cuda_core.cuh"
 #include "backend/cuda/kernels/split_tensor_core.cuh"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace fd {
@@ -401,6 +403,19 @@ cudaError_t merge_supports_programmatic_launch(bool *supported) {
 cudaError_t probe_kernel_image() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
+}
+
+cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kMergeStatesThreads / 32;
+  const int64_t blocks = (merge.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const dim3 grid(static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)));
+  switch (out_dtype) {
+    case FD_DTYPE_F32: merge_states_kernel<float><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
+    case FD_DTYPE_F16: merge_states_kernel<__half><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
+    case FD_DTYPE_BF16: merge_states_kernel<__nv_bfloat16><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
+    default: fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for output dtype %s", dtype_name(out_dtype));
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {

@@ -33,6 +33,9 @@ cudaError_t merge_supports_programmatic_launch(bool *supported);
 // before it on the stream finishes (it waits for it before touching memory).
 // Returns the first launch error; throws FD_ERROR_INTERNAL for a combination
 // no kernel was built for.
+// fd_merge_states: one kernel for the output dtype (fails closed on another).
+cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream);
+
 // FD_CHECK_CONTENTS: the check kernel, enqueued ahead of a decode.
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream);
 

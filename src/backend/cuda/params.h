@@ -126,6 +126,29 @@ struct CheckParams {
   ContentReport *report = nullptr;  // device address of the mapped report
 };
 
+// fd_merge_states: one row is (b, t, h) of [batch, q_len, heads]; each
+// state's output and LSE by their own strides and dtype. Passed by value
+// (about 4.7 KiB for FD_MAX_MERGE_STATES states: CUDA 12.1+ kernels take up
+// to 32 KiB of parameters).
+struct MergeStateView {
+  const void *out = nullptr;
+  const float *lse = nullptr;
+  int64_t out_strides[3] = {0, 0, 0};  // batch, q_len, heads (head_dim is contiguous)
+  int64_t lse_strides[3] = {0, 0, 0};
+  int32_t dtype = 0;  // fd_dtype of out
+};
+
+struct MergeStatesParams {
+  int32_t num_states = 0;
+  int32_t head_dim = 0;
+  int64_t q_len = 1, heads = 1, rows = 0;
+  void *out = nullptr;
+  int64_t out_strides[3] = {0, 0, 0};
+  float *lse = nullptr;  // null: not written
+  int64_t lse_strides[3] = {0, 0, 0};
+  MergeStateView states[FD_MAX_MERGE_STATES];
+};
+
 constexpr int kMinHeadDim = 16;
 constexpr int kMaxHeadDim = 256;
 constexpr int kHeadDimMultiple = 8;

@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+/* fd_merge_states on the CPU backend: a cache decoded in parts (each with its
+ * LSE) and merged gives the attention over the whole cache, checked against
+ * the float64 reference; empty parts, NaN, in-place merges and every bad
+ * argument. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdt.h"
+#include "flashdecode.h"
+
+static fd_handle *cpu_handle(void) {
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = 3;
+  fd_handle *h = NULL;
+  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  return h;
+}
+
+static const char *last_message(void) {
+  static _Thread_local char buffer[512];
+  fd_last_error_message(buffer, sizeof buffer);
+  return buffer;
+}
+
+enum { kMaxParts = 6 };
+
+/* The problem's cache cut into `parts` pieces (the last may be empty), each
+ * decoded into states of state_dtype, merged into p's own out and lse. */
+typedef struct parts {
+  int count;
+  void *out[kMaxParts];
+  float *lse[kMaxParts];
+  int32_t *lens[kMaxParts];
+  fd_tensor states_out[kMaxParts], states_lse[kMaxParts];
+} parts;
+
+static void decode_parts(fd_handle *h, fdt_problem *p, int count, fd_dtype state_dtype, parts *ps) {
+  const int64_t B = p->c.batch, H = p->c.q_heads, D = p->c.head_dim, N = p->c.kv_len;
+  const int64_t chunk = (N + count - 1) / count;
+  ps->count = count;
+  for (int s = 0; s < count; ++s) {
+    const int64_t start = s * chunk < N ? s * chunk : N;
+    const int64_t n = start + chunk <= N ? chunk : N - start;
+    ps->out[s] = malloc((size_t)(B * H * D) * fdt_dtype_size(state_dtype));
+    ps->lse[s] = malloc((size_t)(B * H) * sizeof(float));
+    ps->lens[s] = malloc((size_t)B * sizeof(int32_t));
+    fdt_part_lengths(p->lens, B, start, n, ps->lens[s]);
+    const fd_decode_args a = fdt_part_args(&p->args, start, n, ps->lens[s], ps->out[s], state_dtype, ps->lse[s]);
+    if (fd_decode(h, &a, NULL) != FD_SUCCESS) fail_msg("decoding part %d: %s", s, last_message());
+    ps->states_out[s] = a.out;
+    ps->states_lse[s] = a.lse;
+  }
+}
+
+static void free_parts(parts *ps) {
+  for (int s = 0; s < ps->count; ++s) {
+    free(ps->out[s]);
+    free(ps->lse[s]);
+    free(ps->lens[s]);
+  }
+}
+
+static fd_merge_args merge_args(const fdt_problem *p, const parts *ps) {
+  fd_merge_args m;
+  fd_merge_args_init(&m, sizeof m);
+  m.num_states = ps->count;
+  m.states_out = ps->states_out;
+  m.states_lse = ps->states_lse;
+  m.out = p->args.out;
+  m.lse = p->args.lse;
+  return m;
+}
+
+/* Parts decoded and merged equal the whole, within the output's bound. */
+static void test_parts_merge_to_the_whole(void **state) {
+  (void)state;
+  const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_BF16, FD_DTYPE_F16};
+  const int counts[] = {1, 2, 3, 6};
+  fd_handle *h = cpu_handle();
+  for (int i = 0; i < 12; ++i) {
+    fdt_case c = {0};
+    c.batch = 7;
+    c.q_heads = 8;
+    c.kv_heads = 2;
+    c.head_dim = i % 2 ? 128 : 40;
+    c.kv_len = 300 + 37 * i;
+    c.dtype = dtypes[i % 3];
+    c.out_dtype = i % 4 == 3 ? FD_DTYPE_F32 : c.dtype;
+    c.ragged = 1; /* lengths 0, full, 1, 63, 64, 65, random: parts past a length are empty */
+    c.with_lse = 1;
+    c.seed = 500 + (uint64_t)i;
+    fdt_problem p;
+    assert_int_equal(fdt_problem_make(&p, &c), 0);
+    parts ps;
+    /* States in f32, or in the output's dtype (what fd_decode would write). */
+    decode_parts(h, &p, counts[i % 4], i % 2 ? FD_DTYPE_F32 : c.out_dtype, &ps);
+    const fd_merge_args m = merge_args(&p, &ps);
+    assert_int_equal(fd_merge_states(h, &m, NULL), FD_SUCCESS);
+    char report[256];
+    const int bad = fdt_check(&p, report, sizeof report, NULL, NULL);
+    print_message("%d parts, %s states -> %s: %s\n", ps.count, fdt_dtype_name(m.states_out[0].dtype),
+                  fdt_dtype_name(c.out_dtype), report);
+    free_parts(&ps);
+    fdt_problem_free(&p);
+    if (bad) fail_msg("case %d: %s", i, report);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+/* Empty states (LSE -inf) are not read, NaN in their output included; a row
+ * of empty states is zeros with LSE -inf; a NaN LSE makes its row NaN; the
+ * merge runs in place; the same inputs give the same bits. */
+static void test_empty_nan_and_in_place(void **state) {
+  (void)state;
+  enum { R = 3, D = 4 };
+  float out0[R * D], out1[R * D], merged[R * D], merged_lse[R];
+  float lse0[R] = {0.5f, -INFINITY, NAN}, lse1[R] = {-INFINITY, -INFINITY, 1.0f};
+  for (int i = 0; i < R * D; ++i) {
+    out0[i] = (float)(i + 1);
+    out1[i] = NAN; /* row 0's second state is empty: must not be read */
+  }
+  const int64_t out_shape[4] = {1, 1, R, D}, out_strides[4] = {R * D, R * D, D, 1};
+  const int64_t lse_shape[3] = {1, 1, R}, lse_strides[3] = {R, R, 1};
+  fd_tensor outs[2] = {fdt_tensor(out0, FD_DTYPE_F32, 4, out_shape, out_strides),
+                       fdt_tensor(out1, FD_DTYPE_F32, 4, out_shape, out_strides)};
+  fd_tensor lses[2] = {fdt_tensor(lse0, FD_DTYPE_F32, 3, lse_shape, lse_strides),
+                       fdt_tensor(lse1, FD_DTYPE_F32, 3, lse_shape, lse_strides)};
+  fd_merge_args m;
+  fd_merge_args_init(&m, sizeof m);
+  m.num_states = 2;
+  m.states_out = outs;
+  m.states_lse = lses;
+  m.out = fdt_tensor(merged, FD_DTYPE_F32, 4, out_shape, out_strides);
+  m.lse = fdt_tensor(merged_lse, FD_DTYPE_F32, 3, lse_shape, lse_strides);
+  fd_handle *h = cpu_handle();
+  assert_int_equal(fd_merge_states(h, &m, NULL), FD_SUCCESS);
+  for (int d = 0; d < D; ++d) assert_true(merged[d] == out0[d]); /* one non-empty state: itself */
+  assert_true(merged_lse[0] == 0.5f);
+  for (int d = 0; d < D; ++d) assert_true(merged[D + d] == 0.0f && !signbit(merged[D + d]));
+  assert_true(isinf(merged_lse[1]) && merged_lse[1] < 0);
+  for (int d = 0; d < D; ++d) assert_true(isnan(merged[2 * D + d]));
+  assert_true(isnan(merged_lse[2]));
+
+  /* In place: out and lse are state 0's own. */
+  lse0[2] = 0.0f;
+  for (int d = 0; d < D; ++d) out1[2 * D + d] = 1.0f;
+  const float w = 1.0f / (1.0f + expf(1.0f)); /* state 0's weight in row 2 */
+  const float expected = w * out0[2 * D] + (1.0f - w) * 1.0f;
+  m.out = outs[0];
+  m.lse = lses[0];
+  assert_int_equal(fd_merge_states(h, &m, NULL), FD_SUCCESS);
+  assert_true(fabsf(out0[2 * D] - expected) < 1e-5f);
+  assert_true(fabsf(lse0[2] - (1.0f + log1pf(expf(-1.0f)))) < 1e-6f);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+static void expect_refused(fd_handle *h, const fd_merge_args *m, fd_status status, const char *needle) {
+  const fd_status got = fd_merge_states(h, m, NULL);
+  if (got != status || strstr(last_message(), needle) == NULL)
+    fail_msg("expected %s with \"%s\", got %s: %s", fd_status_string(status), needle, fd_status_string(got),
+             last_message());
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  enum { R = 2, D = 8 };
+  float a[R * D], b[R * D], out[R * D], la[R], lb[R];
+  memset(out, 0xff, sizeof out);
+  for (int i = 0; i < R * D; ++i) a[i] = b[i] = 1.0f;
+  la[0] = la[1] = lb[0] = lb[1] = 0.0f;
+  const int64_t out_shape[4] = {1, 1, R, D}, out_strides[4] = {R * D, R * D, D, 1};
+  const int64_t lse_shape[3] = {1, 1, R}, lse_strides[3] = {R, R, 1};
+  fd_tensor outs[2] = {fdt_tensor(a, FD_DTYPE_F32, 4, out_shape, out_strides),
+                       fdt_tensor(b, FD_DTYPE_F32, 4, out_shape, out_strides)};
+  fd_tensor lses[2] = {fdt_tensor(la, FD_DTYPE_F32, 3, lse_shape, lse_strides),
+                       fdt_tensor(lb, FD_DTYPE_F32, 3, lse_shape, lse_strides)};
+  fd_merge_args good;
+  fd_merge_args_init(&good, sizeof good);
+  good.num_states = 2;
+  good.states_out = outs;
+  good.states_lse = lses;
+  good.out = fdt_tensor(out, FD_DTYPE_F32, 4, out_shape, out_strides);
+  fd_handle *h = cpu_handle();
+  fd_merge_args m = good;
+  m.num_states = 0;
+  expect_refused(h, &m, FD_ERROR_INVALID_ARGUMENT, "num_states must be in [1, 64], got 0");
+  m.num_states = FD_MAX_MERGE_STATES + 1;
+  expect_refused(h, &m, FD_ERROR_INVALID_ARGUMENT, "got 65");
+  m = good;
+  m.states_lse = NULL;
+  expect_refused(h, &m, FD_ERROR_NULL_POINTER, "states_lse is NULL");
+  assert_int_equal(fd_merge_states(h, NULL, NULL), FD_ERROR_NULL_POINTER);
+  assert_int_equal(fd_merge_states(NULL, &good, NULL), FD_ERROR_NULL_POINTER);
+  m = good;
+  m.struct_size = 8;
+  expect_refused(h, &m, FD_ERROR_INVALID_ARGUMENT, "args: struct_size is 8");
+  fd_tensor wrong[2] = {outs[0], outs[1]};
+  wrong[1].shape[2] = 1;
+  m = good;
+  m.states_out = wrong;
+  expect_refused(h, &m, FD_ERROR_INVALID_SHAPE, "states_out[1]: heads must be 2 (from out), got 1");
+  wrong[1] = outs[1];
+  wrong[1].dtype = FD_DTYPE_I32;
+  expect_refused(h, &m, FD_ERROR_INVALID_DTYPE, "states_out[1]: dtype must be f32, f16 or bf16");
+  fd_tensor wrong_lse[2] = {lses[0], lses[1]};
+  wrong_lse[0].dtype = FD_DTYPE_F16;
+  m = good;
+  m.states_lse = wrong_lse;
+  expect_refused(h, &m, FD_ERROR_INVALID_DTYPE, "states_lse[0]: dtype must be f32");
+  m = good;
+  m.out.data = b + 1; /* overlaps state 1 without being it */
+  expect_refused(h, &m, FD_ERROR_INVALID_ARGUMENT, "overlap those of input states_out[1]");
+  m = good;
+  m.lse = lses[1];
+  m.lse.data = a; /* merged lse inside state 0's output */
+  expect_refused(h, &m, FD_ERROR_INVALID_ARGUMENT, "lse: its bytes");
+  for (int i = 0; i < R * D; ++i) assert_true(isnan(out[i])); /* nothing written on error */
+  assert_int_equal(fd_merge_states(h, &good, NULL), FD_SUCCESS);
+  for (int i = 0; i < R * D; ++i) assert_true(out[i] == 1.0f);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parts_merge_to_the_whole),
+      cmocka_unit_test(test_empty_nan_and_in_place),
+      cmocka_unit_test(test_bad_arguments),
+  };
+  return cmocka_run_group_tests_name("merge_states", tests, NULL, NULL);
+}
