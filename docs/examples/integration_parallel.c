@@ -101,21 +101,25 @@ static int tensor_parallel(fd_handle **handles, int ranks) {
 }
 
 /* Merges the outputs of the parts of a sequence through their log-sum-exps
- * (natural log): with lse = log(sum_r exp(lse_r)), out = sum_r exp(lse_r -
- * lse) out_r. A part with no tokens has lse -inf and weight 0. */
-static void merge_parts(int parts, float part_out[][BATCH * Q_HEADS * HEAD_DIM], float part_lse[][BATCH * Q_HEADS],
-                        float *merged) {
-  for (int64_t row = 0; row < BATCH * Q_HEADS; ++row) {
-    double m = -INFINITY, sum = 0.0;
-    for (int r = 0; r < parts; ++r) m = part_lse[r][row] > m ? part_lse[r][row] : m;
-    for (int r = 0; r < parts && m > -INFINITY; ++r) sum += exp(part_lse[r][row] - m);
-    for (int64_t d = 0; d < HEAD_DIM; ++d) {
-      double value = 0.0;
-      for (int r = 0; r < parts && m > -INFINITY; ++r)
-        value += exp(part_lse[r][row] - m) / sum * part_out[r][row * HEAD_DIM + d];
-      merged[row * HEAD_DIM + d] = (float)value;
-    }
+ * (natural log) with fd_merge_states: with lse = log(sum_r exp(lse_r)),
+ * out = sum_r exp(lse_r - lse) out_r. A part with no tokens has lse -inf
+ * and weight 0. On GPUs the parts are first gathered onto one device (an
+ * NCCL all-gather of out and lse), and the handle is that device's. */
+static fd_status merge_parts(fd_handle *handle, int parts, float part_out[][BATCH * Q_HEADS * HEAD_DIM],
+                             float part_lse[][BATCH * Q_HEADS], float *merged) {
+  const int64_t row = Q_HEADS * HEAD_DIM;
+  fd_tensor states_out[MAX_RANKS], states_lse[MAX_RANKS];
+  for (int r = 0; r < parts; ++r) {
+    states_out[r] = (fd_tensor){part_out[r], FD_DTYPE_F32, 4, {BATCH, 1, Q_HEADS, HEAD_DIM}, {row, row, HEAD_DIM, 1}};
+    states_lse[r] = (fd_tensor){part_lse[r], FD_DTYPE_F32, 3, {BATCH, 1, Q_HEADS}, {Q_HEADS, Q_HEADS, 1}};
   }
+  fd_merge_args args;
+  fd_merge_args_init(&args, sizeof args);
+  args.num_states = parts;
+  args.states_out = states_out;
+  args.states_lse = states_lse;
+  args.out = (fd_tensor){merged, FD_DTYPE_F32, 4, {BATCH, 1, Q_HEADS, HEAD_DIM}, {row, row, HEAD_DIM, 1}};
+  return fd_merge_states(handle, &args, NULL);
 }
 
 static int sequence_parallel(fd_handle **handles) {
@@ -147,7 +151,8 @@ static int sequence_parallel(fd_handle **handles) {
     const fd_status status = fd_decode(handles[r], &args, NULL);
     if (status != FD_SUCCESS) return report_failure("fd_decode", status);
   }
-  merge_parts(2, part_out, part_lse, out);
+  const fd_status merged = merge_parts(handles[0], 2, part_out, part_lse, out);
+  if (merged != FD_SUCCESS) return report_failure("fd_merge_states", merged);
   return check_output("sequence parallel, 2 ranks, merged by LSE", out, FD_DTYPE_F32, BATCH, seq_lens, NULL, Q_HEADS,
                       KV_HEADS, HEAD_DIM);
 }
