@@ -196,6 +196,21 @@ def test_torch_cpu_tensors(cpu, rng) -> None:
         cpu.merge_states(tensors, tensor_lses, out=grad)
 
 
+@pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")
+def test_torch_compile_runs_it_outside_the_graph() -> None:
+    """Not a custom op: torch.compile breaks the graph around the merge, which runs eagerly."""
+    torch = pytest.importorskip("torch")
+    outs = [torch.randn(2, 1, 4, 16) for _ in range(3)]
+    lses = [torch.randn(2, 1, 4) for _ in range(3)]
+
+    def step(outs: List[Any], lses: List[Any]) -> Any:
+        return flashdecode.merge_states([x * 1.0 for x in outs], lses) + 0.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager")
+    assert torch.equal(compiled(outs, lses), step(outs, lses))
+
+
 def small_states(count: int = 2) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """``count`` states [batch 2, q_len 1, heads 8, head_dim 16] with LSEs."""
     rng = np.random.default_rng(9)

@@ -796,7 +796,8 @@ class Handle:
             UnsupportedError: the library is older than 0.3.
             TypeError: ``outs`` or ``lses`` is not a sequence, or holds no array.
 
-        Not a PyTorch custom op: inside ``torch.compile`` the call is a graph break.
+        Not a PyTorch custom op: inside ``torch.compile`` the call is a graph
+        break (an error with ``fullgraph=True``).
         """
         return self._merge_states(outs, lses, out, lse, return_lse, layout, dtype, stream)
 
