@@ -196,6 +196,23 @@ def test_torch_cpu_tensors(cpu, rng) -> None:
         cpu.merge_states(tensors, tensor_lses, out=grad)
 
 
+def test_dlpack_states_and_cuda_memory_on_a_cpu_handle(cpu) -> None:
+    """Any array type decode reads: host DLPack producers are merged; device memory is
+    refused by a CPU handle, naming the state."""
+    from test_array_protocols import CudaArrayInterface, DLPackOnly
+
+    outs, lses = small_states(3)
+    expected = cpu.merge_states(outs, lses)
+    out = np.empty_like(expected)
+    assert flashdecode.merge_states([DLPackOnly(x) for x in outs], [DLPackOnly(x) for x in lses], out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(TypeError, match="out: cannot allocate it like a DLPackOnly; pass out= explicitly"):
+        cpu.merge_states([DLPackOnly(x) for x in outs], lses)
+    device = CudaArrayInterface((2, 1, 8, 16), "<f4")
+    with pytest.raises(flashdecode.InvalidArgumentError, match=r"states_out\[1\]: is in CUDA memory, but this handle"):
+        cpu.merge_states([outs[0], device], lses[:2])
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace")
 def test_torch_compile_runs_it_outside_the_graph() -> None:
     """Not a custom op: torch.compile breaks the graph around the merge, which runs eagerly."""

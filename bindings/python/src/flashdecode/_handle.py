@@ -1057,7 +1057,8 @@ class Handle:
             found = view(state_outs[index], name)
             float_dtype(found, name)
             _fill(call.states_out[index], found, _merge_dims(found, layout, name, lse=False))
-            first = first or found
+            if first is None:
+                first = found
             name = f"states_lse[{index}]"
             found = lse_view(state_lses[index], name)
             _fill(call.states_lse[index], found, _merge_dims(found, layout, name, lse=True))
