@@ -71,7 +71,7 @@ import (
 )
 
 // MaxMergeStates is the most states one MergeStates call merges
-// (FD_MAX_MERGE_STATES).
+// (FD_MAX_MERGE_STATES: 64 in 0.3); more fail with ErrInvalidArgument.
 const MaxMergeStates = C.FDGO_MAX_MERGE_STATES
 
 // MergeState is one partial result for MergeStates: Out [batch, q_len,
