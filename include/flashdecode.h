@@ -14,12 +14,14 @@
  * needed to use it.
  *
  * Reading order: version, status codes and errors, tensors, handle creation,
- * the decode call, workspace control, plan descriptions.
+ * the decode call, workspace control, plan descriptions, merging partial
+ * results.
  *
  * @par Thread safety
  * - fd_version_number(), fd_version_string(), fd_status_string(),
- *   fd_options_init(), fd_decode_args_init(), fd_plan_info_init() and
- *   fd_last_error_message() may be called from any thread at any time.
+ *   fd_options_init(), fd_decode_args_init(), fd_plan_info_init(),
+ *   fd_merge_args_init() and fd_last_error_message() may be called from
+ *   any thread at any time.
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
  * - On one handle, calls are serialised by the library: any of them may be
@@ -45,12 +47,13 @@
  * is returned together with a message naming the offending argument.
  *
  * @par Versioned structs
- * #fd_options, #fd_decode_args and #fd_plan_info start with `struct_size`,
- * the sizeof the caller compiled, so that callers built against older and
- * newer headers share one ABI. Later minor versions append fields only
- * past the sizeof of every earlier version (never into its trailing
- * padding), and zero is the default of every field they add. The inputs
- * (#fd_options, #fd_decode_args) are read as Linux's
+ * #fd_options, #fd_decode_args, #fd_plan_info and #fd_merge_args start with
+ * `struct_size`, the sizeof the caller compiled, so that callers built
+ * against older and newer headers share one ABI. Later minor versions
+ * append fields only past the sizeof of every earlier version (never into
+ * its trailing padding), and zero is the default of every field they add.
+ * The inputs (#fd_options, #fd_decode_args, #fd_merge_args) are read as
+ * Linux's
  * copy_struct_from_user() reads a user's struct:
  * - a smaller struct_size (an older caller): the fields it lacks take their
  *   defaults;
@@ -171,9 +174,9 @@ typedef enum fd_status {
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
   FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
-                                          query tokens; or a newer caller's #fd_options or #fd_decode_args with a
-                                          non-zero byte past this library's struct: a field this version does not
-                                          know (see "Versioned structs" above). */
+                                          query tokens; or a newer caller's #fd_options, #fd_decode_args or
+                                          #fd_merge_args with a non-zero byte past this library's struct: a field
+                                          this version does not know (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
   FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
@@ -788,8 +791,8 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
  * A state with LSE -inf is empty (a part with no keys): it weighs nothing and
  * its output is not read into the result, NaN included; a row whose states
  * are all empty is zeros with LSE -inf. A NaN LSE, or +inf, makes the row
- * NaN. Sums run in state order: the same inputs give bitwise the same
- * result.
+ * NaN. Sums run in state order: the same inputs on the same backend give
+ * bitwise the same result (the backends may differ in the last bits).
  *
  * `out` may be one of the `states_out` (the same data, dtype and strides),
  * and `lse` one of the `states_lse`: the merge then runs in place.

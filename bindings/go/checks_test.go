@@ -11,8 +11,9 @@ import (
 	flashdecode "github.com/flashdecode/flashdecode/bindings/go"
 )
 
-// What 0.3 added: content checks and SplitTokens. Built against a 0.2
-// header (the CTest test go_old_library), the package has neither, and
+// What 0.3 added: content checks, SplitTokens and MergeStates (tested in
+// merge_test.go). Built against a 0.2 header (the CTest test
+// go_old_library), the package has none of them, and
 // TestWithoutThe03Header checks that asking for them says so.
 
 func needs03(t *testing.T) {
@@ -189,6 +190,12 @@ func TestWithoutThe03Header(t *testing.T) {
 	if err := handle.Decode(&args); err != nil {
 		t.Fatal(err)
 	}
+	lse := make([]float32, 8)
+	needs(handle.MergeStates(&flashdecode.MergeArgs{
+		States: []flashdecode.MergeState{{Out: flashdecode.Float32(out, 1, 1, 8, 64), LSE: flashdecode.Float32(lse, 1, 1, 8)}},
+		Out:    flashdecode.Float32(q, 1, 1, 8, 64),
+	}), "Handle.MergeStates")
+	needs(handle.MergeStates(&flashdecode.MergeArgs{}), "Handle.MergeStates") // before any argument is read
 	if !strings.HasPrefix(flashdecode.Version(), "0.2.") {
 		t.Fatalf("a 0.2 header with library %s", flashdecode.Version())
 	}

@@ -19,8 +19,13 @@
 // The package builds against the header of the library it links (0.2 or
 // later) and needs a library at least as new at run time. Built against a
 // 0.2 header it has no 0.3 features: Options.CheckContents,
-// DecodeArgs.SplitTokens and Handle.CheckContents then fail with
-// ErrUnsupported, naming the version they need.
+// DecodeArgs.SplitTokens, Handle.CheckContents and Handle.MergeStates then
+// fail with ErrUnsupported, naming the version they need.
+//
+// Partial results of a cache decoded in parts, each with its LSE (a shared
+// prefix and each sequence's suffix in cascade attention, or the shards of
+// context-parallel decode on several GPUs), merge into the attention over
+// the whole cache with Handle.MergeStates.
 package flashdecode
 
 /*
@@ -88,7 +93,8 @@ const (
 	HeaderVersionMajor = C.FD_VERSION_MAJOR
 	HeaderVersionMinor = C.FD_VERSION_MINOR
 	// HeaderHas03 says whether that header has 0.3's features (content
-	// checks, SplitTokens); without them they fail with ErrUnsupported.
+	// checks, SplitTokens, MergeStates); without them they fail with
+	// ErrUnsupported.
 	HeaderHas03 = C.FDGO_HAS_0_3 == 1
 	// MaxDims is the most dimensions a tensor has.
 	MaxDims = C.FD_MAX_DIMS

@@ -412,3 +412,100 @@ def test_cuda_split_tokens_is_batch_invariant(dtype) -> None:
         assert info.split_tokens >= 512 and info.num_splits == -(-capacity // info.split_tokens)
         op_out, _ = torch.ops.flashdecode.decode(q, k, v, lens, None, None, None, "NHD", 512)
         assert torch.equal(op_out, out)
+
+
+# ---- 0.3: merging partial results ---------------------------------------------------
+
+
+def cuda_parts(handle: Any, q: Any, k: Any, v: Any, lengths: Any, cuts: Any, layout: str) -> Tuple[list, list]:
+    """The (out, lse) states of a cache cut along kv_len at ``cuts``, decoded on ``handle``."""
+    torch = cuda_torch()
+    axis = 1 if layout == "NHD" else 2
+    outs, lses = [], []
+    for start, stop in zip(cuts[:-1], cuts[1:]):
+        part_lens = torch.clamp(lengths - start, 0, stop - start).to(torch.int32)
+        out, lse = handle.decode(
+            q, k.narrow(axis, start, stop - start), v.narrow(axis, start, stop - start), seq_lens=part_lens,
+            layout=layout, return_lse=True,
+        )  # fmt: skip
+        outs.append(out)
+        lses.append(lse)
+    return outs, lses
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cuda_merge_states_of_parts_is_the_whole(dtype, layout) -> None:
+    """Context-parallel decode on one GPU: a cache cut in three shards (one empty for some
+    sequences), each decoded with its LSE and merged, is the decode of the whole cache."""
+    torch = cuda_torch()
+    generator = torch.Generator(device="cuda").manual_seed(13)
+    kind = getattr(torch, dtype)
+    lengths = [3000, 0, 1, 1024, 2049, 700]
+    batch, heads, kv_heads, dim, capacity = len(lengths), 32, 8, 128, 3000
+
+    def make(*shape: int) -> Any:
+        return torch.randn(shape, device="cuda", dtype=kind, generator=generator)
+
+    if layout == "NHD":
+        q, k, v = make(batch, 1, heads, dim), make(batch, capacity, kv_heads, dim), make(batch, capacity, kv_heads, dim)
+    else:
+        q, k, v = make(batch, heads, 1, dim), make(batch, kv_heads, capacity, dim), make(batch, kv_heads, capacity, dim)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    with flashdecode.Handle("cuda") as handle:
+        whole, whole_lse = handle.decode(q, k, v, seq_lens=lens, layout=layout, return_lse=True)
+        outs, lses = cuda_parts(handle, q, k, v, lens, [0, 1024, 2048, capacity], layout)
+        out, lse = handle.merge_states(outs, lses, layout=layout, return_lse=True)
+        again = flashdecode.merge_states(outs, lses, layout=layout)
+        # In place, into the first shard's own tensors.
+        expected, expected_lse = out.clone(), lse.clone()
+        in_place, in_place_lse = handle.merge_states(outs, lses, out=outs[0], lse=lses[0], return_lse=True)
+        torch.cuda.synchronize()
+    assert out.dtype == kind and out.shape == q.shape and lse.dtype == torch.float32 and lse.shape == whole_lse.shape
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), whole.float(), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(lse, whole_lse, atol=1e-4, rtol=1e-5)
+    assert torch.equal(again, out)  # the same inputs give the same bits
+    assert in_place is outs[0] and in_place_lse is lses[0]
+    assert torch.equal(in_place, expected) and torch.equal(in_place_lse, expected_lse)
+    empty = out[1] if layout == "NHD" else out[1].transpose(0, 1)
+    assert torch.all(empty == 0) and torch.all(torch.isneginf(lse[1]))  # a sequence of no tokens
+
+
+def test_cuda_merge_states_streams_graphs_and_mixed_dtypes() -> None:
+    """float32 states into a float16 output on a side stream, captured in a CUDA graph and
+    replayed with new states; the CPU backend agrees; host memory is refused."""
+    torch = cuda_torch()
+    generator = torch.Generator(device="cuda").manual_seed(14)
+    shape, lse_shape = (8, 1, 16, 128), (8, 1, 16)
+    outs = [torch.randn(shape, device="cuda", generator=generator) for _ in range(4)]
+    lses = [torch.randn(lse_shape, device="cuda", generator=generator) * 4 for _ in range(4)]
+    lses[2][3] = -math.inf  # an empty state for sequence 3
+    outs[2][3] = math.nan  # ... whose output is not read
+    out = torch.empty(shape, device="cuda", dtype=torch.float16)
+    lse = torch.empty(lse_shape, device="cuda")
+    expected, expected_lse = flashdecode.merge_states(
+        [x.cpu() for x in outs], [x.cpu() for x in lses], return_lse=True
+    )  # the CPU backend, float32
+    with flashdecode.Handle("cuda") as handle:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            handle.merge_states(outs, lses, out=out, lse=lse)  # PyTorch's current stream: the side one
+        side.synchronize()
+        torch.testing.assert_close(out.float().cpu(), expected, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(lse.cpu(), expected_lse, atol=1e-5, rtol=1e-5)
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):  # no allocation, no synchronisation: capturable
+            handle.merge_states(outs, lses, out=out, lse=lse)
+        for x in outs:
+            x.mul_(2)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float().cpu(), expected * 2, atol=4e-3, rtol=2e-3)
+
+        with pytest.raises(flashdecode.InvalidArgumentError, match=r"states_out\[1\]: is in host memory"):
+            handle.merge_states([outs[0], outs[1].cpu()], lses)
+        with pytest.raises(flashdecode.InvalidDTypeError, match=r"states_lse\[0\]: dtype must be f32"):
+            handle.merge_states(outs, [x.half() for x in lses])

@@ -88,6 +88,14 @@ def test_new_features_name_the_version_they_need() -> None:
                     handle.describe_plan(q, k, v, split_tokens=split_tokens)
             with pytest.raises(flashdecode.UnsupportedError, match="split_tokens"):
                 flashdecode.flash_decode(q, k, v, layout="NHD", split_tokens=64)
+            out, lse = handle.decode(q, k, v, return_lse=True)
+            merge = "merge_states " + needs.format("fd_merge_states")
+            with pytest.raises(flashdecode.UnsupportedError, match=merge):
+                handle.merge_states([out, out], [lse, lse])
+            with pytest.raises(flashdecode.UnsupportedError, match=merge):  # before any argument is read
+                handle.merge_states([], [], out=out, return_lse=True)
+            with pytest.raises(flashdecode.UnsupportedError, match=merge):
+                flashdecode.merge_states([out], [lse])
             handle.decode(q, k, v)  # the handle still works
         """
     run_with_old_library(code)

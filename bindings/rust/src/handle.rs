@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Handles, their options and workspace, and the decode call.
+//! Handles, their options and workspace, the decode call, and merging partial results.
 
 use std::alloc::{self, Layout};
 use std::os::raw::c_void;
@@ -251,6 +251,162 @@ impl<'a> DecodeArgs<'a> {
     }
 }
 
+/// Partial attention results to merge, and where [`Handle::merge_states`] writes.
+///
+/// State s is an output `[batch, q_len, heads, head_dim]` (f32, f16 or bf16;
+/// the states may differ in dtype) with its log-sum-exp `[batch, q_len,
+/// heads]` (f32, natural log): attention of the same queries over one part
+/// of the keys, as [`Handle::decode`] writes `out` and `lse` for that part
+/// (with q_len 1). The merged `out` has the states' shape, in f32, f16 or
+/// bf16; the merged `lse` (optional) the LSEs' shape, in f32. The order of
+/// the dimensions is fixed; the layout comes from strides.
+///
+/// For every row, with `m = max_s lse_s` and `w_s = exp(lse_s - m)`:
+/// `out = sum_s w_s out_s / sum_s w_s` and `lse = m + ln(sum_s w_s)`, the
+/// attention over all the parts' keys. A state whose LSE is -inf is empty (a
+/// part with no keys) and is not read, NaN included; a row whose states are
+/// all empty is zeros with LSE -inf; a NaN (or +inf) LSE makes its row NaN.
+/// Sums run in state order: the same inputs give bitwise the same result.
+///
+/// The recipes: cascade attention (a prefix shared by the batch decoded
+/// once, each sequence's suffix apart, then merged) and context-parallel
+/// decode (each GPU decodes its shard of the cache with its LSE; gather the
+/// `(out, lse)` pairs, e.g. with an NCCL all-gather, and merge them).
+///
+/// A merge into fresh memory is [`MergeArgs::new`] with [`state`](Self::state)s;
+/// [`MergeArgs::in_place`] makes `out` (and its LSE) the first state itself,
+/// overwritten by the merge, which the borrow checker could not allow
+/// otherwise:
+///
+/// ```
+/// use flashdecode::{Library, MergeArgs, Options, Tensor, TensorMut};
+///
+/// # fn main() -> Result<(), flashdecode::Error> {
+/// // Two parts of one cache, each decoded with its LSE: [batch 1, q_len 1, heads 2, head_dim 4].
+/// let mut prefix = vec![1.0f32; 8];
+/// let mut prefix_lse = vec![0.0f32, f32::NEG_INFINITY]; // head 1 saw no prefix key
+/// let suffix = vec![3.0f32; 8];
+/// let suffix_lse = vec![0.0f32, 2.0];
+///
+/// let library = Library::load()?;
+/// let mut handle = library.create_handle(&Options::cpu())?;
+/// let mut args = MergeArgs::in_place(
+///     TensorMut::f32(&mut prefix, &[1, 1, 2, 4])?,
+///     TensorMut::f32(&mut prefix_lse, &[1, 1, 2])?,
+/// )
+/// .state(Tensor::f32(&suffix, &[1, 1, 2, 4])?, Tensor::f32(&suffix_lse, &[1, 1, 2])?);
+/// handle.merge_states(&mut args)?;
+/// assert_eq!(prefix, [2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]); // equal weights; the suffix alone
+/// assert!((prefix_lse[0] - 2f32.ln()).abs() < 1e-6 && prefix_lse[1] == 2.0);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct MergeArgs<'a> {
+    out: TensorMut<'a>,
+    lse: Option<TensorMut<'a>>,
+    /// In place: state 0 is `out` with this LSE (also the merged LSE unless `lse` names another).
+    in_place_lse: Option<TensorMut<'a>>,
+    states: Vec<(Tensor<'a>, Tensor<'a>)>,
+}
+
+impl<'a> MergeArgs<'a> {
+    /// A merge into `out`; add the states with [`state`](Self::state).
+    pub fn new(out: TensorMut<'a>) -> Self {
+        MergeArgs {
+            out,
+            lse: None,
+            in_place_lse: None,
+            states: Vec::new(),
+        }
+    }
+
+    /// A merge in place: `out` with `lse` is the first state, and the merge
+    /// overwrites both with its result (the merged LSE goes to another
+    /// tensor if [`lse`](Self::lse) names one; `lse` is then only read).
+    /// Add the other states with [`state`](Self::state).
+    pub fn in_place(out: TensorMut<'a>, lse: TensorMut<'a>) -> Self {
+        MergeArgs {
+            out,
+            lse: None,
+            in_place_lse: Some(lse),
+            states: Vec::new(),
+        }
+    }
+
+    /// Adds a state: an output and its log-sum-exp. The library merges 1 to
+    /// [`sys::MAX_MERGE_STATES`] states, in the order they were added.
+    pub fn state(mut self, out: Tensor<'a>, lse: Tensor<'a>) -> Self {
+        self.states.push((out, lse));
+        self
+    }
+
+    /// Adds states, in order (see [`state`](Self::state)).
+    pub fn states<I: IntoIterator<Item = (Tensor<'a>, Tensor<'a>)>>(mut self, states: I) -> Self {
+        self.states.extend(states);
+        self
+    }
+
+    /// Also writes the merged log-sum-exp.
+    pub fn lse(mut self, lse: TensorMut<'a>) -> Self {
+        self.lse = Some(lse);
+        self
+    }
+
+    /// The states to merge, the in-place one included.
+    pub fn num_states(&self) -> usize {
+        self.states.len() + usize::from(self.in_place_lse.is_some())
+    }
+
+    /// The states' descriptors (outputs, LSEs) and the C arguments, which
+    /// point into them: the vectors must outlive the call.
+    fn raw(&self) -> Result<(Vec<sys::fd_tensor>, Vec<sys::fd_tensor>, sys::fd_merge_args)> {
+        let count = self.num_states();
+        let num_states = i32::try_from(count).map_err(|_| {
+            Error::refused(
+                Status::InvalidArgument,
+                format!("num_states must be in [1, {}], got {}", sys::MAX_MERGE_STATES, count),
+            )
+        })?;
+        let mut outs = Vec::with_capacity(count);
+        let mut lses = Vec::with_capacity(count);
+        if let Some(lse) = &self.in_place_lse {
+            outs.push(self.out.raw());
+            lses.push(lse.raw());
+        }
+        for (out, lse) in &self.states {
+            outs.push(out.raw());
+            lses.push(lse.raw());
+        }
+        let merged_lse = self.lse.as_ref().or(self.in_place_lse.as_ref());
+        let raw = sys::fd_merge_args {
+            num_states,
+            states_out: outs.as_ptr(),
+            states_lse: lses.as_ptr(),
+            out: self.out.raw(),
+            lse: merged_lse.map_or(sys::fd_tensor::ABSENT, TensorMut::raw),
+            ..sys::fd_merge_args::default()
+        };
+        Ok((outs, lses, raw))
+    }
+
+    fn memories(&self) -> Vec<(String, Memory)> {
+        let mut found = vec![("out".to_owned(), self.out.memory())];
+        found.extend(self.lse.as_ref().map(|t| ("lse".to_owned(), t.memory())));
+        let first = usize::from(self.in_place_lse.is_some());
+        found.extend(
+            self.in_place_lse
+                .as_ref()
+                .map(|t| ("states_lse[0]".to_owned(), t.memory())),
+        );
+        for (index, (out, lse)) in self.states.iter().enumerate() {
+            found.push((format!("states_out[{}]", first + index), out.memory()));
+            found.push((format!("states_lse[{}]", first + index), lse.memory()));
+        }
+        found
+    }
+}
+
 /// Host memory aligned for [`Handle::set_host_workspace`].
 #[derive(Debug)]
 pub struct HostWorkspace {
@@ -479,6 +635,42 @@ impl Handle {
         self.library.check(unsafe { check(self.raw.as_ptr(), stream.as_raw()) })
     }
 
+    /// Merges partial attention results by their log-sum-exps
+    /// (`fd_merge_states`, since 0.3; see [`MergeArgs`]): on the CPU backend
+    /// synchronously, on CUDA enqueued on the legacy default stream.
+    ///
+    /// On error nothing is written, and the error names the argument at
+    /// fault (a state whose shape differs from `out`'s:
+    /// [`Status::InvalidShape`]; an LSE that is not f32:
+    /// [`Status::InvalidDType`]). A library older than 0.3 refuses it with
+    /// [`Status::Unsupported`].
+    pub fn merge_states(&mut self, args: &mut MergeArgs<'_>) -> Result<()> {
+        self.merge_states_on(args, CudaStream::LEGACY_DEFAULT)
+    }
+
+    /// [`merge_states`](Self::merge_states), enqueued on `stream` (CUDA
+    /// backend: one kernel, no allocation, no synchronisation, so it may be
+    /// captured in a CUDA graph; the CPU ignores the stream).
+    pub fn merge_states_on(&mut self, args: &mut MergeArgs<'_>, stream: CudaStream) -> Result<()> {
+        self.library.require(3, "merge_states")?;
+        let merge = self.library.functions().fd_merge_states.ok_or_else(|| {
+            Error::refused(
+                Status::Unsupported,
+                "merge_states: the library does not export fd_merge_states",
+            )
+        })?;
+        for (name, memory) in args.memories() {
+            self.check_placement(&name, memory)?;
+        }
+        let (_outs, _lses, raw) = args.raw()?;
+        // SAFETY: the tensors borrow memory that outlives the call (host) or
+        // was promised valid by an unsafe constructor (device), and is of the
+        // kind this backend reads; `raw` points into `_outs` and `_lses`,
+        // which live until the end of this function.
+        self.library
+            .check(unsafe { merge(self.raw.as_ptr(), &raw, stream.as_raw()) })
+    }
+
     /// Makes the library-owned workspace at least `bytes`, so that decodes
     /// that fit do not allocate (for CUDA graph capture, real-time loops).
     pub fn reserve_workspace(&mut self, bytes: usize) -> Result<()> {
@@ -538,23 +730,29 @@ impl Handle {
     /// Host tensors on a CUDA handle (or device tensors on a CPU one) would
     /// be dereferenced in the wrong address space: refuse them here.
     fn check_memory(&self, args: &DecodeArgs<'_>) -> Result<()> {
+        for (name, memory) in args.memories() {
+            self.check_placement(name, memory)?;
+        }
+        Ok(())
+    }
+
+    /// `Ok` if a tensor named `name` in `memory` is in this backend's kind of memory.
+    fn check_placement(&self, name: &str, memory: Memory) -> Result<()> {
         let expected = if self.backend == Backend::Cuda {
             Memory::Device
         } else {
             Memory::Host
         };
-        for (name, memory) in args.memories() {
-            if memory != expected {
-                let backend = if self.backend == Backend::Cuda {
-                    format!("CUDA device {}", self.device)
-                } else {
-                    "the CPU backend".to_owned()
-                };
-                return Err(Error::refused(
-                    Status::InvalidArgument,
-                    format!("{}: is {}, but the handle runs on {}", name, memory, backend),
-                ));
-            }
+        if memory != expected {
+            let backend = if self.backend == Backend::Cuda {
+                format!("CUDA device {}", self.device)
+            } else {
+                "the CPU backend".to_owned()
+            };
+            return Err(Error::refused(
+                Status::InvalidArgument,
+                format!("{}: is {}, but the handle runs on {}", name, memory, backend),
+            ));
         }
         Ok(())
     }

@@ -11,8 +11,14 @@
 //! `$FLASHDECODE_LIBRARY`, else the SONAME `libflashdecode.so.0`), so nothing
 //! is needed at build time and no crate beyond `std` is used. Its version
 //! is checked when it is loaded: major 0, minor 2 or later. A 0.2 library
-//! works without what 0.3 added (content checks, [`DecodeArgs::split_tokens`]),
-//! which then fails with [`Status::Unsupported`].
+//! works without what 0.3 added (content checks, [`DecodeArgs::split_tokens`],
+//! [`Handle::merge_states`]), which then fails with [`Status::Unsupported`].
+//!
+//! Partial results of a cache decoded in parts, each with its log-sum-exp
+//! (a shared prefix and each sequence's suffix in cascade attention, or
+//! the shards of context-parallel decode on several GPUs), merge into the
+//! attention over the whole cache with [`Handle::merge_states`] (see
+//! [`MergeArgs`]).
 //!
 //! ```
 //! use flashdecode::{DecodeArgs, Library, Options, Tensor, TensorMut};
@@ -69,6 +75,6 @@ pub mod sys;
 mod tensor;
 
 pub use error::{Error, Result, Status};
-pub use handle::{Backend, DecodeArgs, Handle, HostWorkspace, Merge, Options, PlanInfo};
+pub use handle::{Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo};
 pub use library::Library;
 pub use tensor::{CudaStream, DType, Memory, Tensor, TensorMut};

@@ -152,8 +152,9 @@ impl Library {
 
     /// The library's minor version: what it has of the API. 0.3 added
     /// content checks ([`Options::check_contents`](crate::Options::check_contents),
-    /// [`Handle::check_contents`](crate::Handle::check_contents)) and
-    /// [`DecodeArgs::split_tokens`](crate::DecodeArgs::split_tokens).
+    /// [`Handle::check_contents`](crate::Handle::check_contents)),
+    /// [`DecodeArgs::split_tokens`](crate::DecodeArgs::split_tokens) and
+    /// [`Handle::merge_states`](crate::Handle::merge_states).
     pub fn minor(&self) -> u32 {
         self.inner.version_number / 100 % 100
     }
@@ -324,6 +325,8 @@ fn resolve_functions(dl: *mut c_void, library: &OsStr, minor: u32) -> Result<sys
         fd_plan_info_init,
         fd_describe_plan;
         fd_check_contents since 3,
+        fd_merge_args_init since 3,
+        fd_merge_states since 3,
     );
     Ok(functions)
 }
@@ -360,6 +363,7 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
     let ours = match name {
         "fd_options" => std::mem::size_of::<sys::fd_options>(),
         "fd_decode_args" => std::mem::size_of::<sys::fd_decode_args>(),
+        "fd_merge_args" => std::mem::size_of::<sys::fd_merge_args>(),
         _ => std::mem::size_of::<sys::fd_plan_info>(),
     };
     added
@@ -378,8 +382,8 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
     let minor = loaded.version_number / 100 % 100;
     // The init functions return the library's sizeof; a null struct asks
     // for nothing else.
-    let sizes = unsafe {
-        [
+    let mut sizes = unsafe {
+        vec![
             (
                 "fd_options",
                 (loaded.functions.fd_options_init)(std::ptr::null_mut(), 0),
@@ -397,6 +401,15 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
             ),
         ]
     };
+    // A struct of 0.3: an older library has none to compare.
+    if let Some(init) = loaded.functions.fd_merge_args_init {
+        sizes.push((
+            "fd_merge_args",
+            // SAFETY: as above.
+            unsafe { init(std::ptr::null_mut(), 0) },
+            std::mem::size_of::<sys::fd_merge_args>(),
+        ));
+    }
     for (name, library_size, ours) in sizes {
         let (expected, wrong) = if minor < sys::VERSION_MINOR {
             let expected = struct_size_of_minor(name, minor);
@@ -435,5 +448,6 @@ mod tests {
         assert_eq!(struct_size_of_minor("fd_plan_info", 2), 56);
         assert_eq!(struct_size_of_minor("fd_options", 3), 32);
         assert_eq!(struct_size_of_minor("fd_decode_args", 3), 592);
+        assert_eq!(struct_size_of_minor("fd_merge_args", 3), 192);
     }
 }

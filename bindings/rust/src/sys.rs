@@ -196,6 +196,44 @@ impl Default for fd_plan_info {
     }
 }
 
+/// `FD_MAX_MERGE_STATES`: the most states one `fd_merge_states` call merges (since 0.3).
+pub const MAX_MERGE_STATES: usize = 64;
+
+/// `fd_merge_args` (since 0.3): the partial results `fd_merge_states` combines, and where it writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_merge_args {
+    /// `sizeof(fd_merge_args)` as the caller compiled it.
+    pub struct_size: usize,
+    /// States to merge, 1 to [`MAX_MERGE_STATES`].
+    pub num_states: i32,
+    /// Padding: never read.
+    pub reserved_0: i32,
+    /// `num_states` outputs, `[batch, q_len, heads, head_dim]`.
+    pub states_out: *const fd_tensor,
+    /// `num_states` log-sum-exps, `[batch, q_len, heads]`, f32.
+    pub states_lse: *const fd_tensor,
+    /// The merged output, `[batch, q_len, heads, head_dim]`.
+    pub out: fd_tensor,
+    /// Optional merged log-sum-exp `[batch, q_len, heads]`, f32.
+    pub lse: fd_tensor,
+}
+
+impl Default for fd_merge_args {
+    /// What `fd_merge_args_init` writes: no states, every tensor absent.
+    fn default() -> Self {
+        fd_merge_args {
+            struct_size: std::mem::size_of::<fd_merge_args>(),
+            num_states: 0,
+            reserved_0: 0,
+            states_out: std::ptr::null(),
+            states_lse: std::ptr::null(),
+            out: fd_tensor::ABSENT,
+            lse: fd_tensor::ABSENT,
+        }
+    }
+}
+
 /// Every exported function, resolved from a loaded library. A function of
 /// a later minor version than 0.2 is an `Option`: `None` in an older library.
 #[derive(Clone, Copy, Debug)]
@@ -232,4 +270,9 @@ pub struct Functions {
     pub fd_describe_plan: unsafe extern "C" fn(*const fd_handle, *const fd_decode_args, *mut fd_plan_info) -> fd_status,
     /// `fd_status fd_check_contents(fd_handle *, fd_cuda_stream)` (since 0.3).
     pub fd_check_contents: Option<unsafe extern "C" fn(*mut fd_handle, fd_cuda_stream) -> fd_status>,
+    /// `size_t fd_merge_args_init(fd_merge_args *, size_t)` (since 0.3).
+    pub fd_merge_args_init: Option<unsafe extern "C" fn(*mut fd_merge_args, usize) -> usize>,
+    /// `fd_status fd_merge_states(fd_handle *, const fd_merge_args *, fd_cuda_stream)` (since 0.3).
+    pub fd_merge_states:
+        Option<unsafe extern "C" fn(*mut fd_handle, *const fd_merge_args, fd_cuda_stream) -> fd_status>,
 }

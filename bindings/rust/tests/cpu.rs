@@ -5,8 +5,8 @@
 //! install) or the system.
 
 use flashdecode::{
-    Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Merge, Options, PlanInfo,
-    Status, Tensor, TensorMut,
+    Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Merge, MergeArgs, Options,
+    PlanInfo, Status, Tensor, TensorMut,
 };
 
 fn library() -> Library {
@@ -850,5 +850,285 @@ fn handles_move_between_threads() {
         .collect();
     for worker in workers {
         assert_eq!(worker.join().unwrap(), expected);
+    }
+}
+
+/// The (out, lse) states of `problem`'s NHD cache cut along kv_len at
+/// `cuts`: each part a strided view of the whole cache, its lengths the
+/// tokens each sequence has in it (none, for some).
+fn decode_parts(
+    handle: &mut Handle,
+    problem: &Problem,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    lens: &[i32],
+    cuts: &[usize],
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let (q_shape, _) = problem.shapes();
+    let (batch, heads, kv_heads, kv_len, dim) = (
+        problem.batch,
+        problem.heads,
+        problem.kv_heads,
+        problem.kv_len,
+        problem.dim,
+    );
+    let row = (kv_heads * dim) as i64;
+    cuts.windows(2)
+        .map(|cut| {
+            let (start, stop) = (cut[0], cut[1]);
+            let shape = [batch as i64, (stop - start) as i64, kv_heads as i64, dim as i64];
+            let strides = [kv_len as i64 * row, row, dim as i64, 1];
+            let part_lens: Vec<i32> = lens
+                .iter()
+                .map(|&len| (len - start as i32).clamp(0, (stop - start) as i32))
+                .collect();
+            let mut out = vec![0f32; q.len()];
+            let mut lse = vec![0f32; batch * heads];
+            let mut args = DecodeArgs::new(
+                Tensor::f32(q, &q_shape).unwrap(),
+                Tensor::f32(&k[start * kv_heads * dim..], &shape)
+                    .unwrap()
+                    .with_strides(&strides)
+                    .unwrap(),
+                Tensor::f32(&v[start * kv_heads * dim..], &shape)
+                    .unwrap()
+                    .with_strides(&strides)
+                    .unwrap(),
+                TensorMut::f32(&mut out, &q_shape).unwrap(),
+            )
+            .lse(TensorMut::f32(&mut lse, &[batch as i64, 1, heads as i64]).unwrap())
+            .seq_lens(Tensor::i32(&part_lens, &[batch as i64]).unwrap());
+            handle.decode(&mut args).unwrap();
+            drop(args);
+            (out, lse)
+        })
+        .collect()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|x| x.to_bits()).collect()
+}
+
+/// merge_states (0.3): a cache decoded in parts (some empty for some
+/// sequences) and merged is the decode of the whole; in place too; f16
+/// states of another dtype than the bf16 output.
+#[test]
+fn merge_states_of_parts_is_the_whole() {
+    let problem = Problem {
+        batch: 5,
+        heads: 8,
+        kv_heads: 2,
+        kv_len: 300,
+        dim: 64,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let lse_shape = [5, 1, 8];
+    let q = values(5 * 8 * 64, 31);
+    let k = values(5 * 300 * 2 * 64, 32);
+    let v = values(5 * 300 * 2 * 64, 33);
+    let lens = [300i32, 0, 1, 150, 299];
+    let mut handle = cpu_handle();
+    let mut whole = vec![0f32; q.len()];
+    let mut whole_lse = vec![0f32; 5 * 8];
+    handle
+        .decode(
+            &mut DecodeArgs::new(
+                Tensor::f32(&q, &q_shape).unwrap(),
+                Tensor::f32(&k, &kv_shape).unwrap(),
+                Tensor::f32(&v, &kv_shape).unwrap(),
+                TensorMut::f32(&mut whole, &q_shape).unwrap(),
+            )
+            .lse(TensorMut::f32(&mut whole_lse, &lse_shape).unwrap())
+            .seq_lens(Tensor::i32(&lens, &[5]).unwrap()),
+        )
+        .unwrap();
+    let parts = decode_parts(&mut handle, &problem, (&q, &k, &v), &lens, &[0, 100, 150, 300]);
+    let mut out = vec![7f32; q.len()];
+    let mut lse = vec![7f32; 5 * 8];
+    let mut args = MergeArgs::new(TensorMut::f32(&mut out, &q_shape).unwrap())
+        .lse(TensorMut::f32(&mut lse, &lse_shape).unwrap())
+        .states(
+            parts
+                .iter()
+                .map(|(o, l)| (Tensor::f32(o, &q_shape).unwrap(), Tensor::f32(l, &lse_shape).unwrap())),
+        );
+    assert_eq!(args.num_states(), 3);
+    handle.merge_states(&mut args).unwrap();
+    drop(args);
+    assert_close(&widen(&out), &widen(&whole), 2e-5);
+    let (expected, expected_lse) =
+        problem.reference(&widen(&q), &widen(&k), &widen(&v), &[300, 0, 1, 150, 299], 1.0 / 8.0);
+    assert_close(&widen(&out), &expected, 2e-5);
+    for (i, (&got, &want)) in lse.iter().zip(&expected_lse).enumerate() {
+        assert!(
+            (got.is_infinite() && want.is_infinite() && got < 0.0) || (got as f64 - want).abs() < 1e-4,
+            "lse[{}]: got {}, expected {}",
+            i,
+            got,
+            want
+        );
+    }
+    assert!(
+        out[8 * 64..2 * 8 * 64].iter().all(|&x| x == 0.0),
+        "a sequence of no tokens is zeros"
+    );
+
+    // In place, into the first part's own buffers: the same bits.
+    let (mut first, mut first_lse) = parts[0].clone();
+    let mut args = MergeArgs::in_place(
+        TensorMut::f32(&mut first, &q_shape).unwrap(),
+        TensorMut::f32(&mut first_lse, &lse_shape).unwrap(),
+    )
+    .state(
+        Tensor::f32(&parts[1].0, &q_shape).unwrap(),
+        Tensor::f32(&parts[1].1, &lse_shape).unwrap(),
+    )
+    .state(
+        Tensor::f32(&parts[2].0, &q_shape).unwrap(),
+        Tensor::f32(&parts[2].1, &lse_shape).unwrap(),
+    );
+    assert_eq!(args.num_states(), 3);
+    handle.merge_states_on(&mut args, CudaStream::LEGACY_DEFAULT).unwrap();
+    drop(args);
+    assert_eq!(bits(&first), bits(&out));
+    assert_eq!(bits(&first_lse), bits(&lse));
+    // In place with the merged LSE elsewhere: the first part's LSE is only read.
+    let (mut first, first_lse) = parts[0].clone();
+    let mut kept_lse = first_lse.clone();
+    let mut other_lse = vec![0f32; 5 * 8];
+    let mut args = MergeArgs::in_place(
+        TensorMut::f32(&mut first, &q_shape).unwrap(),
+        TensorMut::f32(&mut kept_lse, &lse_shape).unwrap(),
+    )
+    .lse(TensorMut::f32(&mut other_lse, &lse_shape).unwrap())
+    .states(
+        parts[1..]
+            .iter()
+            .map(|(o, l)| (Tensor::f32(o, &q_shape).unwrap(), Tensor::f32(l, &lse_shape).unwrap())),
+    );
+    handle.merge_states(&mut args).unwrap();
+    drop(args);
+    assert_eq!(bits(&first), bits(&out));
+    assert_eq!(bits(&other_lse), bits(&lse));
+    assert_eq!(bits(&kept_lse), bits(&first_lse));
+
+    // f16 states, of another dtype than the bf16 output (the library converts).
+    let halves: Vec<Vec<u16>> = parts
+        .iter()
+        .map(|(o, _)| o.iter().map(|&x| f32_to_f16_bits(x)).collect())
+        .collect();
+    let mut merged = vec![0u16; q.len()];
+    let mut args = MergeArgs::new(TensorMut::bf16(&mut merged, &q_shape).unwrap()).states(
+        halves
+            .iter()
+            .zip(&parts)
+            .map(|(h, (_, l))| (Tensor::f16(h, &q_shape).unwrap(), Tensor::f32(l, &lse_shape).unwrap())),
+    );
+    handle.merge_states(&mut args).unwrap();
+    drop(args);
+    let merged: Vec<f64> = merged.iter().map(|&b| bf16_bits_to_f64(b)).collect();
+    assert_close(&merged, &expected, 1.6e-2);
+}
+
+/// Empty states (LSE -inf) are not read, NaN in them included; a row of
+/// empty states is zeros with LSE -inf; a NaN LSE makes its row NaN.
+#[test]
+fn merge_states_empty_and_nan_rows() {
+    let out0: Vec<f32> = (1..=12).map(|x| x as f32).collect();
+    let out1 = vec![f32::NAN; 12];
+    let lse0 = [0.5f32, f32::NEG_INFINITY, f32::NAN];
+    let lse1 = [f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0];
+    let (mut out, mut lse) = (vec![7f32; 12], vec![7f32; 3]);
+    let mut handle = cpu_handle();
+    handle
+        .merge_states(
+            &mut MergeArgs::new(TensorMut::f32(&mut out, &[1, 1, 3, 4]).unwrap())
+                .lse(TensorMut::f32(&mut lse, &[1, 1, 3]).unwrap())
+                .state(
+                    Tensor::f32(&out0, &[1, 1, 3, 4]).unwrap(),
+                    Tensor::f32(&lse0, &[1, 1, 3]).unwrap(),
+                )
+                .state(
+                    Tensor::f32(&out1, &[1, 1, 3, 4]).unwrap(),
+                    Tensor::f32(&lse1, &[1, 1, 3]).unwrap(),
+                ),
+        )
+        .unwrap();
+    assert_eq!(&out[..4], &out0[..4]);
+    assert_eq!(lse[0], 0.5);
+    assert!(out[4..8].iter().all(|&x| x == 0.0 && x.is_sign_positive()));
+    assert!(lse[1] == f32::NEG_INFINITY);
+    assert!(out[8..].iter().all(|x| x.is_nan()) && lse[2].is_nan());
+}
+
+#[test]
+fn merge_states_errors_name_the_argument_and_write_nothing() {
+    let mut handle = cpu_handle();
+    let a = values(2 * 8 * 16, 41);
+    let b = values(2 * 8 * 16, 42);
+    let la = values(2 * 8, 43);
+    let half = vec![0u16; 2 * 8];
+    let mut out = vec![7f32; 2 * 8 * 16];
+    let shape = [2, 1, 8, 16];
+    let lse_shape = [2, 1, 8];
+    let fake_device = unsafe { Tensor::device(0xdead_0000 as *const _, DType::F32, &shape).unwrap() };
+    let cases: Vec<(&str, Status, &str)> = vec![
+        (
+            "heads",
+            Status::InvalidShape,
+            "states_out[1]: heads must be 8 (from out), got 4",
+        ),
+        ("lse dtype", Status::InvalidDType, "states_lse[0]: dtype must be f32"),
+        (
+            "lse shape",
+            Status::InvalidShape,
+            "states_lse[1]: batch must be 2 (from out), got 1",
+        ),
+        ("merged lse dtype", Status::InvalidDType, "lse: dtype must be f32"),
+        (
+            "no states",
+            Status::InvalidArgument,
+            "num_states must be in [1, 64], got 0",
+        ),
+        (
+            "65 states",
+            Status::InvalidArgument,
+            "num_states must be in [1, 64], got 65",
+        ),
+        (
+            "device memory",
+            Status::InvalidArgument,
+            "states_out[1]: is device memory, but the handle runs on the CPU backend",
+        ),
+    ];
+    fn good(t: &[f32]) -> Tensor<'_> {
+        Tensor::f32(t, &[2, 1, 8, 16]).unwrap()
+    }
+    fn good_lse(t: &[f32]) -> Tensor<'_> {
+        Tensor::f32(t, &[2, 1, 8]).unwrap()
+    }
+    for (case, status, needle) in cases {
+        let mut merged_lse = vec![0u16; 2 * 8];
+        let args = MergeArgs::new(TensorMut::f32(&mut out, &shape).unwrap());
+        let mut args = match case {
+            "heads" => args
+                .state(good(&a), good_lse(&la))
+                .state(Tensor::f32(&b[..2 * 4 * 16], &[2, 1, 4, 16]).unwrap(), good_lse(&la)),
+            "lse dtype" => args
+                .state(good(&a), Tensor::f16(&half, &lse_shape).unwrap())
+                .state(good(&b), good_lse(&la)),
+            "lse shape" => args
+                .state(good(&a), good_lse(&la))
+                .state(good(&b), Tensor::f32(&la[..8], &[1, 1, 8]).unwrap()),
+            "merged lse dtype" => args
+                .state(good(&a), good_lse(&la))
+                .lse(TensorMut::f16(&mut merged_lse, &lse_shape).unwrap()),
+            "no states" => args,
+            "65 states" => args.states((0..65).map(|_| (good(&a), good_lse(&la)))),
+            "device memory" => args.state(good(&a), good_lse(&la)).state(fake_device, good_lse(&la)),
+            _ => unreachable!(),
+        };
+        expect_refused(handle.merge_states(&mut args), status, needle);
+        drop(args);
+        assert!(out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
     }
 }

@@ -5,7 +5,7 @@
 //! as 0.2 does; the 0.3 features fail with `Status::Unsupported`, naming the
 //! version they need. Without the variable every test here passes vacuously.
 
-use flashdecode::{DecodeArgs, Library, Options, Status, Tensor, TensorMut};
+use flashdecode::{DecodeArgs, Library, MergeArgs, Options, Status, Tensor, TensorMut};
 
 fn old_library() -> Option<Library> {
     match std::env::var_os("FLASHDECODE_OLD_LIBRARY") {
@@ -73,6 +73,19 @@ fn loads_and_decodes_without_the_new_features() {
     needs(handle.describe_plan(&args).unwrap_err(), "split_tokens");
     let mut args = args.split_tokens(0);
     handle.decode(&mut args).unwrap();
+    drop(args);
+
+    assert!(library.functions().fd_merge_states.is_none());
+    let lse = vec![0f32; 2 * 8];
+    let mut merged = vec![0f32; q.len()];
+    let mut args = MergeArgs::new(TensorMut::f32(&mut merged, &[2, 1, 8, 64]).unwrap()).state(
+        Tensor::f32(&out, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&lse, &[2, 1, 8]).unwrap(),
+    );
+    needs(handle.merge_states(&mut args).unwrap_err(), "merge_states");
+    let mut scratch = vec![0f32; q.len()];
+    let mut no_states = MergeArgs::new(TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap());
+    needs(handle.merge_states(&mut no_states).unwrap_err(), "merge_states"); // before any argument is read
 }
 
 #[test]

@@ -15,6 +15,12 @@ Everything else goes through a :class:`Handle`::
     with flashdecode.Handle("cpu") as handle:
         out, lse = handle.decode(q, k, v, seq_lens=lens, return_lse=True, layout="HND")
 
+Partial results of a cache decoded in parts (a shared prefix and each
+sequence's suffix, or shards on several GPUs), each with its LSE, merge into
+the attention over the whole cache (since 0.3)::
+
+    out = flashdecode.merge_states([prefix_out, suffix_out], [prefix_lse, suffix_lse])
+
 NumPy arrays run on the CPU backend; CUDA arrays from any library with
 ``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend;
 PyTorch tensors, CPU or CUDA, are read directly. Failures raise
@@ -53,7 +59,7 @@ from ._errors import (
     WorkspaceTooSmallError,
 )
 from . import _torch
-from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace
+from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace, merge_states
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.3.0"
@@ -123,6 +129,7 @@ __all__ = [
     "flash_decode",
     "host_workspace",
     "load_library",
+    "merge_states",
     "torch_op",
     "version",
 ]

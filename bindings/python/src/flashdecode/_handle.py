@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import collections.abc
 import ctypes
 import enum
 import numbers
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 
@@ -144,6 +145,17 @@ class _PreparedCall:
     lse: Any = None
     out_allocator: Optional[Callable[[], Any]] = None  # set when decode allocated out
     lse_allocator: Optional[Callable[[], Any]] = None
+
+
+@dataclass
+class _PreparedMerge:
+    args: "_library.FdMergeArgs"
+    stream: int
+    states_out: Any  # ctypes arrays of FdTensor that args points into
+    states_lse: Any
+    views: List[ArrayView] = field(default_factory=list)  # keeps every array (and capsule) alive
+    out: Any = None
+    lse: Any = None
 
 
 class Handle:
@@ -679,6 +691,127 @@ class Handle:
         with self._lock:
             check(library().fd_check_contents(self._live_pointer(), stream_value or None))
 
+    @overload
+    def merge_states(
+        self,
+        outs: Sequence[ArrayT],
+        lses: Sequence[ArrayT],
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[False] = False,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> ArrayT: ...
+
+    @overload
+    def merge_states(
+        self,
+        outs: Sequence[ArrayT],
+        lses: Sequence[ArrayT],
+        *,
+        out: Optional[ArrayT] = None,
+        lse: Optional[ArrayT] = None,
+        return_lse: Literal[True],
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> Tuple[ArrayT, ArrayT]: ...
+
+    def merge_states(
+        self,
+        outs: Sequence[Any],
+        lses: Sequence[Any],
+        *,
+        out: Any = None,
+        lse: Any = None,
+        return_lse: bool = False,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> Any:
+        """Merges partial attention results by their log-sum-exps (``fd_merge_states``, since 0.3).
+
+        State s is ``outs[s]`` with its natural-log ``lses[s]``: attention
+        of the same queries over one part of the keys, as :meth:`decode`
+        writes ``out`` and ``lse`` for that part. For every row, with
+        ``m = max_s lse_s`` and ``w_s = exp(lse_s - m)``:
+        ``out = sum_s w_s out_s / sum_s w_s`` and ``lse = m + log(sum_s w_s)``:
+        the attention over all the parts' keys. A state whose LSE is -inf is
+        empty (a part with no keys) and is not read, NaN included; a row
+        whose states are all empty is zeros with LSE -inf; a NaN (or +inf)
+        LSE makes its row NaN. Sums run in state order: the same inputs give
+        bitwise the same result.
+
+        The recipes: cascade attention (a prefix shared by many sequences
+        decoded once, each sequence's own suffix decoded apart, both with
+        ``return_lse=True``, then merged) and context-parallel decode (each
+        GPU decodes its shard of the cache with its LSE; the (out, lse)
+        pairs are gathered, an all-gather say, and merged).
+
+        Args:
+            outs: the states' outputs, a sequence (list or tuple) of 1 to 64
+                arrays shaped as :meth:`decode`'s q and out: ``[batch, q_len,
+                heads, head_dim]`` (``layout="NHD"``, the default), ``[batch,
+                heads, q_len, head_dim]`` (``"HND"``) or ``[batch, heads,
+                head_dim]``; float32, float16 or bfloat16, each of its own.
+            lses: their LSEs, float32, shaped as :meth:`decode`'s lse: the
+                state's shape without head_dim. Errors name the states
+                ``states_out[s]`` and ``states_lse[s]``, as the C API does.
+            out: where to write the merged output, shaped like the states,
+                float32, float16 or bfloat16; allocated like ``outs[0]``
+                (same library, device, dtype and shape) if omitted. It may
+                be one of ``outs`` itself (the same array): the merge then
+                runs in place. Otherwise it must not overlap any input.
+            lse: where to write the merged LSE, float32; it may be one of
+                ``lses`` itself.
+            return_lse: also return lse (allocated like ``outs[0]``, without
+                head_dim, in float32, if not given).
+            layout: ``"NHD"`` or ``"HND"``: the dimension order of 4-D
+                states, out and 3-D LSEs, as in :meth:`decode` (the merge is
+                the same row by row either way; the layout names the
+                dimensions in errors and limits).
+            dtype: what 16-bit integer storage (``uint16`` arrays of bits)
+                among the states and out holds: ``"bfloat16"`` or
+                ``"float16"``; typed arrays say their own. An ``out``
+                allocated like such a state holds what it holds.
+            stream: CUDA backend: the stream to enqueue on, as for
+                :meth:`decode` (default: PyTorch's current stream for
+                PyTorch tensors, else the stream ``outs[0]``'s
+                ``__cuda_array_interface__`` names, else the legacy default
+                stream). One kernel, no allocation, no synchronisation: it
+                may be captured in a CUDA graph. Ignored by the CPU backend.
+
+        Returns:
+            ``out``, or ``(out, lse)`` with ``return_lse=True``: arrays of
+            ``outs[0]``'s kind unless given.
+
+        Raises:
+            FlashDecodeError: a subclass per status, with the library's
+                message naming the argument at fault (e.g. a state whose
+                shape differs from out's: :class:`InvalidShapeError`; an LSE
+                that is not float32: :class:`InvalidDTypeError`); nothing is
+                written.
+            UnsupportedError: the library is older than 0.3.
+            TypeError: ``outs`` or ``lses`` is not a sequence, or holds no array.
+
+        Not a PyTorch custom op: inside ``torch.compile`` the call is a graph
+        break (an error with ``fullgraph=True``).
+        """
+        return self._merge_states(outs, lses, out, lse, return_lse, layout, dtype, stream)
+
+    def _merge_states(
+        self, outs: Any, lses: Any, out: Any, lse: Any, return_lse: Any, layout: Any, dtype: Any, stream: Any
+    ) -> Any:
+        """:meth:`merge_states` with positional arguments (:func:`merge_states` calls it directly)."""
+        _library.require("fd_merge_states", "merge_states")
+        with self._lock:
+            pointer = self._live_pointer()
+            call = self._prepare_merge(outs, lses, out, lse, return_lse, layout, dtype, stream)
+            check(library().fd_merge_states(pointer, ctypes.byref(call.args), call.stream or None))
+        return (call.out, call.lse) if return_lse else call.out
+
     # ---- internals ------------------------------------------------------------
 
     def _live_pointer(self) -> int:
@@ -854,6 +987,101 @@ class Handle:
             call.args.split_tokens = _split_tokens(split_tokens)
         if placeholder_out:
             call.args.out.data = _address_apart(call.args)
+        return call
+
+    def _prepare_merge(
+        self,
+        outs: Any,
+        lses: Any,
+        out: Any,
+        lse: Any,
+        return_lse: bool,
+        layout: Any,
+        dtype: Any,
+        stream: Any,
+    ) -> _PreparedMerge:
+        """The C arguments of :meth:`merge_states` (under the lock)."""
+        layout = _as_layout(layout)
+        state_outs, state_lses = _state_sequence(outs, "outs"), _state_sequence(lses, "lses")
+        count = len(state_outs)
+        if len(state_lses) != count:
+            raise refuse(
+                InvalidArgumentError,
+                f"outs and lses: {count} outputs but {len(state_lses)} LSEs; each state is an (out, lse) pair",
+            )
+        if count == 0:
+            raise refuse(InvalidArgumentError, f"num_states must be in [1, {_library.MAX_MERGE_STATES}], got 0")
+        on_cuda = self._backend is Backend.CUDA
+        stream_value = 0
+        if on_cuda:
+            stream_value = stream_pointer(stream) if stream is not None else default_stream(state_outs[0])
+        explicit = None if dtype is None else as_dtype(dtype)
+        if explicit is DType.I32:
+            raise refuse(InvalidDTypeError, "dtype: states and out hold float32, float16 or bfloat16, not int32")
+        call = _PreparedMerge(
+            args=_library.new_merge_args(),
+            stream=stream_value,
+            states_out=(FdTensor * count)(),
+            states_lse=(FdTensor * count)(),
+        )
+
+        def view(obj: Any, name: str, writable: bool = False) -> ArrayView:
+            # As in _prepare: checked before viewing, since a DLPack export may order work on a stream.
+            self._check_location(name, obj, *locate(obj))
+            found = view_array(
+                obj, name, kind="float", writable=writable, cuda_stream=stream_value if on_cuda else None
+            )
+            self._check_location(name, found.array, found.location, found.device)
+            call.views.append(found)
+            return found
+
+        def float_dtype(found: ArrayView, name: str) -> None:
+            """Names the float type of 16-bit integer storage, from ``dtype=``."""
+            if found.dtype is None:
+                if explicit not in (DType.F16, DType.BF16):
+                    raise refuse(
+                        InvalidDTypeError,
+                        f"{name}: 16-bit integer storage needs dtype='bfloat16' or dtype='float16' to say what it holds",
+                    )
+                found.dtype = explicit
+
+        def lse_view(obj: Any, name: str, writable: bool = False) -> ArrayView:
+            found = view(obj, name, writable)
+            if found.dtype is None:  # 16-bit integer storage: only outputs may hold 16-bit floats
+                raise refuse(InvalidDTypeError, f"{name}: must be float32, not 16-bit integer storage")
+            return found
+
+        first: Optional[ArrayView] = None
+        for index in range(count):
+            name = f"states_out[{index}]"
+            found = view(state_outs[index], name)
+            float_dtype(found, name)
+            _fill(call.states_out[index], found, _merge_dims(found, layout, name, lse=False))
+            if first is None:
+                first = found
+            name = f"states_lse[{index}]"
+            found = lse_view(state_lses[index], name)
+            _fill(call.states_lse[index], found, _merge_dims(found, layout, name, lse=True))
+        assert first is not None
+
+        allocated = out is None
+        if allocated:
+            out = allocator_like(first.array, first.shape, "out")()
+        out_view = view(out, "out", writable=True)
+        if out_view.dtype is None and allocated and explicit is None:
+            out_view.dtype = first.dtype  # the 16-bit float type the first state's storage holds
+        float_dtype(out_view, "out")
+        _fill(call.args.out, out_view, _merge_dims(out_view, layout, "out", lse=False))
+        call.out = out
+        if lse is None and return_lse:
+            lse = allocator_like(first.array, first.shape[:-1], "lse", float32=True)()
+        if lse is not None:
+            found = lse_view(lse, "lse", writable=True)
+            _fill(call.args.lse, found, _merge_dims(found, layout, "lse", lse=True))
+            call.lse = lse
+        call.args.num_states = count
+        call.args.states_out = ctypes.cast(call.states_out, ctypes.POINTER(FdTensor))
+        call.args.states_lse = ctypes.cast(call.states_lse, ctypes.POINTER(FdTensor))
         return call
 
 
@@ -1256,6 +1484,37 @@ def _lse_dims(view: ArrayView, query_ndim: int, layout: str) -> Dims:
     raise refuse(InvalidShapeError, f"lse: expected {expected}, got shape {view.shape}")
 
 
+_MERGE_SHAPES = {"NHD": "[batch, q_len, heads, head_dim]", "HND": "[batch, heads, q_len, head_dim]"}
+_MERGE_LSE_SHAPES = {"NHD": "[batch, q_len, heads]", "HND": "[batch, heads, q_len]"}
+
+
+def _merge_dims(view: ArrayView, layout: str, name: str, *, lse: bool) -> Dims:
+    """A merge state's (or the merged) output or LSE in the C order: as :meth:`Handle.decode`
+    reads q and lse, with q_len any length; the 3-D (LSE: 2-D) form has q_len 1."""
+    ndim = len(view.shape)
+    if ndim == (2 if lse else 3):  # q_len 1 inserted
+        shape, strides = view.shape, view.strides
+        return (shape[0], 1) + tuple(shape[1:]), (strides[0], 0) + tuple(strides[1:])
+    if ndim == (3 if lse else 4):
+        return _c_order(view, layout)
+    expected = (
+        f"{_MERGE_LSE_SHAPES[layout]} (layout {layout!r}) or [batch, heads]"
+        if lse
+        else f"{_MERGE_SHAPES[layout]} (layout {layout!r}) or [batch, heads, head_dim]"
+    )
+    raise refuse(InvalidShapeError, f"{name}: expected {expected}, got shape {view.shape}")
+
+
+def _state_sequence(value: Any, name: str) -> List[Any]:
+    """``outs`` or ``lses`` of :meth:`Handle.merge_states` as a list: a sequence of arrays, not one array."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, collections.abc.Sequence):
+        raise TypeError(
+            f"{name}: expected a sequence (list or tuple) of arrays, one per state, got {type(value).__name__}"
+            + ("; for states stacked in one array, pass list(array)" if hasattr(value, "shape") else "")
+        )
+    return list(value)
+
+
 def _own_dims(view: ArrayView, name: str) -> Dims:
     if len(view.shape) > _library.MAX_DIMS:
         raise refuse(InvalidShapeError, f"{name}: {len(view.shape)} dimensions, at most {_library.MAX_DIMS}")
@@ -1418,6 +1677,86 @@ def flash_decode(
     return _thread_handle(Backend.CPU, 0, 0).decode(
         q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, split_tokens=split_tokens, layout=layout
     )
+
+
+@overload
+def merge_states(
+    outs: Sequence[ArrayT],
+    lses: Sequence[ArrayT],
+    *,
+    out: Optional[ArrayT] = None,
+    lse: Optional[ArrayT] = None,
+    return_lse: Literal[False] = False,
+    layout: Layout = "NHD",
+    dtype: Any = None,
+    stream: Any = None,
+) -> ArrayT: ...
+
+
+@overload
+def merge_states(
+    outs: Sequence[ArrayT],
+    lses: Sequence[ArrayT],
+    *,
+    out: Optional[ArrayT] = None,
+    lse: Optional[ArrayT] = None,
+    return_lse: Literal[True],
+    layout: Layout = "NHD",
+    dtype: Any = None,
+    stream: Any = None,
+) -> Tuple[ArrayT, ArrayT]: ...
+
+
+def merge_states(
+    outs: Sequence[Any],
+    lses: Sequence[Any],
+    *,
+    out: Any = None,
+    lse: Any = None,
+    return_lse: bool = False,
+    layout: Layout = "NHD",
+    dtype: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Merges partial attention results by their log-sum-exps: :meth:`Handle.merge_states`
+    on this thread's handle for the states' device (the CPU backend for host arrays).
+
+    Cascade attention, a prefix shared by the batch decoded once::
+
+        prefix, prefix_lse = handle.decode(q, shared_k, shared_v, return_lse=True)   # one cache for all
+        suffix, suffix_lse = handle.decode(q, own_k, own_v, seq_lens=lens, return_lse=True)
+        out = flashdecode.merge_states([prefix, suffix], [prefix_lse, suffix_lse])
+
+    Context-parallel decode: each GPU decodes its shard of the cache with
+    ``return_lse=True``; gather the (out, lse) pairs (e.g.
+    ``torch.distributed.all_gather``) and merge them on each GPU.
+
+    The handle is chosen as :func:`flash_decode` chooses it (by ``outs[0]``);
+    the arguments are :meth:`Handle.merge_states`'s, ``layout`` included
+    (``"NHD"`` by default, as :meth:`Handle.decode` writes them). The
+    thread's handle for a device and stream is created on first use: to
+    capture a merge in a CUDA graph, run one on that stream before capturing.
+    """
+    sequence = isinstance(outs, collections.abc.Sequence) and not isinstance(outs, (str, bytes))
+    first = outs[0] if sequence and len(outs) else None
+    if first is not None and type(first) is not _ndarray:
+        torch_state = _torch.get()
+        if torch_state is not None and isinstance(first, torch_state.Tensor):
+            if first.is_cuda:
+                device = first.get_device()
+                stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
+                # Merges use no workspace: a handle kept for a captured graph serves them too.
+                return _thread_handle(Backend.CUDA, device, stream_value, capturing=True)._merge_states(
+                    outs, lses, out, lse, return_lse, layout, dtype, stream_value
+                )
+        else:
+            location, device_index = locate(first)
+            if location == CUDA:
+                stream_value = stream_pointer(stream) if stream is not None else default_stream(first)
+                return _thread_handle(Backend.CUDA, device_index or 0, stream_value, capturing=True)._merge_states(
+                    outs, lses, out, lse, return_lse, layout, dtype, stream_value
+                )
+    return _thread_handle(Backend.CPU, 0, 0)._merge_states(outs, lses, out, lse, return_lse, layout, dtype, stream)
 
 
 # ---- PyTorch: the custom op and torch.compile -------------------------------------

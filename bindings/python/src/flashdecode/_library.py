@@ -114,6 +114,24 @@ class FdPlanInfo(ctypes.Structure):
     ]
 
 
+MAX_MERGE_STATES = 64
+"""``FD_MAX_MERGE_STATES``: the most states one ``fd_merge_states`` call merges (since 0.3)."""
+
+
+class FdMergeArgs(ctypes.Structure):
+    """``fd_merge_args`` (since 0.3)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_states", ctypes.c_int32),
+        ("reserved_0", ctypes.c_int32),  # padding: never read
+        ("states_out", ctypes.POINTER(FdTensor)),
+        ("states_lse", ctypes.POINTER(FdTensor)),
+        ("out", FdTensor),
+        ("lse", FdTensor),
+    ]
+
+
 def new_options() -> FdOptions:
     """``fd_options`` with the defaults of ``fd_options_init()``.
 
@@ -127,6 +145,11 @@ def new_options() -> FdOptions:
 def new_decode_args() -> FdDecodeArgs:
     """``fd_decode_args`` with the defaults of ``fd_decode_args_init()`` (see :func:`new_options`)."""
     return FdDecodeArgs(struct_size=ctypes.sizeof(FdDecodeArgs), softmax_scale=0.0, num_splits=0)
+
+
+def new_merge_args() -> FdMergeArgs:
+    """``fd_merge_args`` with the defaults of ``fd_merge_args_init()`` (see :func:`new_options`)."""
+    return FdMergeArgs(struct_size=ctypes.sizeof(FdMergeArgs), num_states=0)
 
 
 _handle_p = ctypes.c_void_p
@@ -147,6 +170,8 @@ _PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
     ("fd_plan_info_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
     ("fd_describe_plan", c_enum, [_handle_p, ctypes.POINTER(FdDecodeArgs), ctypes.POINTER(FdPlanInfo)]),
     ("fd_check_contents", c_enum, [_handle_p, ctypes.c_void_p]),
+    ("fd_merge_args_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+    ("fd_merge_states", c_enum, [_handle_p, ctypes.POINTER(FdMergeArgs), ctypes.c_void_p]),
 )
 
 SINCE: Dict[str, int] = {
@@ -155,6 +180,8 @@ SINCE: Dict[str, int] = {
     "fd_check_contents": 3,
     "fd_options.checks": 3,
     "fd_decode_args.split_tokens": 3,
+    "fd_merge_args_init": 3,
+    "fd_merge_states": 3,
 }
 """The minor version that added each function and struct field of a later minor than 0.1."""
 
@@ -363,11 +390,14 @@ def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
     passes in its larger structs, the fields the library lacks left zero).
     """
     minor = (number // 100) % 100
-    for name, init, struct in (
+    structs: List[Tuple[str, Any, Any]] = [
         ("fd_options", lib.fd_options_init, FdOptions),
         ("fd_decode_args", lib.fd_decode_args_init, FdDecodeArgs),
         ("fd_plan_info", lib.fd_plan_info_init, FdPlanInfo),
-    ):
+    ]
+    if minor >= SINCE["fd_merge_args_init"]:  # a struct of 0.3: an older library has none
+        structs.append(("fd_merge_args", lib.fd_merge_args_init, FdMergeArgs))
+    for name, init, struct in structs:
         library_size = int(init(None, 0))  # NULL: only the size is asked for
         ours = ctypes.sizeof(struct)
         if minor < ABI_MINOR:
