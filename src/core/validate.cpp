@@ -475,9 +475,13 @@ MergeProblem validate_merge_args(const fd_merge_args *caller_args) {
     fail(FD_ERROR_INVALID_HEAD_COUNT, "out: heads must be at most %d, got %lld", FD_MAX_HEADS,
          static_cast<long long>(p.heads));
   }
-  if (p.batch > FD_MAX_BATCH || p.q_len > FD_MAX_KV_LEN) {
-    fail(FD_ERROR_INVALID_SHAPE, "out: batch (%lld) and q_len (%lld) must be at most %d",
-         static_cast<long long>(p.batch), static_cast<long long>(p.q_len), FD_MAX_BATCH);
+  if (p.batch > FD_MAX_BATCH) {
+    fail(FD_ERROR_INVALID_SHAPE, "out: batch must be at most %d, got %lld", FD_MAX_BATCH,
+         static_cast<long long>(p.batch));
+  }
+  if (p.q_len > FD_MAX_KV_LEN) {
+    fail(FD_ERROR_INVALID_SHAPE, "out: q_len must be at most %d, got %lld", FD_MAX_KV_LEN,
+         static_cast<long long>(p.q_len));
   }
   require_no_overlap(p.out, 4, "out");
   if (args.lse.data != nullptr) {
