@@ -18,12 +18,12 @@ GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 CUDA_FLAGS := $(if $(CUDA_ARCHS),-DFLASHDECODE_CUDA_ARCHS="$(CUDA_ARCHS)",)
 export PATH := $(PATH):/usr/local/cuda/bin
 CLANG_FORMAT ?= clang-format
-# The C, C++ and CUDA sources under src/ include/ tests/ that git tracks or
-# would track (new, not ignored: build directories are skipped); files deleted
-# from the working tree but still tracked are left out. Outside a git
-# checkout, every such file there.
-FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests \
-  2>/dev/null || find src include tests -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
+# The C, C++ and CUDA sources under src/ include/ tests/ docs/examples/ that
+# git tracks or would track (new, not ignored: build directories are
+# skipped); files deleted from the working tree but still tracked are left
+# out. Outside a git checkout, every such file there.
+FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests docs/examples \
+  2>/dev/null || find src include tests docs/examples -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
 .PHONY: deps configure build demo check test asan tsan fuzz docs format format-check clean
 

@@ -633,8 +633,9 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  * for that; never shrinks it. Has no effect on a caller-provided workspace
  * other than checking its size.
  *
- * A size no allocator can satisfy (above PTRDIFF_MAX, e.g. SIZE_MAX or a
- * wrapped subtraction) is refused with #FD_ERROR_OUT_OF_MEMORY before any
+ * A size no allocator can satisfy (above PTRDIFF_MAX rounded down to a
+ * multiple of 256, e.g. SIZE_MAX or a wrapped subtraction; the message
+ * states the limit) is refused with #FD_ERROR_OUT_OF_MEMORY before any
  * allocator sees it, as is a size the allocator refuses. On any error the
  * handle keeps the workspace it had, and later calls use it as before.
  *
@@ -642,7 +643,7 @@ FD_API fd_status fd_workspace_size(const fd_handle *handle, const fd_decode_args
  * @param bytes Capacity to reserve, e.g. from fd_workspace_size().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER; #FD_ERROR_INVALID_HANDLE;
  *         #FD_ERROR_OUT_OF_MEMORY if @p bytes cannot be allocated (or is
- *         above PTRDIFF_MAX); #FD_ERROR_WORKSPACE_TOO_SMALL if a
+ *         above that limit); #FD_ERROR_WORKSPACE_TOO_SMALL if a
  *         caller-provided workspace is smaller than @p bytes;
  *         #FD_ERROR_CUDA if zeroing the state fails.
  */

@@ -29,7 +29,12 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* POSIX allows converting dlsym's object pointer to a function pointer. */
-#define LOAD(type, name) type name = (type)dlsym(lib, #name); if (!name) { fprintf(stderr, "missing %s\n", #name); return 1; }
+#define LOAD(type, name)                    \
+  type name = (type)dlsym(lib, #name);      \
+  if (!name) {                              \
+    fprintf(stderr, "missing %s\n", #name); \
+    return 1;                               \
+  }
   LOAD(version_number_fn, fd_version_number)
   LOAD(version_string_fn, fd_version_string)
   LOAD(options_init_fn, fd_options_init)

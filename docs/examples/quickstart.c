@@ -21,7 +21,7 @@ int main(void) {
 
   fd_options options;
   fd_options_init(&options, sizeof options);
-  options.backend = FD_BACKEND_CPU;  /* FD_BACKEND_CUDA takes device pointers */
+  options.backend = FD_BACKEND_CPU; /* FD_BACKEND_CUDA takes device pointers */
   fd_handle *handle = NULL;
   fd_status status = fd_create(&handle, &options);
 

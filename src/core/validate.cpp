@@ -239,21 +239,23 @@ const char *const kLseDims[] = {"batch", "q_len", "q_heads"};
 const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
 
-// Reads the caller's struct, honouring its struct_size: fields an older
-// caller does not know keep their defaults, and a newer caller's fields
-// must be zero (core/sized_struct.h).
-fd_decode_args read_args(const fd_decode_args *args) {
+// Reads the caller's args struct (fd_decode_args, fd_merge_args), honouring
+// its struct_size: fields an older caller does not know keep the defaults
+// `init` writes, and a newer caller's fields must be zero
+// (core/sized_struct.h). `required`: the fields every version has.
+template <class Args>
+Args read_args(const Args *args, size_t required, size_t (*init)(Args *, size_t), const char *type) {
   if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
-  const size_t required = offsetof(fd_decode_args, num_splits) + sizeof(args->num_splits);
-  fd_decode_args defaults;
-  fd_decode_args_init(&defaults, sizeof defaults);
-  return read_sized_struct(*args, defaults, required, "args", "fd_decode_args");
+  Args defaults;
+  init(&defaults, sizeof defaults);
+  return read_sized_struct(*args, defaults, required, "args", type);
 }
 
 }  // namespace
 
 Problem validate_decode_args(const fd_decode_args *caller_args) {
-  const fd_decode_args args = read_args(caller_args);
+  const fd_decode_args args = read_args(caller_args, offsetof(fd_decode_args, num_splits) + sizeof(int32_t),
+                                        fd_decode_args_init, "fd_decode_args");
   const bool paged = args.block_table.data != nullptr;
   const char *const *cache_dims = paged ? kPagedCacheDims : kDenseCacheDims;
 
@@ -439,18 +441,11 @@ namespace {
 const char *const kMergeOutDims[] = {"batch", "q_len", "heads", "head_dim"};
 const char *const kMergeLseDims[] = {"batch", "q_len", "heads"};
 
-fd_merge_args read_merge_args(const fd_merge_args *args) {
-  if (args == nullptr) fail(FD_ERROR_NULL_POINTER, "args is NULL");
-  const size_t required = offsetof(fd_merge_args, lse) + sizeof(args->lse);
-  fd_merge_args defaults;
-  fd_merge_args_init(&defaults, sizeof defaults);
-  return read_sized_struct(*args, defaults, required, "args", "fd_merge_args");
-}
-
 }  // namespace
 
 MergeProblem validate_merge_args(const fd_merge_args *caller_args) {
-  const fd_merge_args args = read_merge_args(caller_args);
+  const fd_merge_args args =
+      read_args(caller_args, offsetof(fd_merge_args, lse) + sizeof(fd_tensor), fd_merge_args_init, "fd_merge_args");
   if (args.num_states < 1 || args.num_states > FD_MAX_MERGE_STATES) {
     fail(FD_ERROR_INVALID_ARGUMENT, "num_states must be in [1, %d], got %d", FD_MAX_MERGE_STATES,
          static_cast<int>(args.num_states));
