@@ -86,6 +86,12 @@ MergeProblem validate_merge_args(const fd_merge_args *args);
 // fault.
 void validate_host_contents(const Problem &problem);
 
+// The errors of a bad length or used block-table entry, in one wording for
+// every backend; found_by is appended (e.g. where the check ran), "" for none.
+[[noreturn]] void fail_bad_length(int64_t sequence, int64_t length, int64_t kv_capacity, const char *found_by);
+[[noreturn]] void fail_bad_page(int64_t sequence, int64_t column, int64_t page, int64_t num_pages,
+                                const char *found_by);
+
 // A sequence's length as the kernels read it: clamped to [0, kv_capacity]
 // (flashdecode.h, "Lengths and block tables").
 inline int64_t clamp_length(int64_t length, int64_t kv_capacity) {

@@ -188,6 +188,49 @@ bool lse_touches_out(const StridedView &out, size_t out_element, const StridedVi
   return false;
 }
 
+// lse and out are written by different threads: no byte may be both.
+// Disjoint address ranges settle it at once; lse in out's padding is looked
+// at element by element.
+void require_lse_apart_from_out(const StridedView &out, fd_dtype out_dtype, const StridedView &lse) {
+  const ByteRange out_bytes = byte_range(out, 4, dtype_bytes(out_dtype));
+  const ByteRange lse_bytes = byte_range(lse, 3, sizeof(float));
+  if (ranges_overlap(out_bytes, lse_bytes) && lse_touches_out(out, dtype_bytes(out_dtype), lse)) {
+    fail(FD_ERROR_INVALID_ARGUMENT,
+         "lse: an element shares memory with an element of out (bytes %p-%p and %p-%p); outputs must not overlap",
+         reinterpret_cast<void *>(lse_bytes.begin), reinterpret_cast<void *>(lse_bytes.end),
+         reinterpret_cast<void *>(out_bytes.begin), reinterpret_cast<void *>(out_bytes.end));
+  }
+}
+
+// A call's outputs (out, and lse when present), against which each input
+// is checked with require_input_apart.
+struct Outputs {
+  const StridedView &out;
+  fd_dtype out_dtype;
+  const StridedView *lse;  // null: absent
+  ByteRange out_bytes, lse_bytes;
+
+  Outputs(const StridedView &o, fd_dtype dtype, const StridedView *l)
+      : out(o),
+        out_dtype(dtype),
+        lse(l),
+        out_bytes(byte_range(o, 4, dtype_bytes(dtype))),
+        lse_bytes(l != nullptr ? byte_range(*l, 3, sizeof(float)) : ByteRange{}) {}
+};
+
+// An input is read while other threads write the outputs: its bytes must
+// not overlap theirs, unless an output is that very input and the call
+// allows it there (out_may_be_it: the same data, dtype and strides as out;
+// lse_may_be_it: as lse): an in-place call.
+void require_input_apart(const Outputs &o, const StridedView &input, int ndim, fd_dtype dtype, const char *name,
+                         bool out_may_be_it, bool lse_may_be_it) {
+  const ByteRange in_bytes = byte_range(input, ndim, dtype_bytes(dtype));
+  const bool out_is_it = out_may_be_it && dtype == o.out_dtype && same_view(o.out, input, 4);
+  const bool lse_is_it = lse_may_be_it && o.lse != nullptr && same_view(*o.lse, input, 3);
+  if (!out_is_it) require_apart(o.out_bytes, "out", in_bytes, name);
+  if (!lse_is_it) require_apart(o.lse_bytes, "lse", in_bytes, name);
+}
+
 void require_float_dtype(const fd_tensor &t, const char *name) {
   if (t.dtype != FD_DTYPE_F32 && t.dtype != FD_DTYPE_F16 && t.dtype != FD_DTYPE_BF16) {
     fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be f32, f16 or bf16, got %s", name, dtype_name(t.dtype));
@@ -210,26 +253,12 @@ void require_extent(const StridedView &view, int dim, int64_t expected, const ch
 
 // out and lse against every input (out may be q itself).
 void require_outputs_apart_from_inputs(const Problem &p) {
-  struct Input {
-    const StridedView *view;
-    int ndim;
-    size_t element;
-    const char *name;
-  };
-  const Input inputs[] = {{&p.q, 4, dtype_bytes(p.q_dtype), "q"},
-                          {&p.k, 4, dtype_bytes(p.kv_dtype), "k"},
-                          {&p.v, 4, dtype_bytes(p.kv_dtype), "v"},
-                          {&p.seq_lens, 1, sizeof(int32_t), "seq_lens"},
-                          {&p.block_table, 2, sizeof(int32_t), "block_table"}};
-  const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
-  const ByteRange lse_bytes = p.has_lse ? byte_range(p.lse, 3, sizeof(float)) : ByteRange{};
-  for (const Input &input : inputs) {
-    if (input.view->data == nullptr) continue;  // absent optional tensor
-    const ByteRange in_bytes = byte_range(*input.view, input.ndim, input.element);
-    const bool in_place = input.view == &p.q && p.out_dtype == p.q_dtype && same_view(p.out, p.q, 4);
-    if (!in_place) require_apart(out_bytes, "out", in_bytes, input.name);
-    require_apart(lse_bytes, "lse", in_bytes, input.name);
-  }
+  const Outputs outputs(p.out, p.out_dtype, p.has_lse ? &p.lse : nullptr);
+  require_input_apart(outputs, p.q, 4, p.q_dtype, "q", true, false);
+  require_input_apart(outputs, p.k, 4, p.kv_dtype, "k", false, false);
+  require_input_apart(outputs, p.v, 4, p.kv_dtype, "v", false, false);
+  if (p.has_seq_lens) require_input_apart(outputs, p.seq_lens, 1, FD_DTYPE_I32, "seq_lens", false, false);
+  if (p.paged) require_input_apart(outputs, p.block_table, 2, FD_DTYPE_I32, "block_table", false, false);
 }
 
 const char *const kQueryDims[] = {"batch", "q_len", "q_heads", "head_dim"};
@@ -356,17 +385,7 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.q.shape[d], "lse", kLseDims[d], "q");
     require_no_overlap(p.lse, 3, "lse");
-    // Written by other threads than out's elements: no byte may be both.
-    // Disjoint address ranges settle it at once; lse in out's padding is
-    // looked at element by element.
-    const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
-    const ByteRange lse_bytes = byte_range(p.lse, 3, sizeof(float));
-    if (ranges_overlap(out_bytes, lse_bytes) && lse_touches_out(p.out, dtype_bytes(p.out_dtype), p.lse)) {
-      fail(FD_ERROR_INVALID_ARGUMENT,
-           "lse: an element shares memory with an element of out (bytes %p-%p and %p-%p); outputs must not overlap",
-           reinterpret_cast<void *>(lse_bytes.begin), reinterpret_cast<void *>(lse_bytes.end),
-           reinterpret_cast<void *>(out_bytes.begin), reinterpret_cast<void *>(out_bytes.end));
-    }
+    require_lse_apart_from_out(p.out, p.out_dtype, p.lse);
     p.has_lse = true;
   }
   require_outputs_apart_from_inputs(p);
@@ -411,6 +430,17 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   return p;
 }
 
+void fail_bad_length(int64_t sequence, int64_t length, int64_t kv_capacity, const char *found_by) {
+  fail(FD_ERROR_INVALID_LENGTH, "seq_lens[%lld] must be in [0, %lld] (the KV capacity), got %lld%s",
+       static_cast<long long>(sequence), static_cast<long long>(kv_capacity), static_cast<long long>(length), found_by);
+}
+
+void fail_bad_page(int64_t sequence, int64_t column, int64_t page, int64_t num_pages, const char *found_by) {
+  fail(FD_ERROR_INVALID_BLOCK_TABLE, "block_table[%lld][%lld] must be in [0, %lld) (the page pool), got %lld%s",
+       static_cast<long long>(sequence), static_cast<long long>(column), static_cast<long long>(num_pages),
+       static_cast<long long>(page), found_by);
+}
+
 void validate_host_contents(const Problem &p) {
   const auto *lens = static_cast<const int32_t *>(p.seq_lens.data);
   const auto *table = static_cast<const int32_t *>(p.block_table.data);
@@ -418,20 +448,13 @@ void validate_host_contents(const Problem &p) {
     int64_t len = p.kv_capacity;
     if (p.has_seq_lens) {
       len = lens[b * p.seq_lens.strides[0]];
-      if (len < 0 || len > p.kv_capacity) {
-        fail(FD_ERROR_INVALID_LENGTH, "seq_lens[%lld] must be in [0, %lld] (the KV capacity), got %lld",
-             static_cast<long long>(b), static_cast<long long>(p.kv_capacity), static_cast<long long>(len));
-      }
+      if (len < 0 || len > p.kv_capacity) fail_bad_length(b, len, p.kv_capacity, "");
     }
     if (!p.paged) continue;
     const int64_t pages_used = (len + p.page_size - 1) / p.page_size;
     for (int64_t j = 0; j < pages_used; ++j) {
       const int64_t page = table[b * p.block_table.strides[0] + j * p.block_table.strides[1]];
-      if (page < 0 || page >= p.num_pages) {
-        fail(FD_ERROR_INVALID_BLOCK_TABLE, "block_table[%lld][%lld] must be in [0, %lld) (the page pool), got %lld",
-             static_cast<long long>(b), static_cast<long long>(j), static_cast<long long>(p.num_pages),
-             static_cast<long long>(page));
-      }
+      if (page < 0 || page >= p.num_pages) fail_bad_page(b, j, page, p.num_pages, "");
     }
   }
 }
@@ -484,16 +507,11 @@ MergeProblem validate_merge_args(const fd_merge_args *caller_args) {
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.lse, d, p.out.shape[d], "lse", kMergeLseDims[d], "out");
     require_no_overlap(p.lse, 3, "lse");
-    const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
-    if (ranges_overlap(out_bytes, byte_range(p.lse, 3, sizeof(float))) &&
-        lse_touches_out(p.out, dtype_bytes(p.out_dtype), p.lse)) {
-      fail(FD_ERROR_INVALID_ARGUMENT, "lse: an element shares memory with an element of out; outputs must not overlap");
-    }
+    require_lse_apart_from_out(p.out, p.out_dtype, p.lse);
     p.has_lse = true;
   }
 
-  const ByteRange out_bytes = byte_range(p.out, 4, dtype_bytes(p.out_dtype));
-  const ByteRange lse_bytes = p.has_lse ? byte_range(p.lse, 3, sizeof(float)) : ByteRange{};
+  const Outputs outputs(p.out, p.out_dtype, p.has_lse ? &p.lse : nullptr);
   for (int s = 0; s < p.num_states; ++s) {
     char out_name[32], lse_name[32];
     snprintf(out_name, sizeof out_name, "states_out[%d]", s);
@@ -505,16 +523,9 @@ MergeProblem validate_merge_args(const fd_merge_args *caller_args) {
     p.states_lse[s] = check_tensor(args.states_lse[s], lse_name, 3, kMergeLseDims, false);
     require_dtype(args.states_lse[s], lse_name, FD_DTYPE_F32);
     for (int d = 0; d < 3; ++d) require_extent(p.states_lse[s], d, p.out.shape[d], lse_name, kMergeLseDims[d], "out");
-    // Inputs are read while outputs are written (out may be a state itself).
-    const ByteRange state_bytes = byte_range(p.states_out[s], 4, dtype_bytes(p.states_dtype[s]));
-    const ByteRange state_lse_bytes = byte_range(p.states_lse[s], 3, sizeof(float));
-    const bool in_place = p.states_dtype[s] == p.out_dtype && same_view(p.out, p.states_out[s], 4);
-    if (!in_place) require_apart(out_bytes, "out", state_bytes, out_name);
-    require_apart(out_bytes, "out", state_lse_bytes, lse_name);
-    require_apart(lse_bytes, "lse", state_bytes, out_name);
-    // The merged LSE may replace a state's LSE in place, like out.
-    if (!(p.has_lse && same_view(p.lse, p.states_lse[s], 3)))
-      require_apart(lse_bytes, "lse", state_lse_bytes, lse_name);
+    // out may be a state's output, and lse its LSE: an in-place merge.
+    require_input_apart(outputs, p.states_out[s], 4, p.states_dtype[s], out_name, true, false);
+    require_input_apart(outputs, p.states_lse[s], 3, FD_DTYPE_F32, lse_name, false, true);
   }
   return p;
 }

@@ -575,3 +575,13 @@ void fdt_part_lengths(const int64_t *lens, int64_t batch, int64_t start, int64_t
     part_lens[b] = (int32_t)(n < 0 ? 0 : n > count ? count : n);
   }
 }
+
+fd_handle *fdt_cpu_handle(int32_t threads, uint32_t checks) {
+  fd_options options;
+  fd_options_init(&options, sizeof options);
+  options.backend = FD_BACKEND_CPU;
+  options.num_threads = threads;
+  options.checks = checks;
+  fd_handle *h = NULL;
+  return fd_create(&h, &options) == FD_SUCCESS ? h : NULL;
+}

@@ -153,6 +153,10 @@ fd_decode_args fdt_part_args(const fd_decode_args *whole, int64_t start, int64_t
 /* How many of each sequence's tokens (lens[b]) fall in [start, start + count). */
 void fdt_part_lengths(const int64_t *lens, int64_t batch, int64_t start, int64_t count, int32_t *part_lens);
 
+/* A CPU-backend handle with `threads` worker threads (0: every core) and
+ * fd_options.checks set to `checks`; NULL if fd_create fails. */
+fd_handle *fdt_cpu_handle(int32_t threads, uint32_t checks);
+
 /* Human-readable case description. */
 void fdt_case_describe(const fdt_case *c, char *buffer, size_t size);
 

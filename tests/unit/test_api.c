@@ -706,13 +706,8 @@ static void test_rejects_oversized_capacity(void **state) {
 
 /* FD_CHECK_CONTENTS: a handle that checks what its decodes read. */
 static fd_handle *checking_handle(void) {
-  fd_options options;
-  fd_options_init(&options, sizeof options);
-  options.backend = FD_BACKEND_CPU;
-  options.num_threads = 2;
-  options.checks = FD_CHECK_CONTENTS;
-  fd_handle *h = NULL;
-  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_CONTENTS);
+  assert_non_null(h);
   return h;
 }
 

@@ -21,12 +21,8 @@
 #include "flashdecode.h"
 
 static fd_handle *make_cpu_handle(int threads) {
-  fd_options options;
-  fd_options_init(&options, sizeof options);
-  options.backend = FD_BACKEND_CPU;
-  options.num_threads = threads;
-  fd_handle *h = NULL;
-  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  fd_handle *h = fdt_cpu_handle(threads, FD_CHECK_NONE);
+  assert_non_null(h);
   return h;
 }
 

@@ -18,12 +18,8 @@
 #include "flashdecode.h"
 
 static fd_handle *cpu_handle(void) {
-  fd_options options;
-  fd_options_init(&options, sizeof options);
-  options.backend = FD_BACKEND_CPU;
-  options.num_threads = 3;
-  fd_handle *h = NULL;
-  assert_int_equal(fd_create(&h, &options), FD_SUCCESS);
+  fd_handle *h = fdt_cpu_handle(3, FD_CHECK_NONE);
+  assert_non_null(h);
   return h;
 }
 

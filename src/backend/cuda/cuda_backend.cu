@@ -133,20 +133,12 @@ cuda::CheckParams check_params(const Problem &p, cuda::ContentReport *report) {
   return c;
 }
 
-// The message fd_decode or fd_check_contents reports for what the check
-// kernel found: the status and wording of the CPU backend's host check.
+// What fd_decode or fd_check_contents reports for what the check kernel
+// found: the status and wording of the CPU backend's host check.
 [[noreturn]] void fail_with_report(const cuda::ContentReport &r) {
-  if (r.found == cuda::kFoundLength) {
-    fail(FD_ERROR_INVALID_LENGTH,
-         "seq_lens[%lld] must be in [0, %lld] (the KV capacity), got %lld (found on the device by a checked decode "
-         "on this handle)",
-         static_cast<long long>(r.sequence), static_cast<long long>(r.bound), static_cast<long long>(r.value));
-  }
-  fail(FD_ERROR_INVALID_BLOCK_TABLE,
-       "block_table[%lld][%lld] must be in [0, %lld) (the page pool), got %lld (found on the device by a checked "
-       "decode on this handle)",
-       static_cast<long long>(r.sequence), static_cast<long long>(r.column), static_cast<long long>(r.bound),
-       static_cast<long long>(r.value));
+  const char *found_by = " (found on the device by a checked decode on this handle)";
+  if (r.found == cuda::kFoundLength) fail_bad_length(r.sequence, r.value, r.bound, found_by);
+  fail_bad_page(r.sequence, r.column, r.value, r.bound, found_by);
 }
 
 class CudaBackend final : public Backend {
