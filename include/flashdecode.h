@@ -173,8 +173,7 @@ typedef enum fd_status {
                                           capture. */
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
-  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet), e.g. several
-                                          query tokens; or a newer caller's #fd_options, #fd_decode_args or
+  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet); or a newer caller's #fd_options, #fd_decode_args or
                                           #fd_merge_args with a non-zero byte past this library's struct: a field
                                           this version does not know (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
@@ -415,15 +414,31 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
 #define FD_MAX_KV_LEN INT32_MAX
 /** @brief Largest accepted split count in fd_decode_args::num_splits. */
 #define FD_MAX_SPLITS 1024
+/** @brief Since 0.3: largest accepted q_len (query tokens per sequence). */
+#define FD_MAX_Q_LEN 64
+
+/**
+ * @brief Since 0.3: which keys the query tokens of a sequence see
+ *        (fd_decode_args::mask). Values are pinned and never renumbered.
+ *
+ * Query token i of a sequence of length L sits at position
+ * `L - q_len + i`: the new tokens are the last q_len of the cache. With one
+ * query token both masks are the same.
+ */
+typedef enum fd_attention_mask {
+  FD_MASK_CAUSAL = 0, /**< Token i sees keys `0 .. L - q_len + i` (the default): causal among the new tokens. */
+  FD_MASK_NONE = 1    /**< Every query token sees all L keys (e.g. a verify step that scores drafts alike). */
+} fd_attention_mask;
 
 /**
  * @brief Everything one decode call reads and writes. Initialise with
  *        `fd_decode_args_init(&args, sizeof args)`, then fill in the tensors.
  *
  * Shapes, by role (dimension order is fixed; layout comes from strides):
- * - `q`:   `[batch, q_len, q_heads, head_dim]`; q_len must be 1 in this
- *          version (the dimension exists so several query tokens per sequence
- *          can be added without an ABI change).
+ * - `q`:   `[batch, q_len, q_heads, head_dim]`; q_len is 1 for plain
+ *          decode and up to #FD_MAX_Q_LEN for speculative or multi-token
+ *          steps (0.2 accepted 1 only). The q_len query tokens of a sequence
+ *          are its newest tokens: see "Attention variants" below.
  * - `k`, `v` (dense cache, @p block_table absent):
  *          `[batch, kv_capacity, kv_heads, head_dim]`. A BHND cache
  *          `[batch, heads, seq, dim]` is the same tensor with strides
@@ -502,6 +517,27 @@ FD_API fd_status fd_get_backend(const fd_handle *handle, fd_backend *backend);
  * count, ceil(kv_capacity / split length), must be at most #FD_MAX_SPLITS
  * (#FD_ERROR_INVALID_SPLITS). The CUDA backend then merges several splits
  * in a second kernel; docs/performance.md measures what the mode costs.
+ *
+ * Attention variants (since 0.3; the zero defaults are plain causal
+ * attention, bit for bit the result of 0.2). For query token i of a
+ * sequence of length L, at position `pos_q = L - q_len + i`, and key j
+ * (`pos_k = j`), the score is computed as
+ * 1. `s = softmax_scale * q.k_j`;
+ * 2. with logit_softcap c > 0: `s = c * tanh(s / c)`;
+ * 3. with alibi_slopes: `s += slope[h] * (pos_k - pos_q)`;
+ * 4. key j is seen if `j < L` and, with #FD_MASK_CAUSAL, `pos_k <= pos_q`,
+ *    and, with window_left W > 0, `pos_q - pos_k < W`;
+ * 5. with sinks, the softmax denominator gets `exp(sink[h])` more: out =
+ *    sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sink[h])), and the LSE is
+ *    `log(sum_j exp(s_j) + exp(sink[h]))`.
+ * A query token that sees no key (an empty sequence, or q_len > L under
+ * the causal mask, whose first q_len - L tokens have a negative position)
+ * gets zeros and LSE -inf, or LSE sink[h] with sinks. With a window, only
+ * the keys inside the window are read (on a paged cache, only their pages),
+ * so the time follows the window, not the length. Every variant works with
+ * every cache layout, dtype, GQA ratio, split and merge mode, with batch
+ * invariance and under CUDA graph capture (slopes and sinks are read on the
+ * device at run time, so a graph replays with their current values).
  */
 typedef struct fd_decode_args {
   size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
@@ -522,6 +558,18 @@ typedef struct fd_decode_args {
   int64_t split_tokens;  /**< Since 0.3: a fixed split length in KV tokens, for batch-invariant results (see
                               "Batch invariance" above); 0 (default) leaves the splits to num_splits or the
                               planner. Must not be negative, nor set together with num_splits. */
+  fd_attention_mask mask; /**< Since 0.3: #FD_MASK_CAUSAL (default) or #FD_MASK_NONE, for q_len > 1 (see
+                              "Attention variants" above); another value is #FD_ERROR_INVALID_ARGUMENT. */
+  float logit_softcap;   /**< Since 0.3: c > 0 caps scores to `c * tanh(s / c)`; 0 (default) leaves them.
+                              Negative or non-finite: #FD_ERROR_INVALID_ARGUMENT. */
+  int64_t window_left;   /**< Since 0.3: a sliding window of W > 0 keys: a key is seen if `pos_q - pos_k < W`
+                              (W = 1: a query token sees only its own position); 0 (default): no window.
+                              Negative: #FD_ERROR_INVALID_ARGUMENT. */
+  fd_tensor alibi_slopes; /**< Since 0.3: optional ALiBi slopes, `[q_heads]`, #FD_DTYPE_F32, in the memory of
+                               the other inputs: adds `slope[h] * (pos_k - pos_q)` to scores. */
+  fd_tensor sinks;        /**< Since 0.3: optional attention-sink logits, `[q_heads]`, #FD_DTYPE_F32, in the
+                               memory of the other inputs: `exp(sink[h])` joins each softmax denominator
+                               (nothing joins the numerator; the LSE includes it). */
 } fd_decode_args;
 
 /**
@@ -538,11 +586,15 @@ typedef struct fd_decode_args {
 FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size);
 
 /**
- * @brief Computes decode attention for one query token per sequence.
+ * @brief Computes decode attention for the newest query tokens of every
+ *        sequence.
  *
- * For every batch b and query head h:
+ * For every batch b, query token t and query head h, with no variant set
+ * and q_len 1:
  * `out[b,0,h,:] = softmax(scale * q[b,0,h,:] . K[b,0:len_b,g,:]^T) V[b,0:len_b,g,:]`
- * with g the KV head of h's group. The KV sequence is split into
+ * with g the KV head of h's group; several query tokens, masks, windows,
+ * softcaps, ALiBi and sinks as in "Attention variants" (#fd_decode_args).
+ * The KV sequence is split into
  * fd_decode_args::num_splits parts whose partial softmax states are merged in
  * a fixed order: the same inputs and the same plan give bitwise-identical
  * results.

@@ -268,6 +268,7 @@ FD_API size_t fd_decode_args_init(fd_decode_args *args, size_t struct_size) {
   defaults.struct_size = sizeof defaults;
   defaults.softmax_scale = 0.0;
   defaults.num_splits = 0;
+  defaults.mask = FD_MASK_CAUSAL;
   return fd::init_sized(args, struct_size, defaults);
 }
 

@@ -35,7 +35,7 @@ void require_allocatable_workspace(size_t bytes, const char *what) {
 SplitEstimate estimate_splits(const Problem &p, const SplitCostModel &model) {
   const int64_t units = std::max<int64_t>(1, p.batch * p.kv_heads);
   const int64_t most_useful =
-      std::max<int64_t>(1, ceil_div(p.kv_capacity, std::max<int64_t>(1, model.min_split_tokens)));
+      std::max<int64_t>(1, ceil_div(planned_kv_span(p), std::max<int64_t>(1, model.min_split_tokens)));
   const int64_t workers = std::max<int64_t>(1, model.workers);
   SplitEstimate estimate;
   if (model.split_overhead_tokens <= 0) {
@@ -54,7 +54,7 @@ SplitEstimate estimate_splits(const Problem &p, const SplitCostModel &model) {
   // cost) x the time a worker takes per token, plus the merge pass when there
   // is more than one split.
   const int64_t granularity = std::max<int64_t>(1, model.split_granularity);
-  const int64_t capacity = std::max<int64_t>(1, p.kv_capacity);
+  const int64_t capacity = std::max<int64_t>(1, planned_kv_span(p));
   for (int64_t s = 1; s <= limit; ++s) {
     const int64_t split_tokens = ceil_div(ceil_div(capacity, s), granularity) * granularity;
     const int64_t splits = ceil_div(capacity, split_tokens);
@@ -85,36 +85,38 @@ PlanKey plan_key(const Problem &p) {
   key.has_seq_lens = p.has_seq_lens;
   key.requested_splits = p.requested_splits;
   key.requested_split_tokens = p.requested_split_tokens;
+  key.window = p.window;
   return key;
 }
 
 Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity, size_t header_bytes) {
   Plan plan;
   granularity = std::max<int64_t>(1, granularity);
+  const int64_t span = planned_kv_span(p);
   if (p.batch_invariant()) {
     // Cut at fixed token positions, whatever the batch: a sequence's splits
     // depend on its own length alone. Validation bounds the request by
     // FD_MAX_KV_LEN, so the rounding cannot overflow.
     plan.split_tokens = ceil_div(p.requested_split_tokens, granularity) * granularity;
-    const int64_t splits = std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens));
+    const int64_t splits = std::max<int64_t>(1, ceil_div(span, plan.split_tokens));
     if (splits > FD_MAX_SPLITS) {
       fail(FD_ERROR_INVALID_SPLITS,
-           "split_tokens: %lld (%lld after rounding up to this backend's %lld-token tile) cuts kv_capacity %lld into "
+           "split_tokens: %lld (%lld after rounding up to this backend's %lld-token tile) cuts %lld keys into "
            "%lld splits, more than %d: use at least %lld",
            static_cast<long long>(p.requested_split_tokens), static_cast<long long>(plan.split_tokens),
-           static_cast<long long>(granularity), static_cast<long long>(p.kv_capacity), static_cast<long long>(splits),
-           FD_MAX_SPLITS, static_cast<long long>(ceil_div(p.kv_capacity, FD_MAX_SPLITS)));
+           static_cast<long long>(granularity), static_cast<long long>(span), static_cast<long long>(splits),
+           FD_MAX_SPLITS, static_cast<long long>(ceil_div(span, FD_MAX_SPLITS)));
     }
     plan.num_splits = static_cast<int32_t>(splits);
   } else {
     const int32_t splits =
         p.requested_splits > 0 ? p.requested_splits : std::clamp<int32_t>(automatic_splits, 1, FD_MAX_SPLITS);
-    plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), splits), granularity) * granularity;
+    plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, span), splits), granularity) * granularity;
     // A manual count is kept exactly (trailing splits may be empty); an
     // automatic one drops splits that rounding left empty.
     plan.num_splits = p.requested_splits > 0
                           ? splits
-                          : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(p.kv_capacity, plan.split_tokens)));
+                          : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(span, plan.split_tokens)));
   }
 
   // Every product and offset is checked: they come from the caller's

@@ -39,16 +39,21 @@ struct SplitEstimate {
 SplitEstimate estimate_splits(const Problem &problem, const SplitCostModel &model);
 
 // A planned decode. The workspace starts with the backend's header
-// (header_bytes of layout_plan), then holds, for every query row
-// r = (b * q_len + t) * q_heads + h and split s, the online-softmax state of
-// that split in base 2:
+// (header_bytes of layout_plan), then holds, for every query row and split
+// s, the online-softmax state of that split in base 2. Rows are numbered by
+// KV head, so that the rows of one KV head are consecutive:
+// r = (b * kv_heads + g) * q_len * group_size + t * group_size + j for query
+// token t and query head h = g * group_size + j (with q_len 1: b * q_heads + h).
 //   m[r * num_splits + s]                 running max of log2-scaled scores (-inf: empty split)
 //   l[r * num_splits + s]                 sum of exp2(score - m)
 //   acc[(r * num_splits + s) * head_dim + d]   sum of exp2(score - m) * v[d], unnormalised
 // All float32. Offsets are aligned to kWorkspaceAlignment bytes.
 struct Plan {
   int32_t num_splits = 1;
-  int64_t split_tokens = 0;  // split s covers tokens [s * split_tokens, (s + 1) * split_tokens)
+  // Split s covers tokens [first + s * split_tokens, first + (s + 1) * split_tokens)
+  // of a sequence whose queries see keys from `first` on (core/problem.h,
+  // sequence_keys: 0 without a window).
+  int64_t split_tokens = 0;
   int64_t rows = 0;          // batch * q_len * q_heads
   // The planning backend's kernel variant: an index into that backend's own
   // variant table, set by its plan() and read back only by it (checked).
@@ -98,13 +103,14 @@ struct PlanKey {
   bool has_seq_lens = false;
   int32_t requested_splits = 0;
   int64_t requested_split_tokens = 0;
+  int64_t window = 0;
 
   bool operator==(const PlanKey &o) const {
     return q_dtype == o.q_dtype && kv_dtype == o.kv_dtype && out_dtype == o.out_dtype && batch == o.batch &&
            q_len == o.q_len && q_heads == o.q_heads && kv_heads == o.kv_heads && head_dim == o.head_dim &&
            kv_capacity == o.kv_capacity && page_size == o.page_size && paged == o.paged &&
            has_seq_lens == o.has_seq_lens && requested_splits == o.requested_splits &&
-           requested_split_tokens == o.requested_split_tokens;
+           requested_split_tokens == o.requested_split_tokens && window == o.window;
   }
 };
 

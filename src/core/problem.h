@@ -27,7 +27,7 @@ struct Problem {
   fd_dtype out_dtype = FD_DTYPE_F32;
 
   int64_t batch = 0;
-  int64_t q_len = 0;  // query tokens per sequence (1 in this version)
+  int64_t q_len = 0;  // query tokens per sequence: the newest q_len positions
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t group_size = 0;  // q_heads / kv_heads
@@ -57,8 +57,52 @@ struct Problem {
   // tokens (rounded up to the backend's tile); requested_splits is then 0.
   int64_t requested_split_tokens = 0;
 
+  // Attention variants (flashdecode.h, "Attention variants"); the defaults
+  // are plain causal attention.
+  bool causal = true;
+  int64_t window = 0;    // window_left: a key is seen if pos_q - pos_k < window; 0: no window
+  float softcap = 0.0f;  // > 0: scores become softcap * tanh(score / softcap)
+  StridedView alibi_slopes, sinks;  // [q_heads] f32
+  bool has_alibi = false;
+  bool has_sinks = false;
+
   bool batch_invariant() const { return requested_split_tokens > 0; }
+  // Query rows that share one KV head: q_len tokens x the GQA group.
+  int64_t rows_per_kv_head() const { return q_len * group_size; }
 };
+
+// Keys [begin, end) of a sequence.
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// The keys query token t of a sequence of length len sees (causal mask and
+// window), at position len - q_len + t; empty when it sees none.
+inline KeyRange query_keys(const Problem &p, int64_t len, int64_t t) {
+  const int64_t pos_q = len - p.q_len + t;
+  KeyRange r;
+  r.end = p.causal ? (pos_q + 1 < len ? pos_q + 1 : len) : len;
+  if (r.end < 0) r.end = 0;
+  r.begin = p.window > 0 && pos_q - p.window + 1 > 0 ? pos_q - p.window + 1 : 0;
+  if (r.begin > r.end) r.begin = r.end;
+  return r;
+}
+
+// The keys any query token of the sequence sees: all that a backend reads.
+inline KeyRange sequence_keys(const Problem &p, int64_t len) {
+  KeyRange r = query_keys(p, len, 0);
+  r.end = len;
+  return r;
+}
+
+// The most keys one sequence's queries can see: kv_capacity, or the window
+// and the query tokens when that is shorter. Plans cut this many tokens.
+inline int64_t planned_kv_span(const Problem &p) {
+  if (p.window <= 0) return p.kv_capacity;
+  const int64_t span = p.window + p.q_len - 1;
+  return span < p.kv_capacity ? span : p.kv_capacity;
+}
 
 // Checks every argument (shapes, dtypes, strides, ranges; not tensor
 // contents) and fills a Problem. Throws fd::Error naming the argument.

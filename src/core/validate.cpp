@@ -259,6 +259,8 @@ void require_outputs_apart_from_inputs(const Problem &p) {
   require_input_apart(outputs, p.v, 4, p.kv_dtype, "v", false, false);
   if (p.has_seq_lens) require_input_apart(outputs, p.seq_lens, 1, FD_DTYPE_I32, "seq_lens", false, false);
   if (p.paged) require_input_apart(outputs, p.block_table, 2, FD_DTYPE_I32, "block_table", false, false);
+  if (p.has_alibi) require_input_apart(outputs, p.alibi_slopes, 1, FD_DTYPE_F32, "alibi_slopes", false, false);
+  if (p.has_sinks) require_input_apart(outputs, p.sinks, 1, FD_DTYPE_F32, "sinks", false, false);
 }
 
 const char *const kQueryDims[] = {"batch", "q_len", "q_heads", "head_dim"};
@@ -267,6 +269,16 @@ const char *const kPagedCacheDims[] = {"num_pages", "page_size", "kv_heads", "he
 const char *const kLseDims[] = {"batch", "q_len", "q_heads"};
 const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
+const char *const kPerHeadDims[] = {"q_heads"};
+
+// An optional per-query-head f32 vector (alibi_slopes, sinks).
+bool check_per_head(const fd_tensor &t, const char *name, int64_t q_heads, StridedView *view) {
+  if (t.data == nullptr) return false;
+  *view = check_tensor(t, name, 1, kPerHeadDims, false);
+  require_dtype(t, name, FD_DTYPE_F32);
+  require_extent(*view, 0, q_heads, name, "q_heads", "q");
+  return true;
+}
 
 // Reads the caller's args struct (fd_decode_args, fd_merge_args), honouring
 // its struct_size: fields an older caller does not know keep the defaults
@@ -336,8 +348,10 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
          static_cast<long long>(p.q_heads), static_cast<long long>(p.kv_heads));
   }
   p.group_size = p.q_heads / p.kv_heads;
-  if (p.q_len < 1)
-    fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be at least 1, got %lld", static_cast<long long>(p.q_len));
+  if (p.q_len < 1 || p.q_len > FD_MAX_Q_LEN) {
+    fail(FD_ERROR_INVALID_SHAPE, "q: q_len must be in [1, %d], got %lld", FD_MAX_Q_LEN,
+         static_cast<long long>(p.q_len));
+  }
   // k against q first, so that a wrong k is not reported as a wrong v.
   if (!paged) require_extent(p.k, 0, p.batch, "k", "batch", "q");
   for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
@@ -388,6 +402,8 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_lse_apart_from_out(p.out, p.out_dtype, p.lse);
     p.has_lse = true;
   }
+  p.has_alibi = check_per_head(args.alibi_slopes, "alibi_slopes", p.q_heads, &p.alibi_slopes);
+  p.has_sinks = check_per_head(args.sinks, "sinks", p.q_heads, &p.sinks);
   require_outputs_apart_from_inputs(p);
 
   if (!std::isfinite(args.softmax_scale)) {
@@ -421,12 +437,23 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   }
   p.requested_split_tokens = args.split_tokens;
 
-  // Checked last: the query-token dimension is valid API that only a later
-  // version computes, so report it after everything that is simply wrong.
-  if (p.q_len != 1) {
-    fail(FD_ERROR_UNSUPPORTED, "q: q_len must be 1 (one query token per sequence) in this version, got %lld",
-         static_cast<long long>(p.q_len));
+  const int mask = raw_enum_value(args.mask);
+  if (mask != FD_MASK_CAUSAL && mask != FD_MASK_NONE) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "mask must be FD_MASK_CAUSAL (0) or FD_MASK_NONE (1), got %d", mask);
   }
+  p.causal = mask == FD_MASK_CAUSAL;
+  if (!std::isfinite(args.logit_softcap) || args.logit_softcap < 0.0f) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "logit_softcap must be finite and positive (0: none), got %g",
+         static_cast<double>(args.logit_softcap));
+  }
+  p.softcap = args.logit_softcap;
+  if (args.window_left < 0) {
+    fail(FD_ERROR_INVALID_ARGUMENT, "window_left must be positive (0: no window), got %lld",
+         static_cast<long long>(args.window_left));
+  }
+  // Positions are below 2^31: a larger window is no window at all, and the
+  // clamp keeps every position difference in 32 bits.
+  p.window = args.window_left < FD_MAX_KV_LEN ? args.window_left : 0;
   return p;
 }
 

@@ -107,7 +107,7 @@ SplitCostModel cost_model(const Problem &p, SplitVariant variant, const DevicePr
 bool refills_pipeline(const Problem &p, const SplitKernelShape &shape, int splits) {
   const int64_t tile = std::max(1, shape.tile_tokens);
   const int64_t split_tokens =
-      ceil_div(ceil_div(std::max<int64_t>(1, p.kv_capacity), std::max(1, splits)), tile) * tile;
+      ceil_div(ceil_div(std::max<int64_t>(1, planned_kv_span(p)), std::max(1, splits)), tile) * tile;
   return split_tokens > static_cast<int64_t>(shape.stages) * shape.tile_tokens;
 }
 
