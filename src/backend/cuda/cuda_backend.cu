@@ -38,11 +38,17 @@ cuda::OutputParams output_params(const Problem &p) {
   cuda::OutputParams o;
   o.out = p.out.data;
   o.out_batch_stride = p.out.strides[0];
+  o.out_token_stride = p.out.strides[1];
   o.out_head_stride = p.out.strides[2];
   if (p.has_lse) {
     o.lse = static_cast<float *>(p.lse.data);
     o.lse_batch_stride = p.lse.strides[0];
+    o.lse_token_stride = p.lse.strides[1];
     o.lse_head_stride = p.lse.strides[2];
+  }
+  if (p.has_sinks) {
+    o.sinks = static_cast<const float *>(p.sinks.data);
+    o.sinks_stride = p.sinks.strides[0];
   }
   return o;
 }
@@ -51,6 +57,7 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   cuda::SplitParams s;
   s.q = p.q.data;
   s.q_batch_stride = p.q.strides[0];
+  s.q_token_stride = p.q.strides[1];
   s.q_head_stride = p.q.strides[2];
   s.k = p.k.data;
   s.v = p.v.data;
@@ -83,10 +90,20 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   s.q_heads = static_cast<int32_t>(p.q_heads);
   s.kv_heads = static_cast<int32_t>(p.kv_heads);
   s.group_size = static_cast<int32_t>(p.group_size);
+  s.q_len = static_cast<int32_t>(p.q_len);
+  s.kv_rows = static_cast<int32_t>(p.rows_per_kv_head());
   s.head_chunks = launch.heads.chunks;
   s.heads_per_chunk = launch.heads.heads_per_chunk;
   s.heads_per_cta = launch.heads.heads_per_cta;
   s.q_scale = p.softmax_scale * kLog2e;
+  s.variant_scores = launch.variant_scores;
+  s.causal = p.causal;
+  s.window = static_cast<int32_t>(p.window);  // validation keeps it below 2^31
+  s.softcap = p.softcap * kLog2e;
+  if (p.has_alibi) {
+    s.alibi_slopes = static_cast<const float *>(p.alibi_slopes.data);
+    s.alibi_stride = p.alibi_slopes.strides[0];
+  }
   s.num_splits = plan.num_splits;
   s.split_tokens = plan.split_tokens;
   s.m = reinterpret_cast<float *>(workspace + plan.m_offset);
@@ -109,6 +126,8 @@ cuda::MergeParams merge_params(const Problem &p, const Plan &plan, const cuda::S
   merge.num_splits = plan.num_splits;
   merge.head_dim = s.head_dim;
   merge.q_heads = s.q_heads;
+  merge.group_size = s.group_size;
+  merge.kv_rows = s.kv_rows;
   merge.output = output_params(p);
   return merge;
 }

@@ -24,10 +24,10 @@ struct CudaCoreFamily {
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
   static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster>
+  template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
     using Traits = SplitTraits<T, kBucket>;
-    static constexpr auto function = split_kernel<T, kBucket>;
+    static constexpr auto function = split_kernel<T, kBucket, kVariants>;
   };
 };
 
@@ -40,54 +40,56 @@ struct TensorCoreFamily {
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = true;
   static constexpr int kMinSmemOptin = kWide ? 200 * 1024 : 0;
-  template <class T, int kBucket, bool kCluster>
+  template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, kWide>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster, kVariants>;
   };
 };
 
 namespace {
 
-template <class Family, class T, bool kCluster, class Body>
+template <class Family, class T, bool kCluster, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
-    case 64: return body(typename Family::template Kernel<T, 64, kCluster>{});
-    case 128: return body(typename Family::template Kernel<T, 128, kCluster>{});
-    case 256: return body(typename Family::template Kernel<T, 256, kCluster>{});
+    case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants>{});
+    case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants>{});
+    case 256: return body(typename Family::template Kernel<T, 256, kCluster, kVariants>{});
     default: break;
   }
   fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for head-dim bucket %d", bucket);
 }
 
+// Kernels with the variants' scoring have no cluster merge (policy.cpp does
+// not choose it for them): one instantiation less per bucket.
 template <class Family, class T, class Body>
-auto with_cluster(int bucket, bool cluster, Body &&body) {
+auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
   if constexpr (Family::kHasClusters) {
-    if (cluster) return with_bucket<Family, T, true>(bucket, body);
-  } else if (cluster) {
-    fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
+    if (cluster && !variants) return with_bucket<Family, T, true, false>(bucket, body);
   }
-  return with_bucket<Family, T, false>(bucket, body);
+  if (cluster) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
+  if (variants) return with_bucket<Family, T, false, true>(bucket, body);
+  return with_bucket<Family, T, false, false>(bucket, body);
 }
 
-// Calls body(Family::Kernel<T, bucket, cluster>{}) for the storage type T of
-// dtype.
+// Calls body(Family::Kernel<T, bucket, cluster, variants>{}) for the storage
+// type T of dtype.
 template <class Family, class Body>
-auto with_kernel(fd_dtype dtype, int bucket, bool cluster, Body &&body) {
+auto with_kernel(fd_dtype dtype, int bucket, bool cluster, bool variants, Body &&body) {
   switch (dtype) {
     case FD_DTYPE_F32:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, body);
+        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, variants, body);
       }
       break;
     case FD_DTYPE_F16:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type>(bucket, cluster, body);
+        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type>(bucket, cluster, variants, body);
       }
       break;
     case FD_DTYPE_BF16:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type>(bucket, cluster, body);
+        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type>(bucket, cluster, variants, body);
       }
       break;
     default: break;
@@ -223,7 +225,7 @@ SplitKernelShape shape_of() {
 
 template <class Family>
 SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
-  return with_kernel<Family>(dtype, bucket, false,
+  return with_kernel<Family>(dtype, bucket, false, false,
                              [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
@@ -237,9 +239,16 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
     return cudaSuccess;
   }
   cudaError_t err =
-      with_kernel<Family>(dtype, bucket, false, [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
+      with_kernel<Family>(dtype, bucket, false, false, [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
+  // The variants' kernel has the plain one's shape; its occupancy is not
+  // planned with (plain plans stay as they were), only its attributes set.
+  int variant_ctas = 0;
+  if (err == cudaSuccess) {
+    err = with_kernel<Family>(dtype, bucket, false, true,
+                              [&](auto kernel) { return prepare<decltype(kernel)>(variant_ctas); });
+  }
   if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {
-    err = with_kernel<Family>(dtype, bucket, true,
+    err = with_kernel<Family>(dtype, bucket, true, false,
                               [&](auto kernel) { return prepare_clusters<decltype(kernel)>(clusters); });
   }
   return err;
@@ -248,7 +257,7 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
 template <class Family>
 cudaError_t launch_family(fd_dtype dtype, int bucket, const SplitParams &split, bool programmatic,
                           cudaStream_t stream) {
-  return with_kernel<Family>(dtype, bucket, split.cluster_merge,
+  return with_kernel<Family>(dtype, bucket, split.cluster_merge, split.variant_scores,
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }
 

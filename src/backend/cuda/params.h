@@ -12,24 +12,30 @@
 namespace fd {
 namespace cuda {
 
-// Where final results go: out [batch, q_heads, head_dim] and the optional
-// natural-log LSE [batch, q_heads]. Every kernel that writes results writes
-// them through prims/softmax.cuh's write_output, the one epilogue.
+// Where final results go: out [batch, q_len, q_heads, head_dim] and the
+// optional natural-log LSE [batch, q_len, q_heads]. Every kernel that writes
+// results writes them through prims/softmax.cuh's write_output, the one
+// epilogue, which also adds the attention sinks (they join only the final
+// softmax denominator).
 struct OutputParams {
   void *out = nullptr;
-  int64_t out_batch_stride = 0, out_head_stride = 0;
+  int64_t out_batch_stride = 0, out_token_stride = 0, out_head_stride = 0;
   float *lse = nullptr;  // null: no LSE
-  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_token_stride = 0, lse_head_stride = 0;
+  const float *sinks = nullptr;  // [q_heads] natural-log sink logits; null: none
+  int64_t sinks_stride = 0;
 };
 
-// Phase 1, per (sequence, KV head, split, chunk of the GQA group): the
-// online softmax of the chunk's query heads over the split's tokens. With one
-// split it writes out/lse directly; otherwise the partial state (base-2 m, l,
-// unnormalised acc) in the workspace layout of core/plan.h.
+// Phase 1, per (sequence, KV head, split, chunk of the KV head's query
+// rows): the online softmax of the chunk's rows over the split's tokens. The
+// rows of a KV head are its q_len tokens x GQA group of query heads,
+// token-major (prims/query_rows.cuh). With one split it writes out/lse
+// directly; otherwise the partial state (base-2 m, l, unnormalised acc) in
+// the workspace layout of core/plan.h.
 struct SplitParams {
-  // q: [batch, q_heads, head_dim] (q_len is 1).
+  // q: [batch, q_len, q_heads, head_dim].
   const void *q = nullptr;
-  int64_t q_batch_stride = 0, q_head_stride = 0;
+  int64_t q_batch_stride = 0, q_token_stride = 0, q_head_stride = 0;
   // k, v: dense [batch, token, kv_head] strides, or paged [page, slot, kv_head].
   const void *k = nullptr;
   const void *v = nullptr;
@@ -51,10 +57,22 @@ struct SplitParams {
   int32_t q_heads = 0;
   int32_t kv_heads = 0;
   int32_t group_size = 0;       // q_heads / kv_heads
-  int32_t head_chunks = 1;      // a group is processed in this many chunks (CTAs)
-  int32_t heads_per_chunk = 1;  // real query heads per chunk (the last one may have fewer)
-  int32_t heads_per_cta = 1;    // head slots per CTA: heads_per_chunk rounded up to a power of two
+  int32_t q_len = 1;            // query tokens per sequence
+  int32_t kv_rows = 0;          // query rows per KV head: q_len * group_size
+  int32_t head_chunks = 1;      // a KV head's rows are processed in this many chunks (CTAs)
+  int32_t heads_per_chunk = 1;  // real rows per chunk (the last one may have fewer)
+  int32_t heads_per_cta = 1;    // row slots per CTA: heads_per_chunk rounded up to a power of two
   float q_scale = 0.0f;         // softmax_scale * log2(e), folded into q
+
+  // Attention variants (flashdecode.h, "Attention variants"): with
+  // variant_scores the kernels built with kVariants run and read them
+  // (policy.cpp, needs_variant_scores); sinks are in OutputParams.
+  bool variant_scores = false;
+  bool causal = true;
+  int32_t window = 0;                   // window_left; 0: none
+  float softcap = 0.0f;                 // logit_softcap * log2(e) (base-2 scores); 0: none
+  const float *alibi_slopes = nullptr;  // [q_heads] natural-log slopes; null: none
+  int64_t alibi_stride = 0;
 
   int32_t num_splits = 1;
   int64_t split_tokens = 0;
@@ -87,10 +105,12 @@ struct MergeParams {
   const float *m = nullptr;
   const float *l = nullptr;
   const float *acc = nullptr;
-  int64_t rows = 0;  // batch * q_heads
+  int64_t rows = 0;  // batch * q_len * q_heads, numbered as the workspace (core/plan.h)
   int32_t num_splits = 1;
   int32_t head_dim = 0;
   int32_t q_heads = 0;
+  int32_t group_size = 1;
+  int32_t kv_rows = 1;  // q_len * group_size
   int32_t groups = 1;  // set at launch: split groups per row (kernels/merge_kernel.cuh)
   OutputParams output;
 };

@@ -55,10 +55,11 @@ int next_power_of_two(int64_t n) {
   return p;
 }
 
-HeadTiling tile_heads(int64_t group_size, int rows) {
+// A KV head's query rows (q_len x group) in chunks of at most `rows`, as even as possible.
+HeadTiling tile_heads(int64_t kv_rows, int rows) {
   HeadTiling t;
-  t.chunks = static_cast<int>(ceil_div(group_size, rows));
-  t.heads_per_chunk = static_cast<int>(ceil_div(group_size, t.chunks));
+  t.chunks = static_cast<int>(ceil_div(kv_rows, rows));
+  t.heads_per_chunk = static_cast<int>(ceil_div(kv_rows, t.chunks));
   t.heads_per_cta = next_power_of_two(t.heads_per_chunk);
   return t;
 }
@@ -71,7 +72,7 @@ bool tensor_cores_take(const Problem &p) {
          split_variant_takes(SplitVariant::tensor_core, p.kv_dtype);
 }
 
-bool mha_bucket_128(const Problem &p) { return p.group_size == 1 && p.head_dim > 64 && p.head_dim <= 128; }
+bool mha_bucket_128(const Problem &p) { return p.rows_per_kv_head() == 1 && p.head_dim > 64 && p.head_dim <= 128; }
 
 SplitKernelShape shape_of(const Problem &p, SplitVariant variant) {
   return split_kernel_shape(variant, p.kv_dtype, p.head_dim);
@@ -84,7 +85,7 @@ int resident_ctas(const Problem &p, SplitVariant variant, const DeviceProfile &d
 // What the wave model needs to know about running p on `variant`.
 SplitCostModel cost_model(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
   const SplitKernelShape shape = shape_of(p, variant);
-  const HeadTiling heads = tile_heads(p.group_size, shape.rows);
+  const HeadTiling heads = tile_heads(p.rows_per_kv_head(), shape.rows);
   SplitCostModel model;
   // A unit of the planner is one (sequence, KV head); each takes
   // heads.chunks CTAs per split.
@@ -182,13 +183,25 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
 // the grid of `ctas` needs no more waves in clusters than without them (a
 // cluster's CTAs share one GPC, which can leave multiprocessors idle).
 bool cluster_merge_fits(const Problem &p, SplitVariant variant, int splits, int64_t ctas, const DeviceProfile &device) {
-  if (!FD_CLUSTER_MERGE || p.has_seq_lens) return false;
+  if (!FD_CLUSTER_MERGE || p.has_seq_lens || needs_variant_scores(p)) return false;
   if (splits < 2 || splits > kMaxClusterSplits) return false;
   const int clusters = device.occupancy.clusters(variant, p.kv_dtype, head_dim_bucket(p.head_dim), splits);
   if (clusters == 0) return false;
   const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device);
   return ceil_div(ctas, static_cast<int64_t>(clusters) * splits) <= ceil_div(ctas, slots);
 }
+
+}  // namespace
+
+// Per-row key ranges (several query tokens under a causal mask or a
+// window), a softcap or ALiBi: the kernels built with kVariants. Anything
+// else (one token, or several that all see the same keys; sinks, which the
+// epilogue adds) runs the plain kernels.
+bool needs_variant_scores(const Problem &p) {
+  return (p.q_len > 1 && (p.causal || p.window > 0)) || p.softcap > 0.0f || p.has_alibi;
+}
+
+namespace {
 
 // Whether every K/V row the kernel reads starts on a 16-byte boundary, so
 // that it can use 16-byte cp.async copies.
@@ -237,7 +250,8 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   launch.aligned = rows_aligned(p.k, element_bytes) && rows_aligned(p.v, element_bytes);
   if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = SplitVariant::cuda_core;
   const SplitKernelShape shape = shape_of(p, launch.variant);
-  launch.heads = tile_heads(p.group_size, shape.rows);
+  launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
+  launch.variant_scores = needs_variant_scores(p);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
   if (plan.num_splits == 1) return launch;
   // Batch-invariant plans merge several splits in the merge kernel, whose

@@ -42,7 +42,10 @@ struct LaunchChoice {
   bool aligned = false;  // every K/V row on 16 bytes (SplitParams::kv_aligned)
   int64_t units = 0;     // (sequence, KV head, chunk) units; each runs plan.num_splits CTAs
   fd_merge merge = FD_MERGE_NONE;
+  bool variant_scores = false;  // SplitParams::variant_scores (needs_variant_scores)
 };
+
+bool needs_variant_scores(const Problem &problem);
 
 // The plan's variant, unless these K/V rows are not 16-byte aligned or a
 // paged pool's strides are too large for the tensor-core loader: then the

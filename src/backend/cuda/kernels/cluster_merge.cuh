@@ -9,6 +9,7 @@
 
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 
 namespace fd {
@@ -32,13 +33,14 @@ struct ClusterPartial {
   __device__ static float &l(float *partial, int row) { return partial[kRows * kBucket + kRows + row]; }
 };
 
-// Merges query heads [first_q_head, first_q_head + rows) of sequence b
-// from the states every CTA of the cluster left in `partial` (the same
+// Merges the KV head's query rows [first_row, first_row + rows) of
+// sequence b (prims/query_rows.cuh) from the states every CTA of the cluster left in `partial` (the same
 // shared-memory offset in each). Every thread of the cluster calls it.
 // Element i of the unit is merged by CTA i / kThreads % splits in a fixed
 // order (split 0 first), so the result does not depend on timing.
 template <class OutT, int kThreads, int kRows, int kBucket>
-__device__ void merge_in_cluster(const SplitParams &p, int64_t b, int first_q_head, int rows, float *partial) {
+__device__ void merge_in_cluster(const SplitParams &p, int64_t b, int kv_head, int first_row, int rows,
+                                 float *partial) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Partial = ClusterPartial<kRows, kBucket>;
   namespace cg = cooperative_groups;
@@ -70,14 +72,14 @@ __device__ void merge_in_cluster(const SplitParams &p, int64_t b, int first_q_he
         sum = fmaf(w, Partial::acc(remote[s], row, d), sum);
       }
     }
-    const int q_head = first_q_head + row;
+    const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
     const float merged[1] = {sum};
-    write_output<OutT>(p.output, b, q_head, d, merged, m_max, l_sum, d == 0);
+    write_output<OutT>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
   }
   cluster.sync();  // no CTA leaves, or reuses its shared memory, while another reads it
 #else
   // Never launched (prepare_clusters): code for sm_80 has no clusters.
-  (void)p, (void)b, (void)first_q_head, (void)rows, (void)partial;
+  (void)p, (void)b, (void)kv_head, (void)first_row, (void)rows, (void)partial;
   __trap();
 #endif
 }

@@ -9,15 +9,16 @@
 #include "backend/cuda/prims/element.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 
 namespace fd {
 namespace cuda {
 
 // The fused merge: the split kernel's last CTA of a unit (one sequence, KV
-// head and chunk of its GQA group: the query rows that CTA writes) merges
+// head and chunk of its query rows: the rows that CTA writes) merges
 // the unit's splits itself, so no second grid waits for the whole split grid
 // to drain. A unit's partials are one contiguous block of the workspace
-// (rows are consecutive query heads); the CTA copies all of it into its
+// (core/plan.h numbers rows by KV head); the CTA copies all of it into its
 // shared memory at once with cp.async (one L2 round trip, no registers held)
 // and merges from there. Used when the block fits (fused_merge_smem_bytes).
 
@@ -45,19 +46,20 @@ __device__ inline bool last_of_unit(unsigned *counter, int num_splits) {
   return last;
 }
 
-// Merges the splits of query heads [first_q_head, first_q_head + rows) of
-// sequence b into out and lse with the CTA's kThreads threads, using `smem`
+// Merges the splits of the KV head's query rows [first_row, first_row +
+// rows) of sequence b into out and lse with the CTA's kThreads threads, using `smem`
 // (fused_merge_smem_bytes of it). Each thread takes one (row, float4 column)
 // and one of `groups` split groups: group g sums splits g, g + groups, ...
 // in increasing order, then group 0 adds the groups' sums in group order.
 // groups depends only on rows, head_dim and num_splits: the result does not
 // depend on timing.
 template <class OutT, int kThreads>
-__device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_head, int rows, unsigned char *smem) {
+__device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int kv_head, int first_row, int rows,
+                                  unsigned char *smem) {
   const int splits = p.num_splits;
   const int states = rows * splits;
   const int vectors = p.head_dim / 4;
-  const int64_t first_state = (b * p.q_heads + first_q_head) * splits;
+  const int64_t first_state = workspace_row(p, b, kv_head, first_row) * splits;
   float4 *acc = reinterpret_cast<float4 *>(smem);  // [rows][splits][vectors]
   float *m = reinterpret_cast<float *>(acc + states * vectors);
   float *l = m + states;
@@ -109,9 +111,9 @@ __device__ void merge_unit_in_cta(const SplitParams &p, int64_t b, int first_q_h
       }
     }
     if (active && group == 0) {
-      const int q_head = first_q_head + row;
+      const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
       const float merged[4] = {sum.x, sum.y, sum.z, sum.w};
-      write_output<OutT>(p.output, b, q_head, column * 4, merged, m_max, l_sum, column == 0);
+      write_output<OutT>(p.output, b, query.token, query.q_head, column * 4, merged, m_max, l_sum, column == 0);
     }
     __syncthreads();  // partials are reused by the next pass
   }
@@ -127,13 +129,12 @@ __device__ bool fused_merge_if_last(const SplitParams &p, int64_t b, int kv_head
   if (p.write_output || p.merge_counters == nullptr) return false;
   const int64_t unit = (b * p.kv_heads + kv_head) * p.head_chunks + chunk;
   if (!last_of_unit(p.merge_counters + unit, p.num_splits)) return false;
-  const int first_head = chunk * p.heads_per_chunk;  // within the group
-  const int rows = min(p.heads_per_chunk, p.group_size - first_head);
-  const int first_q_head = kv_head * p.group_size + first_head;
+  const int first_row = chunk * p.heads_per_chunk;  // within the KV head's rows
+  const int rows = min(p.heads_per_chunk, p.kv_rows - first_row);
   if (kFloatOut && p.out_f32) {
-    merge_unit_in_cta<float, kThreads>(p, b, first_q_head, rows, smem);
+    merge_unit_in_cta<float, kThreads>(p, b, kv_head, first_row, rows, smem);
   } else {
-    merge_unit_in_cta<T, kThreads>(p, b, first_q_head, rows, smem);
+    merge_unit_in_cta<T, kThreads>(p, b, kv_head, first_row, rows, smem);
   }
   return true;
 }

@@ -17,6 +17,7 @@
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
 #include "backend/cuda/prims/grid_dependency.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
 
@@ -153,10 +154,10 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
         sum.w += other.w;
       }
       const float l_sum = row_l;
-      const int64_t b = row / p.q_heads;
-      const int64_t head = row % p.q_heads;
+      const WorkspaceRow where = from_workspace_row(row, p.q_heads, p.group_size, p.kv_rows);
       const float merged[4] = {sum.x, sum.y, sum.z, sum.w};
-      write_output<OutT>(p.output, b, static_cast<int>(head), column * 4, merged, m_max, l_sum, threadIdx.x == 0);
+      write_output<OutT>(p.output, where.b, where.row.token, where.row.q_head, column * 4, merged, m_max, l_sum,
+                         threadIdx.x == 0);
     }
     __syncthreads();  // shared memory is reused by the next row
   }

@@ -3,11 +3,12 @@
 // the online softmax of the chunk's query heads over the split's tokens.
 //
 // Thread layout. A "row" of kLanes = bucket / 8 threads covers one query
-// head's head_dim, 8 elements per thread. The CTA's kRows rows are
-// heads_per_cta head slots times token_groups groups of tokens: all head
-// slots read the same K/V tile from shared memory, so each K/V byte leaves
-// global memory once per group (or per chunk of a group larger than kRows);
-// the token groups split a tile's tokens when the group is small (MHA).
+// row's head_dim (a query token of a query head: prims/query_rows.cuh), 8
+// elements per thread. The CTA's kRows rows are heads_per_cta row slots
+// times token_groups groups of tokens: all row slots read the same K/V tile
+// from shared memory, so each K/V byte leaves global memory once per KV head
+// (or per chunk of its rows when it has more than kRows); the token groups
+// split a tile's tokens when the rows are few (MHA with one query token).
 //
 // Per tile of kTileTokens tokens (cp.async, kStages deep), each row takes
 // kTokensPerStep tokens at a time: kLanes-wide dot products reduced with
@@ -25,6 +26,7 @@
 #include "backend/cuda/prims/element.cuh"
 #include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
 
@@ -60,21 +62,25 @@ struct SplitTraits {
 // This thread's 8 query elements, times softmax_scale * log2(e); zeros for
 // padding lanes and head slots beyond the group, so they add nothing.
 template <class T>
-__device__ void load_query(const SplitParams &p, int64_t b, int q_head, int lane, bool real, float (&q)[kVector]) {
+__device__ void load_query(const SplitParams &p, int64_t b, QueryRow row, int lane, bool real, float (&q)[kVector]) {
 #pragma unroll
   for (int i = 0; i < kVector; ++i) q[i] = 0.0f;
   if (!real) return;
-  const T *src = static_cast<const T *>(p.q) + b * p.q_batch_stride + q_head * p.q_head_stride + lane * kVector;
+  const T *src = static_cast<const T *>(p.q) + b * p.q_batch_stride + row.token * p.q_token_stride +
+                 row.q_head * p.q_head_stride + lane * kVector;
 #pragma unroll
   for (int i = 0; i < kVector; ++i) q[i] = Element<T>::to_float(src[i]) * p.q_scale;
 }
 
 // One row's part of a tile: `steps` steps of kTokensPerStep tokens starting
 // at tile row first_token. Every lane of a warp runs the same number of steps
-// (the shuffles need the whole warp); tokens at or past `end` are masked.
-template <class T, class Traits>
+// (the shuffles need the whole warp); tokens at or past `end` are masked, and
+// with kVariants the row's scoring decides (tile_key: the tile's first token
+// relative to the split).
+template <class T, class Traits, bool kVariants>
 __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector], SoftmaxState &state, int lane,
-                            int first_token, int steps, int64_t tile_begin, int64_t end) {
+                            int first_token, int steps, int64_t tile_begin, int64_t end, int tile_key,
+                            const RowScoring &scoring) {
   const T *k_rows = reinterpret_cast<const T *>(stage);
   const T *v_rows = reinterpret_cast<const T *>(stage + Traits::kTileTokens * Traits::kRowBytes);
   for (int step = 0; step < steps; ++step) {
@@ -91,7 +97,11 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
       for (int offset = Traits::kLanes / 2; offset > 0; offset /= 2) {
         dot += __shfl_xor_sync(0xffffffffu, dot, offset, Traits::kLanes);
       }
-      score[i] = tile_begin + t0 + i < end ? dot : negative_infinity();
+      if constexpr (kVariants) {
+        score[i] = scoring.score(dot, tile_key + t0 + i);
+      } else {
+        score[i] = tile_begin + t0 + i < end ? dot : negative_infinity();
+      }
     }
     float block_max = score[0];
 #pragma unroll
@@ -106,7 +116,9 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
   }
 }
 
-template <class T, int kBucket>
+// kVariants: scores go through the attention variants (RowScoring); a
+// template parameter so that plain decode keeps its code.
+template <class T, int kBucket, bool kVariants>
 __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits<T, kBucket>::kMinBlocks)
     split_kernel(const SplitParams p) {
   using Traits = SplitTraits<T, kBucket>;
@@ -129,9 +141,9 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
   const int chunk = blockIdx.x % p.head_chunks;
   const int kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
   const int split = blockIdx.x / (p.head_chunks * p.kv_heads);
-  const int head_in_group = chunk * p.heads_per_chunk + head_slot;
-  const bool head_real = head_slot < p.heads_per_chunk && head_in_group < p.group_size;
-  const int q_head = kv_head * p.group_size + head_in_group;
+  const int row_in_kv_head = chunk * p.heads_per_chunk + head_slot;
+  const bool head_real = head_slot < p.heads_per_chunk && row_in_kv_head < p.kv_rows;
+  const QueryRow query = query_row(row_in_kv_head, p.group_size, kv_head);
   const bool lane_real = lane * kVector < p.head_dim;
 
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -139,8 +151,10 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     const int64_t begin = range.begin;
     const int64_t end = range.end;
 
+    RowScoring scoring{};
+    if constexpr (kVariants) scoring = row_scoring(p, begin, end, range.length, query);
     float q[kVector];
-    load_query<T>(p, b, q_head, lane, head_real && lane_real, q);
+    load_query<T>(p, b, query, lane, head_real && lane_real, q);
     SoftmaxState state;
     state.reset();
 
@@ -162,8 +176,10 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
         FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
         if (tile + Traits::kStages - 1 < tiles) load(tile + Traits::kStages - 1);  // into tile - 1's stage
         cp_async_commit();
-        attend_tile<T, Traits>(smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane,
-                               token_group * tokens_per_group, heads_per_cta, begin + tile * Traits::kTileTokens, end);
+        attend_tile<T, Traits, kVariants>(smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane,
+                                          token_group * tokens_per_group, heads_per_cta,
+                                          begin + tile * Traits::kTileTokens, end,
+                                          static_cast<int>(tile * Traits::kTileTokens), scoring);
       }
       cp_async_wait<0>();
       __syncthreads();  // the pipeline memory is free for the combine below
@@ -202,15 +218,16 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     }
 
     if (token_group == 0 && head_real && lane_real) {
-      const int64_t query_row = b * p.q_heads + q_head;
       if (p.write_output) {
         if (p.out_f32) {
-          write_output<float>(p.output, b, q_head, lane * kVector, state.acc, state.m, state.l, lane == 0);
+          write_output<float>(p.output, b, query.token, query.q_head, lane * kVector, state.acc, state.m, state.l,
+                              lane == 0);
         } else {
-          write_output<T>(p.output, b, q_head, lane * kVector, state.acc, state.m, state.l, lane == 0);
+          write_output<T>(p.output, b, query.token, query.q_head, lane * kVector, state.acc, state.m, state.l,
+                          lane == 0);
         }
       } else {
-        const int64_t index = query_row * p.num_splits + split;
+        const int64_t index = workspace_row(p, b, kv_head, row_in_kv_head) * p.num_splits + split;
         if (lane == 0) {
           p.m[index] = state.m;
           p.l[index] = state.l;

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Phase 1 on tensor cores, for 16-bit K/V with a 16-bit output: one CTA per
-// (chunk of up to 16 query heads of a GQA group, KV head, split, sequence).
+// (chunk of up to 16 query rows of a KV head, KV head, split, sequence).
 //
-// The query heads are the M dimension of mma.sync m16n8k16 (16 head slots;
-// slots past the group hold zero queries), so a whole GQA group shares every
-// K/V element it reads from shared memory:
+// The query rows (query tokens x GQA group, prims/query_rows.cuh) are the M
+// dimension of mma.sync m16n8k16 (16 row slots; slots past the chunk hold
+// zero queries), so all of a KV head's rows up to 16 share every K/V element
+// it reads from shared memory:
 //   S[head, token] = Q[head, :] . K[token, :]   (A = Q from registers, B = K via ldmatrix)
 //   O[head, :]    += P[head, token] V[token, :] (A = P, the S accumulators
 //                                                 rounded to 16 bits; B = V via ldmatrix.trans)
@@ -41,6 +42,7 @@
 #include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/load.cuh"
 #include "backend/cuda/prims/mma.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
 
@@ -113,11 +115,13 @@ struct MmaTraits {
 
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
 // token warp_begin): S on tensor cores, online softmax, O += P V.
-template <class T, class Traits>
+// With kVariants the thread's two rows score their keys (RowScoring; warp_key
+// is warp_begin relative to the split) instead of the plain end mask.
+template <class T, class Traits, bool kVariants>
 __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int row0, int d_part, int64_t warp_begin,
                                                 int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
-                                                float q_scale) {
+                                                float q_scale, int warp_key, const RowScoring (&scoring)[2]) {
   const unsigned char *k_tile = stage;
   const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowBytes;
   const int lane = threadIdx.x % 32;
@@ -169,9 +173,15 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const bool valid = n * 8 + quad_lane * 2 + e < remaining;
-      s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();
-      s[n][2 + e] = valid ? s[n][2 + e] * q_scale : negative_infinity();
+      if constexpr (kVariants) {
+        const int key = warp_key + n * 8 + quad_lane * 2 + e;
+        s[n][e] = scoring[0].score(s[n][e] * q_scale, key);
+        s[n][2 + e] = scoring[1].score(s[n][2 + e] * q_scale, key);
+      } else {
+        const bool valid = n * 8 + quad_lane * 2 + e < remaining;
+        s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();
+        s[n][2 + e] = valid ? s[n][2 + e] * q_scale : negative_infinity();
+      }
       block_max[0] = max_nan(block_max[0], s[n][e]);
       block_max[1] = max_nan(block_max[1], s[n][2 + e]);
     }
@@ -227,8 +237,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
 // A template parameter rather than a runtime flag, whose branches cost the
 // other launches time (docs/performance.md, "Kernel variants as template
-// parameters").
-template <class T, int kBucket, bool kWide, bool kCluster>
+// parameters"). kVariants: scores go through the attention variants.
+template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants>
 __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTraits<T, kBucket, kWide>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<T, kBucket, kWide>;
@@ -252,8 +262,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
   const int chunk = unit_cta % p.head_chunks;
   const int kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
   const int split = kCluster ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
-  const int first_head = chunk * p.heads_per_chunk;  // within the group
-  const int heads_here = min(p.heads_per_chunk, p.group_size - first_head);
+  const int first_row = chunk * p.heads_per_chunk;  // within the KV head's rows
+  const int heads_here = min(p.heads_per_chunk, p.kv_rows - first_row);
   unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
@@ -270,7 +280,14 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       cp_async_commit();  // empty groups too: the waits below count groups
     }
 
-    // The query tile [16 head slots, bucket] goes through the last pipeline
+    RowScoring scoring[2] = {};
+    if constexpr (kVariants) {
+      for (int r = 0; r < 2; ++r) {
+        scoring[r] = row_scoring(p, begin, end, range.length, query_row(first_row + group_row + 8 * r, p.group_size, kv_head));
+      }
+    }
+
+    // The query tile [16 row slots, bucket] goes through the last pipeline
     // stage (first written by the main loop, after a barrier) into registers.
     for (int i = threadIdx.x; i < Traits::kHeads * Traits::kChunksPerRow; i += Traits::kThreads) {
       const int row = i / Traits::kChunksPerRow;
@@ -279,9 +296,9 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       constexpr int kWords = kChunkBytes / Traits::kElementBytes;
       Word words[kWords] = {};
       if (row < heads_here && column * kWords < p.head_dim) {
-        const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride +
-                          static_cast<int64_t>(kv_head * p.group_size + first_head + row) * p.q_head_stride +
-                          column * kWords;
+        const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
+        const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride + query.token * p.q_token_stride +
+                          static_cast<int64_t>(query.q_head) * p.q_head_stride + column * kWords;
 #pragma unroll
         for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
       }
@@ -314,8 +331,9 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
       if (warp_begin < end) {  // warp-uniform
-        attend_tile_mma<T, Traits>(smem + stage * Traits::kStageBytes, token_group * Traits::kWarpTokens, d_part,
-                                   warp_begin, end, qf, o, m, l, p.q_scale);
+        attend_tile_mma<T, Traits, kVariants>(smem + stage * Traits::kStageBytes, token_group * Traits::kWarpTokens,
+                                              d_part, warp_begin, end, qf, o, m, l, p.q_scale,
+                                              static_cast<int>(warp_begin - begin), scoring);
       }
       __syncthreads();  // everyone is done with this stage: it takes tile + kStages
       if (tile + Traits::kStages < tiles) {
@@ -397,13 +415,13 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       }
       const float m_max = row_max[row];
       const float l_sum = row_l[row];
-      const int q_head = kv_head * p.group_size + first_head + row;
       if (p.write_output) {
+        const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
         const float merged[1] = {acc};
         if (p.out_f32) {
-          write_output<float>(p.output, b, q_head, d, merged, m_max, l_sum, d == 0);
+          write_output<float>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
         } else {
-          write_output<T>(p.output, b, q_head, d, merged, m_max, l_sum, d == 0);
+          write_output<T>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
         }
       } else if (kCluster) {
         using Partial = ClusterPartial<Traits::kHeads, kBucket>;
@@ -413,7 +431,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
           Partial::l(cluster_partial, row) = l_sum;
         }
       } else {
-        const int64_t index = (b * p.q_heads + q_head) * p.num_splits + split;
+        const int64_t index = workspace_row(p, b, kv_head, first_row + row) * p.num_splits + split;
         p.acc[index * p.head_dim + d] = acc;
         if (d == 0) {
           p.m[index] = m_max;
@@ -423,8 +441,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
     }
     FD_TIMELINE_MARK(timeline, 4);
     if constexpr (kCluster) {
-      merge_in_cluster<T, Traits::kThreads, Traits::kHeads, kBucket>(p, b, kv_head * p.group_size + first_head,
-                                                                     heads_here, cluster_partial);
+      merge_in_cluster<T, Traits::kThreads, Traits::kHeads, kBucket>(p, b, kv_head, first_row, heads_here,
+                                                                     cluster_partial);
     } else if (fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
       FD_TIMELINE_MERGED(timeline);
     }

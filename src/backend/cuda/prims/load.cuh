@@ -19,6 +19,7 @@
 
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
 
 namespace fd {
 namespace cuda {
@@ -102,20 +103,19 @@ struct KvRowOffsets {
 };
 
 // The tokens [begin, end) split `split` of sequence b reads: its share of
-// the cache, cut at the sequence's length (clamped to [0, kv_capacity]);
-// empty when the sequence ends before it.
+// the keys the sequence's queries see (from first_key: the window's start,
+// else 0), cut at the sequence's length (clamped to [0, kv_capacity]);
+// empty when the sequence ends before it. `length` is that length.
 struct TokenRange {
   int64_t begin;
   int64_t end;
+  int64_t length;
 };
 
 __device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
-  int64_t len = p.kv_capacity;
-  if (p.seq_lens != nullptr) {
-    len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
-  }
-  const int64_t begin = min(len, split * p.split_tokens);
-  return {begin, min(len, begin + p.split_tokens)};
+  const int64_t len = sequence_length(p, b);
+  const int64_t begin = min(len, first_key(p, len) + split * p.split_tokens);
+  return {begin, min(len, begin + p.split_tokens), len};
 }
 
 // The page of a sequence that holds `token`, in the one way both loaders

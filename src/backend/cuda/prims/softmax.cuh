@@ -85,17 +85,34 @@ __device__ inline float natural_lse(float m, float l) {
 }
 
 // The output epilogue, shared by every kernel that finishes a query row:
-// elements [first_d, first_d + N) of row (b, q_head) become acc / l in OutT,
-// and with_lse, where the caller asks for the LSE, the natural-log LSE. An
-// empty state (l = 0, acc = 0) gives zeros and LSE -inf.
+// elements [first_d, first_d + N) of row (b, token, q_head) become acc / l
+// in OutT, and with_lse, where the caller asks for the LSE, the natural-log
+// LSE. An empty state (l = 0, acc = 0) gives zeros and LSE -inf. With
+// sinks, exp(sink) joins the denominator here, once per row: the state is
+// moved to the common max of m and the sink (an empty row then gives zeros
+// and LSE = sink).
 template <class OutT, int N>
-__device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, int q_head, int first_d,
+__device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, int token, int q_head, int first_d,
                                              const float (&acc)[N], float m, float l, bool with_lse) {
-  const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-  OutT *out = static_cast<OutT *>(o.out) + b * o.out_batch_stride + q_head * o.out_head_stride + first_d;
+  float scale = 1.0f;  // of acc, when a sink moves the max
+  if (o.sinks != nullptr) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float sink = __ldg(o.sinks + q_head * o.sinks_stride) * kLog2e;
+    if (sink != negative_infinity()) {
+      const float m_new = max_nan(m, sink);
+      scale = merge_weight(m, m_new);
+      l = fmaf(l, scale, exp2f(sink - m_new));
+      m = m_new;
+    }
+  }
+  const float inv_l = l > 0.0f ? scale / l : 0.0f;
+  OutT *out = static_cast<OutT *>(o.out) + b * o.out_batch_stride + token * o.out_token_stride +
+              q_head * o.out_head_stride + first_d;
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = Element<OutT>::from_float(acc[i] * inv_l);
-  if (with_lse && o.lse != nullptr) o.lse[b * o.lse_batch_stride + q_head * o.lse_head_stride] = natural_lse(m, l);
+  if (with_lse && o.lse != nullptr) {
+    o.lse[b * o.lse_batch_stride + token * o.lse_token_stride + q_head * o.lse_head_stride] = natural_lse(m, l);
+  }
 }
 
 }  // namespace cuda

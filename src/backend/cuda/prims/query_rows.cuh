@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// Query rows and the attention variants' arithmetic on them. The rows of a
+// KV head are its sequence's q_len query tokens x the GQA group of query
+// heads, token-major: row r is token r / group_size of query head
+// kv_head * group_size + r % group_size. A split kernel runs a chunk of
+// them together, so every row of a chunk shares each K/V byte it reads;
+// the workspace numbers them KV-head-major (core/plan.h), so that a chunk's
+// partial states are consecutive. The key ranges and transforms follow
+// core/problem.h (query_keys) and flashdecode.h ("Attention variants").
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/params.h"
+
+namespace fd {
+namespace cuda {
+
+struct QueryRow {
+  int token;   // 0 .. q_len - 1
+  int q_head;  // 0 .. q_heads - 1
+};
+
+__device__ __forceinline__ QueryRow query_row(int row, int group_size, int kv_head) {
+  return {row / group_size, kv_head * group_size + row % group_size};
+}
+
+// A row's index in the workspace (core/plan.h) and in MergeParams::rows.
+__device__ __forceinline__ int64_t workspace_row(const SplitParams &p, int64_t b, int kv_head, int row) {
+  return (b * p.kv_heads + kv_head) * p.kv_rows + row;
+}
+
+// The row of a workspace row index: sequence b and the row's token and head.
+struct WorkspaceRow {
+  int64_t b;
+  QueryRow row;
+};
+
+__device__ __forceinline__ WorkspaceRow from_workspace_row(int64_t index, int q_heads, int group_size, int kv_rows) {
+  const int64_t per_sequence = static_cast<int64_t>(q_heads / group_size) * kv_rows;
+  const int64_t b = index / per_sequence;
+  const int rest = static_cast<int>(index - b * per_sequence);
+  return {b, query_row(rest % kv_rows, group_size, rest / kv_rows)};
+}
+
+// A sequence's length as the kernels read it: clamped to [0, kv_capacity].
+__device__ __forceinline__ int64_t sequence_length(const SplitParams &p, int64_t b) {
+  int64_t len = p.kv_capacity;
+  if (p.seq_lens != nullptr) {
+    len = min(max(static_cast<int64_t>(__ldg(p.seq_lens + b * p.seq_lens_stride)), int64_t{0}), len);
+  }
+  return len;
+}
+
+// The position of query token `token` of a sequence of length len.
+__device__ __forceinline__ int64_t query_position(const SplitParams &p, int64_t len, int token) {
+  return len - p.q_len + token;
+}
+
+// The first key any query token of the sequence sees: where its splits
+// start (the window's start for the earliest token; 0 without a window).
+__device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len) {
+  return p.window > 0 ? max(query_position(p, len, 0) - p.window + 1, int64_t{0}) : 0;
+}
+
+// Keys [begin, end) of a query row at position pos_q in a sequence of length len.
+struct RowKeys {
+  int64_t begin;
+  int64_t end;
+};
+
+__device__ __forceinline__ RowKeys row_keys(const SplitParams &p, int64_t len, int64_t pos_q) {
+  int64_t end = p.causal ? min(pos_q + 1, len) : len;
+  end = max(end, int64_t{0});
+  const int64_t begin = p.window > 0 ? max(pos_q - p.window + 1, int64_t{0}) : 0;
+  return {min(begin, end), end};
+}
+
+// How one row scores the keys of one split under the variants (kernels
+// built with kVariants): keys are numbered from the split's first token, in
+// 32 bits (a split is shorter than 2^31 tokens, and so is any distance
+// between positions).
+struct RowScoring {
+  int begin;       // first key the row sees, relative to the split (>= 0)
+  int end;         // one past its last key, relative to the split (<= the split's length)
+  int position;    // the row's query position, relative to the split
+  float slope2;    // ALiBi slope * log2(e); 0 without ALiBi
+  float softcap2;  // logit_softcap * log2(e); 0 without a softcap
+
+  // A base-2 score (softmax_scale * log2(e) * q.k) of key `key` after the
+  // softcap, the ALiBi bias and the row's mask. The softcap applies in
+  // natural-log units: log2(e) * c * tanh(s / c) is c2 * tanh(s2 / c2).
+  __device__ __forceinline__ float score(float s2, int key) const {
+    if (key < begin || key >= end) return __int_as_float(0xff800000);
+    if (softcap2 > 0.0f) s2 = softcap2 * tanhf(s2 / softcap2);
+    return fmaf(slope2, static_cast<float>(key - position), s2);
+  }
+};
+
+// Row (token, q_head) of sequence b over the split `split` (a TokenRange's
+// begin, end and length).
+__device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, int64_t split_begin, int64_t split_end,
+                                                  int64_t length, QueryRow row) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int64_t pos_q = query_position(p, length, row.token);
+  const RowKeys keys = row_keys(p, length, pos_q);
+  RowScoring r;
+  r.begin = static_cast<int>(min(max(keys.begin - split_begin, int64_t{0}), split_end - split_begin));
+  r.end = static_cast<int>(min(max(keys.end - split_begin, int64_t{0}), split_end - split_begin));
+  r.position = static_cast<int>(pos_q - split_begin);
+  r.slope2 = p.alibi_slopes != nullptr ? __ldg(p.alibi_slopes + row.q_head * p.alibi_stride) * kLog2e : 0.0f;
+  r.softcap2 = p.softcap;
+  return r;
+}
+
+}  // namespace cuda
+}  // namespace fd
