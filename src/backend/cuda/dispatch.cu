@@ -5,6 +5,9 @@
 // kernel family. Every kernel instantiation of the library is here; every
 // switch fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
 #include "backend/cuda/dispatch.h"
+
+#include <type_traits>
+
 #include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/kernels/merge_states.cuh"
@@ -418,10 +421,47 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
   constexpr int64_t kRowsPerBlock = kMergeStatesThreads / 32;
   const int64_t blocks = (merge.rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const dim3 grid(static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)));
+  // Up to 8 states (the common case) launch with an 8-state parameter struct:
+  // a launch's parameters are copied with it, 4.7 KiB of them for 64 states.
+  MergeStatesParamsFor<8> few;
+  const bool use_few = merge.num_states <= 8;
+  if (use_few) {
+    few.num_states = merge.num_states;
+    few.head_dim = merge.head_dim;
+    few.q_len = merge.q_len;
+    few.heads = merge.heads;
+    few.rows = merge.rows;
+    few.out = merge.out;
+    few.lse = merge.lse;
+    for (int d = 0; d < 3; ++d) {
+      few.out_strides[d] = merge.out_strides[d];
+      few.lse_strides[d] = merge.lse_strides[d];
+    }
+    for (int s = 0; s < merge.num_states; ++s) few.states[s] = merge.states[s];
+  }
+  const auto launch = [&](auto out_type) {
+    using OutT = decltype(out_type);
+    const auto with_states = [&](auto per_lane) {
+      constexpr int kPerLane = decltype(per_lane)::value;
+      if (use_few) {
+        merge_states_kernel<OutT, kPerLane, 8><<<grid, kMergeStatesThreads, 0, stream>>>(few);
+      } else {
+        merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES><<<grid, kMergeStatesThreads, 0, stream>>>(merge);
+      }
+    };
+    switch (merge_states_per_lane(merge.head_dim)) {
+      case 1: return with_states(std::integral_constant<int, 1>{});
+      case 2: return with_states(std::integral_constant<int, 2>{});
+      case 4: return with_states(std::integral_constant<int, 4>{});
+      case 8: return with_states(std::integral_constant<int, 8>{});
+      default: break;
+    }
+    fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for head_dim %d", merge.head_dim);
+  };
   switch (out_dtype) {
-    case FD_DTYPE_F32: merge_states_kernel<float><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
-    case FD_DTYPE_F16: merge_states_kernel<__half><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
-    case FD_DTYPE_BF16: merge_states_kernel<__nv_bfloat16><<<grid, kMergeStatesThreads, 0, stream>>>(merge); break;
+    case FD_DTYPE_F32: launch(float{}); break;
+    case FD_DTYPE_F16: launch(__half{}); break;
+    case FD_DTYPE_BF16: launch(__nv_bfloat16{}); break;
     default: fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for output dtype %s", dtype_name(out_dtype));
   }
   return cudaGetLastError();

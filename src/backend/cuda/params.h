@@ -158,7 +158,11 @@ struct MergeStateView {
   int32_t dtype = 0;  // fd_dtype of out
 };
 
-struct MergeStatesParams {
+// kStates: the capacity of `states`; the backend fills the full-size
+// struct and the dispatch launches with the smallest that holds num_states
+// (fewer parameter bytes per launch: MergeStatesParamsFor).
+template <int kStates>
+struct MergeStatesParamsFor {
   int32_t num_states = 0;
   int32_t head_dim = 0;
   int64_t q_len = 1, heads = 1, rows = 0;
@@ -166,8 +170,9 @@ struct MergeStatesParams {
   int64_t out_strides[3] = {0, 0, 0};
   float *lse = nullptr;  // null: not written
   int64_t lse_strides[3] = {0, 0, 0};
-  MergeStateView states[FD_MAX_MERGE_STATES];
+  MergeStateView states[kStates];
 };
+using MergeStatesParams = MergeStatesParamsFor<FD_MAX_MERGE_STATES>;
 
 constexpr int kMinHeadDim = 16;
 constexpr int kMaxHeadDim = 256;

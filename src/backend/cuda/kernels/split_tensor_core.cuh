@@ -166,17 +166,27 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     }
   }
 
-  // Scale, mask, and the new running max of this thread's two rows.
+  // Scale, mask, and the new running max of this thread's two rows. With
+  // the variants, a warp tile whose keys both rows see (all but the tiles
+  // at a mask's or window's edge) skips the per-key tests.
   float block_max[2] = {negative_infinity(), negative_infinity()};
-  const int64_t remaining = end - warp_begin;  // > 0
+  [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
+  [[maybe_unused]] const bool inside =
+      kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
+      warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if constexpr (kVariants) {
         const int key = warp_key + n * 8 + quad_lane * 2 + e;
-        s[n][e] = scoring[0].score(s[n][e] * q_scale, key);
-        s[n][2 + e] = scoring[1].score(s[n][2 + e] * q_scale, key);
+        if (inside) {
+          s[n][e] = scoring[0].transform(s[n][e] * q_scale, key);
+          s[n][2 + e] = scoring[1].transform(s[n][2 + e] * q_scale, key);
+        } else {
+          s[n][e] = scoring[0].score(s[n][e] * q_scale, key);
+          s[n][2 + e] = scoring[1].score(s[n][2 + e] * q_scale, key);
+        }
       } else {
         const bool valid = n * 8 + quad_lane * 2 + e < remaining;
         s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();

@@ -76,24 +76,36 @@ __device__ __forceinline__ RowKeys row_keys(const SplitParams &p, int64_t len, i
   return {min(begin, end), end};
 }
 
+// The softcap in base 2 (softcap2 = c * log2(e) for scores s2 = s * log2(e)):
+// log2(e) * c * tanh(s / c) = c2 * tanh(s2 / c2), with
+// tanh(y) = 1 - 2 / (exp(2y) + 1), exp(2y) = exp2(s2 * softcap_exp), softcap_exp = 2 log2(e) / c2.
+// Its absolute error is a few float ulps of c2 (tanhf costs several times more).
+__device__ __forceinline__ float softcapped(float s2, float softcap2, float softcap_exp) {
+  return fmaf(-2.0f * softcap2, __fdividef(1.0f, exp2f(s2 * softcap_exp) + 1.0f), softcap2);
+}
+
 // How one row scores the keys of one split under the variants (kernels
 // built with kVariants): keys are numbered from the split's first token, in
 // 32 bits (a split is shorter than 2^31 tokens, and so is any distance
 // between positions).
 struct RowScoring {
-  int begin;       // first key the row sees, relative to the split (>= 0)
-  int end;         // one past its last key, relative to the split (<= the split's length)
-  int position;    // the row's query position, relative to the split
-  float slope2;    // ALiBi slope * log2(e); 0 without ALiBi
-  float softcap2;  // logit_softcap * log2(e); 0 without a softcap
+  int begin;          // first key the row sees, relative to the split (>= 0)
+  int end;            // one past its last key, relative to the split (<= the split's length)
+  int position;       // the row's query position, relative to the split
+  float slope2;       // ALiBi slope * log2(e); 0 without ALiBi
+  float softcap2;     // logit_softcap * log2(e); 0 without a softcap
+  float softcap_exp;  // 2 * log2(e) / softcap2 (softcapped)
 
   // A base-2 score (softmax_scale * log2(e) * q.k) of key `key` after the
-  // softcap, the ALiBi bias and the row's mask. The softcap applies in
-  // natural-log units: log2(e) * c * tanh(s / c) is c2 * tanh(s2 / c2).
+  // softcap and the ALiBi bias, unmasked.
+  __device__ __forceinline__ float transform(float s2, int key) const {
+    if (softcap2 > 0.0f) s2 = softcapped(s2, softcap2, softcap_exp);
+    return slope2 != 0.0f ? fmaf(slope2, static_cast<float>(key - position), s2) : s2;
+  }
+  __device__ __forceinline__ bool sees(int key) const { return key >= begin && key < end; }
+  // transform() of a key the row sees, else -inf (masked).
   __device__ __forceinline__ float score(float s2, int key) const {
-    if (key < begin || key >= end) return __int_as_float(0xff800000);
-    if (softcap2 > 0.0f) s2 = softcap2 * tanhf(s2 / softcap2);
-    return fmaf(slope2, static_cast<float>(key - position), s2);
+    return sees(key) ? transform(s2, key) : __int_as_float(0xff800000);
   }
 };
 
@@ -110,6 +122,7 @@ __device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, int64_t 
   r.position = static_cast<int>(pos_q - split_begin);
   r.slope2 = p.alibi_slopes != nullptr ? __ldg(p.alibi_slopes + row.q_head * p.alibi_stride) * kLog2e : 0.0f;
   r.softcap2 = p.softcap;
+  r.softcap_exp = p.softcap > 0.0f ? 2.0f * kLog2e / p.softcap : 0.0f;
   return r;
 }
 
