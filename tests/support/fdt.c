@@ -139,50 +139,77 @@ void fdt_poison_outputs(fdt_problem *p) {
   if (p->lse) memset(p->lse, 0xff, p->lse_bytes);
 }
 
-/* The float64 reference, by flashdecode.h's rules for non-finite scores:
- * NaN or +inf anywhere in a row makes it NaN; -inf masks a key. */
+int64_t fdt_q_len(const fdt_case *c) { return c->q_len > 0 ? c->q_len : 1; }
+
+/* Straight from flashdecode.h's definition: token t sits at position
+ * len - q_len + t; key j is seen if j < len, at or before that position
+ * under the causal mask, and fewer than `window` positions behind it. */
+int fdt_sees(const fdt_case *c, int64_t len, int64_t t, int64_t j) {
+  const int64_t pos_q = len - fdt_q_len(c) + t;
+  if (j < 0 || j >= len) return 0;
+  if (c->mask == FD_MASK_CAUSAL && j > pos_q) return 0;
+  if (c->window > 0 && pos_q - j >= c->window) return 0;
+  return 1;
+}
+
+/* The float64 reference, by flashdecode.h's formulas for the variants and
+ * its rules for non-finite scores: NaN or +inf among a row's scores makes
+ * it NaN; -inf masks a key (before the softcap, which maps it to -c: the
+ * key then counts). A row that sees no key, or whose keys are all masked,
+ * is zeros with LSE -inf, or the sink's logit. */
 void fdt_reference(fdt_problem *p) {
   const fdt_case *c = &p->c;
-  const int64_t D = c->head_dim, group = c->q_heads / c->kv_heads;
+  const int64_t D = c->head_dim, group = c->q_heads / c->kv_heads, Lq = fdt_q_len(c);
   const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
+  const double cap = (double)(float)c->softcap; /* the library reads a float */
   double *scores = malloc((size_t)(c->kv_len > 0 ? c->kv_len : 1) * sizeof *scores);
   for (int64_t b = 0; b < c->batch; ++b) {
-    for (int64_t h = 0; h < c->q_heads; ++h) {
-      const int64_t g = h / group;
-      const double *q = p->ref_q + (b * c->q_heads + h) * D;
-      double *out = p->expect_out + (b * c->q_heads + h) * D;
-      double *lse = p->expect_lse + b * c->q_heads + h;
-      const int64_t len = p->lens[b];
-      double m = -INFINITY;
-      int nan_row = 0;
-      for (int64_t j = 0; j < len; ++j) {
-        const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
-        double s = 0.0;
-        for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-        scores[j] = s * scale;
-        if (isnan(scores[j]) || scores[j] == INFINITY) nan_row = 1;
-        if (scores[j] > m) m = scores[j];
-      }
-      if (nan_row) {
-        for (int64_t d = 0; d < D; ++d) out[d] = NAN;
-        *lse = NAN;
-        continue;
-      }
-      if (m == -INFINITY) { /* empty, or every key masked */
+    const int64_t len = p->lens[b];
+    for (int64_t t = 0; t < Lq; ++t) {
+      const int64_t pos_q = len - Lq + t;
+      for (int64_t h = 0; h < c->q_heads; ++h) {
+        const int64_t g = h / group, row = (b * Lq + t) * c->q_heads + h;
+        const double *q = p->ref_q + row * D;
+        double *out = p->expect_out + row * D;
+        double *lse = p->expect_lse + row;
+        const double sink = p->ref_sinks ? p->ref_sinks[h] : -INFINITY; /* exp(-inf): nothing joins */
+        double m = -INFINITY;
+        int nan_row = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          if (!fdt_sees(c, len, t, j)) continue; /* unseen: no score, its v never read */
+          const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
+          double s = 0.0;
+          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+          s *= scale;
+          if (cap > 0.0) s = cap * tanh(s / cap);
+          if (p->ref_alibi_slopes) s += p->ref_alibi_slopes[h] * (double)(j - pos_q);
+          scores[j] = s;
+          if (isnan(s) || s == INFINITY) nan_row = 1;
+          if (s > m) m = s;
+        }
+        if (nan_row) {
+          for (int64_t d = 0; d < D; ++d) out[d] = NAN;
+          *lse = NAN;
+          continue;
+        }
+        if (m == -INFINITY) { /* sees no key, or every key masked */
+          for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
+          *lse = sink;
+          continue;
+        }
+        const double top = sink > m ? sink : m; /* both terms relative to the larger */
+        double l = exp(sink - top);
         for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
-        *lse = -INFINITY;
-        continue;
+        for (int64_t j = 0; j < len; ++j) {
+          if (!fdt_sees(c, len, t, j)) continue;
+          const double w = exp(scores[j] - top); /* 0 for a masked key (its v still multiplied, as before) */
+          const double *v = p->ref_v + ((b * c->kv_len + j) * c->kv_heads + g) * D;
+          l += w;
+          for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+        }
+        for (int64_t d = 0; d < D; ++d) out[d] /= l;
+        *lse = top + log(l);
       }
-      double l = 0.0;
-      for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
-      for (int64_t j = 0; j < len; ++j) {
-        const double w = exp(scores[j] - m); /* 0 for a masked key */
-        const double *v = p->ref_v + ((b * c->kv_len + j) * c->kv_heads + g) * D;
-        l += w;
-        for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
-      }
-      for (int64_t d = 0; d < D; ++d) out[d] /= l;
-      *lse = m + log(l);
     }
   }
   free(scores);
@@ -193,7 +220,7 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   p->c = *case_in;
   fdt_case *c = &p->c;
   fdt_rng rng = {c->seed * 0x2545f4914f6cdd1dull + 1};
-  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim;
+  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, Lq = fdt_q_len(c);
   const fd_dtype dt = c->dtype;
   const size_t es = fdt_dtype_size(dt);
   int64_t max_pages = 0, num_pages = 0, P = c->page_size;
@@ -205,14 +232,14 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   const int64_t N = c->kv_len;
 
   /* Logical float64 tensors, values exactly representable in dtype. */
-  p->ref_q = malloc((size_t)(B * Hq * D) * sizeof(double) + 1);
+  p->ref_q = malloc((size_t)(B * Lq * Hq * D) * sizeof(double) + 1);
   p->ref_k = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
   p->ref_v = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
   p->lens = malloc((size_t)B * sizeof(int64_t) + 1);
-  p->expect_out = malloc((size_t)(B * Hq * D) * sizeof(double) + 1);
-  p->expect_lse = malloc((size_t)(B * Hq) * sizeof(double) + 1);
+  p->expect_out = malloc((size_t)(B * Lq * Hq * D) * sizeof(double) + 1);
+  p->expect_lse = malloc((size_t)(B * Lq * Hq) * sizeof(double) + 1);
   if (!p->ref_q || !p->ref_k || !p->ref_v || !p->lens || !p->expect_out || !p->expect_lse) return -1;
-  for (int64_t i = 0; i < B * Hq * D; ++i) p->ref_q[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
+  for (int64_t i = 0; i < B * Lq * Hq * D; ++i) p->ref_q[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
   for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_k[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
   for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_v[i] = fdt_round_to(dt, fdt_uniform(&rng, -1.0, 1.0));
   /* Ragged lengths cover the edges: empty, full, one, and around 64. */
@@ -226,19 +253,21 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     p->lens[b] = len;
   }
 
-  /* q and out: [B, 1, Hq, D]; the padded layout leaves gaps between heads. */
+  /* q and out: [B, Lq, Hq, D]; the padded layout leaves gaps between heads. */
   const int64_t head_pitch = c->layout == FDT_BNHD_PADDED ? D + 8 : D;
-  const int64_t q_shape[4] = {B, 1, Hq, D};
-  const int64_t q_strides[4] = {Hq * head_pitch, Hq * head_pitch, head_pitch, 1};
-  p->q_bytes = (size_t)(B * Hq * head_pitch) * es;
+  const int64_t q_shape[4] = {B, Lq, Hq, D};
+  const int64_t q_strides[4] = {Lq * Hq * head_pitch, Hq * head_pitch, head_pitch, 1};
+  p->q_bytes = (size_t)(B * Lq * Hq * head_pitch) * es;
   p->q = alloc_nan(p->q_bytes);
   const size_t out_es = fdt_dtype_size(c->out_dtype);
-  p->out_bytes = (size_t)(B * Hq * head_pitch) * out_es;
+  p->out_bytes = (size_t)(B * Lq * Hq * head_pitch) * out_es;
   p->out = alloc_nan(p->out_bytes);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t d = 0; d < D; ++d)
-        fdt_store(dt, p->q, b * q_strides[0] + h * q_strides[2] + d, p->ref_q[(b * Hq + h) * D + d]);
+    for (int64_t t = 0; t < Lq; ++t)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          fdt_store(dt, p->q, b * q_strides[0] + t * q_strides[1] + h * q_strides[2] + d,
+                    p->ref_q[((b * Lq + t) * Hq + h) * D + d]);
 
   /* K/V storage; everything not a valid token stays NaN. */
   int64_t kv_shape[4], kv_strides[4], kv_elems, base_offset = 0;
@@ -333,14 +362,49 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     p->args.seq_lens = fdt_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
   }
   if (c->with_lse) {
-    p->lse_bytes = (size_t)(B * Hq) * sizeof(float);
+    p->lse_bytes = (size_t)(B * Lq * Hq) * sizeof(float);
     p->lse = alloc_nan(p->lse_bytes);
     if (!p->lse) return -1;
-    const int64_t shape[3] = {B, 1, Hq}, strides[3] = {Hq, Hq, 1};
+    const int64_t shape[3] = {B, Lq, Hq}, strides[3] = {Lq * Hq, Hq, 1};
     p->args.lse = fdt_tensor(p->lse, FD_DTYPE_F32, 3, shape, strides);
   }
   p->args.softmax_scale = c->softmax_scale;
   p->args.num_splits = c->num_splits;
+
+  /* Variants. Their random values come after everything else's, so that a
+   * case without them draws the same data as before they existed. Slopes and
+   * sinks have stride 2 in the padded layout. */
+  p->args.mask = c->mask;
+  p->args.window_left = c->window;
+  p->args.logit_softcap = (float)c->softcap;
+  const int64_t per_head_stride = c->layout == FDT_BNHD_PADDED ? 2 : 1;
+  const int64_t per_head_shape[1] = {Hq}, per_head_strides[1] = {per_head_stride};
+  if (c->alibi) {
+    p->alibi_slopes_bytes = (size_t)(Hq * per_head_stride) * sizeof(float);
+    p->alibi_slopes = alloc_nan(p->alibi_slopes_bytes);
+    p->ref_alibi_slopes = malloc((size_t)Hq * sizeof(double) + 1);
+    if (!p->alibi_slopes || !p->ref_alibi_slopes) return -1;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const double slope = c->alibi == 1 ? pow(2.0, -8.0 * (double)(h + 1) / (double)Hq) : fdt_uniform(&rng, 0.01, 1.0);
+      p->alibi_slopes[h * per_head_stride] = (float)slope;
+      p->ref_alibi_slopes[h] = (double)(float)slope;
+    }
+    p->args.alibi_slopes = fdt_tensor(p->alibi_slopes, FD_DTYPE_F32, 1, per_head_shape, per_head_strides);
+  }
+  if (c->sinks) {
+    /* Around the LSEs (log of the keys seen plus the spread of the scores),
+     * so that the sink takes from a few percent to most of the weight. */
+    p->sinks_bytes = (size_t)(Hq * per_head_stride) * sizeof(float);
+    p->sinks = alloc_nan(p->sinks_bytes);
+    p->ref_sinks = malloc((size_t)Hq * sizeof(double) + 1);
+    if (!p->sinks || !p->ref_sinks) return -1;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const float sink = (float)fdt_uniform(&rng, -1.0, log((double)N + 1.0) + 3.0);
+      p->sinks[h * per_head_stride] = sink;
+      p->ref_sinks[h] = sink;
+    }
+    p->args.sinks = fdt_tensor(p->sinks, FD_DTYPE_F32, 1, per_head_shape, per_head_strides);
+  }
   fdt_reference(p);
   return 0;
 }
@@ -353,6 +417,10 @@ void fdt_problem_free(fdt_problem *p) {
   free(p->lse);
   free(p->seq_lens);
   free(p->block_table);
+  free(p->alibi_slopes);
+  free(p->sinks);
+  free(p->ref_alibi_slopes);
+  free(p->ref_sinks);
   free(p->ref_q);
   free(p->ref_k);
   free(p->ref_v);
@@ -380,42 +448,54 @@ static int is_poison(const void *base, fd_dtype dtype, int64_t index) {
   return 1;
 }
 
+/* Whether query token t of sequence b sees any key. */
+static int sees_any(const fdt_problem *p, int64_t b, int64_t t) {
+  for (int64_t j = 0; j < p->lens[b]; ++j) {
+    if (fdt_sees(&p->c, p->lens[b], t, j)) return 1;
+  }
+  return 0;
+}
+
 int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error) {
   const fdt_case *c = &p->c;
-  const int64_t D = c->head_dim;
-  const int64_t *q_strides = p->args.out.strides;
+  const int64_t D = c->head_dim, Lq = fdt_q_len(c);
+  const int64_t *out_strides = p->args.out.strides, *lse_strides = p->args.lse.strides;
   double diff2 = 0.0, ref2 = 0.0, lse_max = 0.0;
   int64_t unwritten = 0, bad_empty = 0, bad_nan = 0;
   for (int64_t b = 0; b < c->batch; ++b) {
-    for (int64_t h = 0; h < c->q_heads; ++h) {
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t index = b * q_strides[0] + h * q_strides[2] + d;
-        const double got = fdt_load(c->out_dtype, p->out, index);
-        const double want = p->expect_out[(b * c->q_heads + h) * D + d];
-        if (is_poison(p->out, c->out_dtype, index)) {
-          ++unwritten;
-          continue;
+    for (int64_t t = 0; t < Lq; ++t) {
+      const int empty = !sees_any(p, b, t);
+      for (int64_t h = 0; h < c->q_heads; ++h) {
+        const int64_t row = (b * Lq + t) * c->q_heads + h;
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t index = b * out_strides[0] + t * out_strides[1] + h * out_strides[2] + d;
+          const double got = fdt_load(c->out_dtype, p->out, index);
+          const double want = p->expect_out[row * D + d];
+          if (is_poison(p->out, c->out_dtype, index)) {
+            ++unwritten;
+            continue;
+          }
+          if (isnan(got) || isnan(want)) {
+            if (isnan(got) != isnan(want)) ++bad_nan;
+            continue;
+          }
+          if (empty && got != 0.0) ++bad_empty;
+          diff2 += (got - want) * (got - want);
+          ref2 += want * want;
         }
-        if (isnan(got) || isnan(want)) {
-          if (isnan(got) != isnan(want)) ++bad_nan;
-          continue;
-        }
-        if (p->lens[b] == 0 && got != 0.0) ++bad_empty;
-        diff2 += (got - want) * (got - want);
-        ref2 += want * want;
-      }
-      if (p->lse) {
-        const int64_t index = b * c->q_heads + h;
-        const double got = ((const float *)p->lse)[index];
-        const double want = p->expect_lse[index];
-        if (is_poison(p->lse, FD_DTYPE_F32, index)) {
-          ++unwritten;
-        } else if (isnan(got) || isnan(want)) {
-          if (isnan(got) != isnan(want)) ++bad_nan;
-        } else if (isinf(want)) {
-          if (got != want) ++bad_empty;
-        } else if (fabs(got - want) > lse_max) {
-          lse_max = fabs(got - want);
+        if (p->lse) {
+          const int64_t index = b * lse_strides[0] + t * lse_strides[1] + h * lse_strides[2];
+          const double got = ((const float *)p->lse)[index];
+          const double want = p->expect_lse[row];
+          if (is_poison(p->lse, FD_DTYPE_F32, index)) {
+            ++unwritten;
+          } else if (isnan(got) || isnan(want)) {
+            if (isnan(got) != isnan(want)) ++bad_nan;
+          } else if (isinf(want) || empty) { /* -inf, or exactly the sink (a float) */
+            if (got != want) ++bad_empty;
+          } else if (fabs(got - want) > lse_max) {
+            lse_max = fabs(got - want);
+          }
         }
       }
     }
@@ -445,11 +525,17 @@ static int64_t dense_index(const fd_tensor *t, int64_t b, int64_t row, int64_t h
   return b * t->strides[0] + row * t->strides[1] + head * t->strides[2] + d * t->strides[3];
 }
 
-static void set_q(fdt_problem *p, int64_t b, int64_t h, int64_t d, double x) {
+/* Element (b, t, h, d) of the logical q. */
+static double *ref_q_at(fdt_problem *p, int64_t b, int64_t t, int64_t h, int64_t d) {
+  const fdt_case *c = &p->c;
+  return p->ref_q + ((b * fdt_q_len(c) + t) * c->q_heads + h) * c->head_dim + d;
+}
+
+static void set_q(fdt_problem *p, int64_t b, int64_t t, int64_t h, int64_t d, double x) {
   const fdt_case *c = &p->c;
   const double r = fdt_round_to(c->dtype, x);
-  p->ref_q[(b * c->q_heads + h) * c->head_dim + d] = r;
-  fdt_store(c->dtype, p->args.q.data, dense_index(&p->args.q, b, 0, h, d), r);
+  *ref_q_at(p, b, t, h, d) = r;
+  fdt_store(c->dtype, p->args.q.data, dense_index(&p->args.q, b, t, h, d), r);
 }
 
 static void set_k(fdt_problem *p, int64_t b, int64_t t, int64_t g, int64_t d, double x) {
@@ -460,11 +546,12 @@ static void set_k(fdt_problem *p, int64_t b, int64_t t, int64_t g, int64_t d, do
 }
 
 /* Makes q element d of every query head of KV head g's group in sequence b
- * positive, so that a key element of -inf or +inf there gives that sign. */
+ * positive, for every query token, so that a key element of -inf or +inf
+ * there gives that sign. */
 static void positive_q(fdt_problem *p, int64_t b, int64_t g, int64_t d) {
   const int64_t group = p->c.q_heads / p->c.kv_heads;
-  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    set_q(p, b, h, d, fabs(p->ref_q[(b * p->c.q_heads + h) * p->c.head_dim + d]) + 0.25);
+  for (int64_t t = 0; t < fdt_q_len(&p->c); ++t) {
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) set_q(p, b, t, h, d, fabs(*ref_q_at(p, b, t, h, d)) + 0.25);
   }
 }
 
@@ -475,7 +562,7 @@ int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special spec
   const int64_t N = c->kv_len, D = c->head_dim, group = c->q_heads / c->kv_heads;
   const int64_t t = N / 3; /* a key inside the cache, in some split other than the first */
   switch (special) {
-    case FDT_SPECIAL_NAN_IN_Q: set_q(p, 0, 0, 0, NAN); break;
+    case FDT_SPECIAL_NAN_IN_Q: set_q(p, 0, 0, 0, 0, NAN); break;
     case FDT_SPECIAL_NEG_INF_KEY:
       positive_q(p, 0, 0, 0);
       set_k(p, 0, t, 0, 0, -INFINITY);
@@ -498,12 +585,16 @@ int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special spec
       const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
       for (int64_t b = 0; b < c->batch; ++b) {
         for (int64_t g = 0; g < c->kv_heads; ++g) {
-          /* One query for the whole group, and a key along it 14 nats up. */
-          const double *q0 = p->ref_q + (b * c->q_heads + g * group) * D;
+          /* One query for the whole group and every token, and a key along
+           * it 14 nats up. */
+          const double *q0 = ref_q_at(p, b, 0, g * group, 0);
           double norm2 = 0.0;
           for (int64_t d = 0; d < D; ++d) norm2 += q0[d] * q0[d];
-          for (int64_t h = g * group + 1; h < (g + 1) * group; ++h) {
-            for (int64_t d = 0; d < D; ++d) set_q(p, b, h, d, q0[d]);
+          for (int64_t t = 0; t < fdt_q_len(c); ++t) {
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+              if (t == 0 && h == g * group) continue;
+              for (int64_t d = 0; d < D; ++d) set_q(p, b, t, h, d, q0[d]);
+            }
           }
           const int64_t key = (b * 7 + g * 13 + 1) % N;
           for (int64_t d = 0; d < D; ++d) set_k(p, b, key, g, d, q0[d] * 14.0 / (scale * norm2));
@@ -519,11 +610,24 @@ int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special spec
 
 void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {
   static const char *layouts[] = {"BNHD", "BHND", "BNHD-padded", "paged-NHD", "paged-HND"};
-  snprintf(buffer, size, "B=%lld Hq=%lld Hkv=%lld N=%lld D=%lld %s->%s %s%s%s splits=%d page=%lld seed=%llu",
-           (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->kv_len,
-           (long long)c->head_dim, fdt_dtype_name(c->dtype), fdt_dtype_name(c->out_dtype), layouts[c->layout],
-           c->ragged ? " ragged" : "", c->with_lse ? " lse" : "", (int)c->num_splits, (long long)c->page_size,
-           (unsigned long long)c->seed);
+  int n = snprintf(buffer, size, "B=%lld Hq=%lld Hkv=%lld N=%lld D=%lld %s->%s %s%s%s splits=%d page=%lld seed=%llu",
+                   (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->kv_len,
+                   (long long)c->head_dim, fdt_dtype_name(c->dtype), fdt_dtype_name(c->out_dtype), layouts[c->layout],
+                   c->ragged ? " ragged" : "", c->with_lse ? " lse" : "", (int)c->num_splits, (long long)c->page_size,
+                   (unsigned long long)c->seed);
+  /* Variants only when set: plain cases read as before. */
+  if (n < 0 || (size_t)n >= size) return;
+  if (fdt_q_len(c) > 1 || c->mask != FD_MASK_CAUSAL) {
+    n += snprintf(buffer + n, size - (size_t)n, " q_len=%lld %s", (long long)fdt_q_len(c),
+                  c->mask == FD_MASK_CAUSAL ? "causal" : "mask-none");
+  }
+  if (n >= 0 && (size_t)n < size && c->window > 0)
+    n += snprintf(buffer + n, size - (size_t)n, " window=%lld", (long long)c->window);
+  if (n >= 0 && (size_t)n < size && c->softcap > 0.0)
+    n += snprintf(buffer + n, size - (size_t)n, " softcap=%g", c->softcap);
+  if (n >= 0 && (size_t)n < size && c->alibi)
+    n += snprintf(buffer + n, size - (size_t)n, " alibi=%s", c->alibi == 1 ? "standard" : "random");
+  if (n >= 0 && (size_t)n < size && c->sinks) snprintf(buffer + n, size - (size_t)n, " sinks");
 }
 
 static void *offset_elements(void *data, fd_dtype dtype, int64_t elements) {

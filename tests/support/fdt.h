@@ -52,6 +52,9 @@ typedef enum fdt_layout {
   FDT_PAGED_HND = 4    /* page pool [pages, heads, page_size, dim], shuffled block table */
 } fdt_layout;
 
+/* A problem to generate. Zero-initialised fields mean plain decode: one
+ * query token, the causal mask, no window, softcap, ALiBi or sinks
+ * (flashdecode.h, "Attention variants"). */
 typedef struct fdt_case {
   int64_t batch, q_heads, kv_heads, head_dim;
   int64_t kv_len;    /* cache capacity per sequence (dense) or pages * page_size (paged) */
@@ -64,22 +67,38 @@ typedef struct fdt_case {
   int32_t num_splits;   /* 0 = automatic */
   double softmax_scale; /* 0 = default */
   uint64_t seed;
+  /* Attention variants. */
+  int64_t q_len;          /* query tokens per sequence; 0 is taken as 1 */
+  fd_attention_mask mask; /* FD_MASK_CAUSAL (0) or FD_MASK_NONE */
+  int64_t window;         /* window_left; 0 = none */
+  double softcap;         /* logit_softcap (stored as a float); 0 = none */
+  int alibi;              /* 0 none; 1 the standard slopes 2^(-8 (h + 1) / q_heads); 2 random in [0.01, 1] */
+  int sinks;              /* 0 none; else random sink logits in [-1, log(kv_len + 1) + 3], around the LSEs */
 } fdt_case;
 
+/* c->q_len, with 0 taken as 1. */
+int64_t fdt_q_len(const fdt_case *c);
+
 /* A generated problem: storage (what the library reads and writes) and the
- * logical float64 tensors the reference reads. */
+ * logical float64 tensors the reference reads. Every storage buffer is a
+ * plain host allocation of the given bytes, which a GPU test copies to the
+ * device as it is (fdt_cuda_upload), repointing the args' tensor at the
+ * same offset in the copy; absent ones are NULL with 0 bytes. */
 typedef struct fdt_problem {
   fdt_case c;
   fd_decode_args args; /* points at the host storage below */
   void *q, *k, *v, *out, *lse;
   int32_t *seq_lens, *block_table;
-  size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes;
-  double *ref_q; /* [batch, q_heads, dim] */
+  float *alibi_slopes, *sinks; /* [q_heads] f32 (args.alibi_slopes, args.sinks), or NULL */
+  size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes, alibi_slopes_bytes, sinks_bytes;
+  double *ref_q; /* [batch, q_len, q_heads, dim] */
   double *ref_k; /* [batch, kv_len, kv_heads, dim] */
   double *ref_v;
-  int64_t *lens;      /* [batch] */
-  double *expect_out; /* [batch, q_heads, dim] */
-  double *expect_lse; /* [batch, q_heads] */
+  double *ref_alibi_slopes; /* [q_heads], or NULL: no ALiBi */
+  double *ref_sinks;        /* [q_heads], or NULL: no sinks */
+  int64_t *lens;            /* [batch] */
+  double *expect_out;       /* [batch, q_len, q_heads, dim] */
+  double *expect_lse;       /* [batch, q_len, q_heads] */
 } fdt_problem;
 
 /* Generates random data, lays it out, poisons out/lse with NaN and computes
@@ -88,21 +107,29 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *c);
 void fdt_problem_free(fdt_problem *p);
 
 /* Computes expect_out and expect_lse in float64 from the logical tensors
- * alone (non-finite scores as below): reads c.batch, c.q_heads, c.kv_heads,
- * c.head_dim, c.kv_len, c.softmax_scale, ref_q, ref_k, ref_v and lens (see
+ * alone, by flashdecode.h's formulas ("Attention variants"; non-finite
+ * scores as below): reads c.batch, c.q_heads, c.kv_heads, c.head_dim,
+ * c.kv_len, c.softmax_scale, c.q_len, c.mask, c.window, c.softcap, ref_q,
+ * ref_k, ref_v, ref_alibi_slopes and ref_sinks (when not NULL) and lens (see
  * fdt_problem). For callers that lay out storage of their own (tests/fuzz). */
 void fdt_reference(fdt_problem *p);
+
+/* Whether query token t of a sequence of length len sees key j under c's
+ * mask and window (flashdecode.h, "Attention variants"). */
+int fdt_sees(const fdt_case *c, int64_t len, int64_t t, int64_t j);
 
 /* Fills out and lse with NaN bit patterns (every element "unwritten"). */
 void fdt_poison_outputs(fdt_problem *p);
 
-/* Compares p->out / p->lse (host storage) to the reference. Writes a one-line
- * summary to `report` and returns 0 when every element was written (none
- * left with the poison's all-ones bytes), NaN appeared exactly where the
- * reference has NaN, empty sequences gave zeros and LSE -inf, and the
- * relative error ||out - ref|| / ||ref|| over the finite elements is within
- * the dtype's bound; the measured errors are returned through out_error /
- * lse_error (may be NULL). */
+/* Compares p->out / p->lse (host storage) to the reference, every element
+ * of [batch, q_len, q_heads]. Writes a one-line summary to `report` and
+ * returns 0 when every element was written (none left with the poison's
+ * all-ones bytes), NaN appeared exactly where the reference has NaN, query
+ * tokens that see no key (empty sequences, tokens before the sequence under
+ * the causal mask) gave zeros and LSE -inf (exactly the sink with sinks),
+ * and the relative error ||out - ref|| / ||ref|| over the finite elements is
+ * within the dtype's bound; the measured errors are returned through
+ * out_error / lse_error (may be NULL). */
 int fdt_check(const fdt_problem *p, char *report, size_t report_size, double *out_error, double *lse_error);
 
 /* ---- non-finite values and extreme weights ---------------------------------
@@ -126,7 +153,8 @@ typedef enum fdt_special {
 const char *fdt_special_name(fdt_special special);
 
 /* Makes c's problem (a dense layout, kv_len >= 4, not ragged) with `special`
- * written in, outputs poisoned. Returns 0 on success, 1 when the special
+ * written in, outputs poisoned. With several query tokens, what the special
+ * writes into q goes into every token's (NAN_IN_Q: token 0's only). Returns 0 on success, 1 when the special
  * does not apply to c (-1e38 in f16), -1 when out of memory. */
 int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special);
 
@@ -143,7 +171,7 @@ double fdt_error_bound(fd_dtype out_dtype);
 fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths);
 
 /* The arguments of one part of a dense problem's cache, tokens
- * [start, start + count), for fd_merge_states tests: k and v sliced (pointer
+ * [start, start + count), for fd_merge_states tests (one query token): k and v sliced (pointer
  * arithmetic alone, host or device), seq_lens at part_lens (int32 [batch],
  * filled by fdt_part_lengths; host or device), out [batch, 1, q_heads,
  * head_dim] contiguous at `out` in out_dtype, lse [batch, 1, q_heads] at

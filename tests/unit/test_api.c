@@ -835,24 +835,37 @@ static void test_rejects_non_finite_scale(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "softmax_scale -3e+38 is too large");
 }
 
-static void test_rejects_several_query_tokens(void **state) {
+/* Several query tokens a sequence (since 0.3): valid up to FD_MAX_Q_LEN. The
+ * last token of a causal decode sees what a one-token decode sees, and gets
+ * bitwise its result; one token more than FD_MAX_Q_LEN is refused. */
+static void test_several_query_tokens(void **state) {
   fixture *f = *state;
+  assert_int_equal(fd_decode(f->handle, &f->problem.args, NULL), FD_SUCCESS);
   fd_decode_args a = f->problem.args;
   a.q.shape[1] = a.out.shape[1] = a.lse.shape[1] = 2;
   a.q.strides[1] = 0; /* one query row read twice: inputs may repeat */
   /* Two query tokens a sequence: outputs of their own with room for both. */
-  void *out = malloc(2 * f->problem.out_bytes);
-  void *lse = malloc(2 * f->problem.lse_bytes);
+  unsigned char *out = malloc(2 * f->problem.out_bytes);
+  float *lse = malloc(2 * f->problem.lse_bytes);
   a.out.data = out;
   a.out.strides[1] = a.out.strides[0];
   a.out.strides[0] *= 2;
   a.lse.data = lse;
   a.lse.strides[1] = a.lse.strides[0];
   a.lse.strides[0] *= 2;
-  size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(f->handle, &a, &bytes), FD_ERROR_UNSUPPORTED);
-  assert_non_null(strstr(last_message(), "q_len must be 1"));
-  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_ERROR_UNSUPPORTED);
+  assert_int_equal(fd_decode(f->handle, &a, NULL), FD_SUCCESS);
+  const size_t row_bytes = f->problem.out_bytes / 2, lse_row_bytes = f->problem.lse_bytes / 2;
+  for (int b = 0; b < 2; ++b) {
+    assert_memory_equal(out + (2 * b + 1) * row_bytes, (unsigned char *)f->problem.out + b * row_bytes, row_bytes);
+    assert_memory_equal((unsigned char *)lse + (2 * b + 1) * lse_row_bytes,
+                        (unsigned char *)f->problem.lse + b * lse_row_bytes, lse_row_bytes);
+  }
+  fdt_poison_outputs(&f->problem);
+  memcpy(f->pristine_out, f->problem.out, f->problem.out_bytes);
+  fd_decode_args too_many = f->problem.args;
+  too_many.q.shape[1] = too_many.out.shape[1] = too_many.lse.shape[1] = FD_MAX_Q_LEN + 1;
+  too_many.q.strides[1] = too_many.out.strides[1] = too_many.lse.strides[1] = 0;
+  expect_rejected(f, &too_many, FD_ERROR_INVALID_SHAPE, "q_len must be in [1, 64]");
   free(out);
   free(lse);
 }
@@ -1228,7 +1241,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_checks_from_options_and_environment, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_splits, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_non_finite_scale, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_rejects_several_query_tokens, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_several_query_tokens, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_block_table, setup, teardown),
       cmocka_unit_test_setup_teardown(test_workspace_size_and_caller_memory, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reserve_refuses_impossible_sizes, setup, teardown),

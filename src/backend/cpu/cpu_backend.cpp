@@ -21,6 +21,7 @@ namespace fd {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr double kLog2eDouble = 1.4426950408889634;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -76,41 +77,60 @@ inline float max_nan(float a, float b) {
 }
 
 // Tokens converted and scored together: one rescale of acc per block
-// instead of per token, and K/V rows converted once for the whole GQA group.
+// instead of per token, and K/V rows converted once for every query row of
+// the KV head (the GQA group times the query tokens).
 constexpr int64_t kTokenBlock = 32;
 
-// Phase 1 for one (sequence, KV head, split): every query head of the GQA
-// group runs an online softmax over the split's tokens, block by block.
+// A query head's entry of an optional [q_heads] f32 tensor (alibi_slopes, sinks).
+inline float per_head(const StridedView &view, int64_t head) {
+  return static_cast<const float *>(view.data)[head * view.strides[0]];
+}
+
+// Phase 1 for one (sequence, KV head, split): every query row of the KV head
+// (q_len tokens x the GQA group, in workspace order) runs an online softmax
+// over the split's tokens, block by block, each row over the keys its token
+// sees. Scores are in log2 units: softmax_scale * log2(e) is folded into q,
+// and the softcap and ALiBi slope are scaled by log2(e) to match, which
+// computes the header's natural-unit formulas exactly
+// (c * tanh(s / c) * log2e = c2 * tanh(s2 / c2) with c2 = c * log2e).
 template <fd_dtype D>
 void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head, int32_t split,
                     std::vector<float> &scratch) {
   using T = typename Storage<D>::type;
   const int64_t dim = p.head_dim;
   const int64_t group = p.group_size;
+  const int64_t rows = p.rows_per_kv_head();
   const int64_t len = sequence_length(p, b);
-  const int64_t begin = std::min<int64_t>(len, split * plan.split_tokens);
-  const int64_t end = std::min<int64_t>(len, begin + plan.split_tokens);
+  // Splits cut the keys any query token sees, from the first of them on.
+  const KeyRange keys = sequence_keys(p, len);
+  const int64_t begin = std::min<int64_t>(keys.end, keys.begin + split * plan.split_tokens);
+  const int64_t end = std::min<int64_t>(keys.end, begin + plan.split_tokens);
 
-  scratch.resize(static_cast<size_t>((group + 2 * kTokenBlock) * dim + kTokenBlock));
-  float *q = scratch.data();         // [group][dim], pre-scaled into log2 units
-  float *k_block = q + group * dim;  // [kTokenBlock][dim]
+  scratch.resize(static_cast<size_t>((rows + 2 * kTokenBlock) * dim + kTokenBlock));
+  float *q = scratch.data();        // [rows][dim], pre-scaled into log2 units
+  float *k_block = q + rows * dim;  // [kTokenBlock][dim]
   float *v_block = k_block + kTokenBlock * dim;
   float *scores = v_block + kTokenBlock * dim;  // [kTokenBlock]
   const float q_scale = p.softmax_scale * kLog2e;
-  for (int64_t g = 0; g < group; ++g) {
-    const int64_t head = kv_head * group + g;
-    const T *src = static_cast<const T *>(p.q.data) + b * p.q.strides[0] + head * p.q.strides[2];
-    for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = Storage<D>::load(src + d) * q_scale;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = r / group;
+    const int64_t head = kv_head * group + r % group;
+    const T *src =
+        static_cast<const T *>(p.q.data) + b * p.q.strides[0] + token * p.q.strides[1] + head * p.q.strides[2];
+    for (int64_t d = 0; d < dim; ++d) q[r * dim + d] = Storage<D>::load(src + d) * q_scale;
   }
 
-  const size_t first_state = static_cast<size_t>(b * p.q_heads + kv_head * group) * plan.num_splits + split;
-  for (int64_t g = 0; g < group; ++g) {  // rows of one group are consecutive (q_len is 1)
-    const size_t state = first_state + static_cast<size_t>(g) * plan.num_splits;
+  const size_t first_state = static_cast<size_t>((b * p.kv_heads + kv_head) * rows) * plan.num_splits + split;
+  for (int64_t r = 0; r < rows; ++r) {  // the rows of one KV head are consecutive
+    const size_t state = first_state + static_cast<size_t>(r) * plan.num_splits;
     std::fill(out.acc + state * dim, out.acc + (state + 1) * dim, 0.0f);
     out.m[state] = kNegInf;
     out.l[state] = 0.0f;
   }
 
+  // The cap and slopes in log2 units, in double: scaled by log2(e), a cap or
+  // slope near the float maximum would overflow to inf (and inf * 0 is NaN).
+  const double softcap = static_cast<double>(p.softcap) * kLog2eDouble;  // 0: none
   for (int64_t block = begin; block < end; block += kTokenBlock) {
     const int64_t count = std::min(kTokenBlock, end - block);
     for (int64_t t = 0; t < count; ++t) {
@@ -119,12 +139,25 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
       Storage<D>::load_row(k_src, k_block + t * dim, dim);
       Storage<D>::load_row(v_src, v_block + t * dim, dim);
     }
-    for (int64_t g = 0; g < group; ++g) {
-      const size_t state = first_state + static_cast<size_t>(g) * plan.num_splits;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = r / group;
+      // Only the block's keys this row's token sees take part: keys outside
+      // its mask or window are skipped, not scored -inf, so that a NaN in
+      // their v cannot reach the row. Plain decode sees the whole block.
+      const KeyRange seen = query_keys(p, len, token);
+      const int64_t lo = std::max(seen.begin, block) - block;
+      const int64_t hi = std::min(seen.end, block + count) - block;
+      if (lo >= hi) continue;
+      const size_t state = first_state + static_cast<size_t>(r) * plan.num_splits;
+      const int64_t pos_q = len - p.q_len + token;
+      const double slope = p.has_alibi ? per_head(p.alibi_slopes, kv_head * group + r % group) * kLog2eDouble : 0.0;
       float block_max = kNegInf;
-      for (int64_t t = 0; t < count; ++t) {
-        scores[t] = dot(q + g * dim, k_block + t * dim, dim);
-        block_max = max_nan(block_max, scores[t]);
+      for (int64_t t = lo; t < hi; ++t) {
+        float s = dot(q + r * dim, k_block + t * dim, dim);
+        if (softcap > 0.0) s = static_cast<float>(softcap * std::tanh(s / softcap));
+        if (p.has_alibi) s += static_cast<float>(slope * static_cast<double>(block + t - pos_q));
+        scores[t] = s;
+        block_max = max_nan(block_max, s);
       }
       float *acc = out.acc + state * dim;
       const float m_old = out.m[state];
@@ -135,7 +168,7 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
       if (alpha != 1.0f) {
         for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
       }
-      for (int64_t t = 0; t < count; ++t) {
+      for (int64_t t = lo; t < hi; ++t) {
         const float weight = std::exp2(scores[t] - m_new);
         l += weight;
         const float *v_row = v_block + t * dim;
@@ -147,37 +180,54 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
   }
 }
 
-// Phase 2 for one query row: rescale every split to the common max and sum
-// in split order. A row whose splits are all empty gets zeros and LSE -inf.
+// Phase 2 for one query row (workspace order, core/plan.h): rescale every
+// split to the common max and sum in split order. A sink joins only the
+// denominator, as 2^(sink * log2e) rescaled to that max, which then covers
+// the sink too so that neither term overflows. A row whose splits are all
+// empty (its token sees no key) gets zeros and LSE -inf, or the sink.
 template <fd_dtype OutD>
 void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t row) {
   using T = typename Storage<OutD>::type;
   const int64_t dim = p.head_dim;
-  const int64_t b = row / p.q_heads;
-  const int64_t head = row % p.q_heads;
+  const int64_t rows_per_kv_head = p.rows_per_kv_head();
+  const int64_t sequence_head = row / rows_per_kv_head;  // b * kv_heads + KV head
+  const int64_t in_head = row % rows_per_kv_head;        // token * group_size + j
+  const int64_t b = sequence_head / p.kv_heads;
+  const int64_t token = in_head / p.group_size;
+  const int64_t head = (sequence_head % p.kv_heads) * p.group_size + in_head % p.group_size;
   const size_t first = static_cast<size_t>(row) * plan.num_splits;
 
   float m_max = kNegInf;
   for (int32_t s = 0; s < plan.num_splits; ++s) m_max = max_nan(m_max, in.m[first + s]);
 
-  T *out = static_cast<T *>(p.out.data) + b * p.out.strides[0] + head * p.out.strides[2];
+  T *out = static_cast<T *>(p.out.data) + b * p.out.strides[0] + token * p.out.strides[1] + head * p.out.strides[2];
   float lse = kNegInf;
   if (m_max == kNegInf) {
     for (int64_t d = 0; d < dim; ++d) Storage<OutD>::store(out + d, 0.0f);
+    if (p.has_sinks) lse = per_head(p.sinks, head);  // log(0 + exp(sink)), exactly
   } else {
+    float m = m_max;
+    float sink = kNegInf;  // in log2 units
+    if (p.has_sinks) {
+      sink = per_head(p.sinks, head) * kLog2e;
+      m = max_nan(m_max, sink);
+    }
     float l_sum = 0.0f;
-    for (int32_t s = 0; s < plan.num_splits; ++s) l_sum += in.l[first + s] * std::exp2(in.m[first + s] - m_max);
+    for (int32_t s = 0; s < plan.num_splits; ++s) l_sum += in.l[first + s] * std::exp2(in.m[first + s] - m);
+    if (p.has_sinks) l_sum += std::exp2(sink - m);
     const float inv_l = 1.0f / l_sum;
     for (int64_t d = 0; d < dim; ++d) {
       float sum = 0.0f;
       for (int32_t s = 0; s < plan.num_splits; ++s) {
-        sum += in.acc[(first + s) * dim + d] * std::exp2(in.m[first + s] - m_max);
+        sum += in.acc[(first + s) * dim + d] * std::exp2(in.m[first + s] - m);
       }
       Storage<OutD>::store(out + d, sum * inv_l);
     }
-    lse = (m_max + std::log2(l_sum)) * kLn2;
+    lse = (m + std::log2(l_sum)) * kLn2;
   }
-  if (p.has_lse) static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + head * p.lse.strides[2]] = lse;
+  if (p.has_lse) {
+    static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + token * p.lse.strides[1] + head * p.lse.strides[2]] = lse;
+  }
 }
 
 // fd_merge_states for one row: the states weighed by exp(lse_s - max) in
