@@ -255,6 +255,18 @@ def test_torch_compile_with_attention_variants() -> None:
         **VARIANTS,
     )
     np.testing.assert_allclose(out.double().numpy(), doubled, atol=2e-5, rtol=2e-5)
+
+    # Slopes and sinks as lists (host memory, as outside torch.compile) become tensors for the op.
+    slope_list, sink_list = slopes.tolist(), sinks.tolist()
+    listed = torch.compile(
+        lambda q, k, v: handle.decode(q * 1.0, k, v, alibi_slopes=slope_list, sinks=sink_list),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    expected_listed, _ = variant_attention(
+        *(x.double().numpy() for x in (q, k, v)), alibi_slopes=slopes.numpy(), sinks=sinks.numpy()
+    )
+    np.testing.assert_allclose(listed(q, k, v).double().numpy(), expected_listed, atol=2e-5, rtol=2e-5)
     handle.close()
 
 

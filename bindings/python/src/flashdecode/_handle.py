@@ -2038,6 +2038,11 @@ def _compiled_decode(
             "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
             "and the op runs on PyTorch's current stream",
         )
+    # The op takes tensors: a list of slopes or sinks (host memory, as outside torch.compile) becomes one.
+    if isinstance(alibi_slopes, (list, tuple)):
+        alibi_slopes = _compiled_vector(torch, q, alibi_slopes, "alibi_slopes")
+    if isinstance(sinks, (list, tuple)):
+        sinks = _compiled_vector(torch, q, sinks, "sinks")
     result, result_lse = torch.ops.flashdecode.decode(
         q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
         logit_softcap, alibi_slopes, sinks,
@@ -2049,3 +2054,11 @@ def _compiled_decode(
         lse.copy_(result_lse)
         result_lse = lse
     return (result, result_lse) if return_lse else result
+
+
+def _compiled_vector(torch: Any, q: Any, values: Any, name: str) -> Any:
+    """A list of per-head values as a float32 CPU tensor for the op; refused for CUDA tensors, as
+    :meth:`Handle.decode` refuses a list on the CUDA backend."""
+    if q.is_cuda:
+        raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass a float32 GPU array")
+    return torch.tensor(values, dtype=torch.float32)
