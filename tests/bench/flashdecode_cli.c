@@ -9,6 +9,7 @@
  *
  *   flashdecode [--backend auto|cpu|cuda] [--threads T] [--batch B] [--q-heads H] [--kv-heads H]
  *               [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]
+ *               [--q-len N] [--mask causal|none] [--window W] [--softcap C] [--alibi] [--sinks]
  *
  * Benchmark mode: shapes from an argument or a file, each as
  * BATCHxQHEADS/KVHEADSxKVLENxHEADDIM (dense BNHD cache, every sequence full),
@@ -16,6 +17,13 @@
  *
  *   flashdecode --bench 1x32/8x32768x128,32x32/8x2048x128 [--backend auto|cpu|cuda] [--dtype f16|bf16|f32]
  *               [--bench-file shapes.txt] [--rotate-mib 1024] [--iters I] [--threads T] [--json out.json]
+ *               [the attention variants above]
+ *
+ * The attention variants (flashdecode.h, "Attention variants") apply to both
+ * modes: query tokens per sequence, the mask, a sliding window, a logit
+ * softcap, and ALiBi slopes and sink logits (random values: their cost does
+ * not depend on them). Bandwidth then counts the K/V of the keys a window
+ * leaves to read, and q and out of every query token.
  *
  * CUDA: for each shape it allocates as many K/V sets as make --rotate-mib (at
  * least two), so that the timed reads come from memory, not from L2; times I
@@ -66,10 +74,11 @@ static void print_usage(FILE *out, const char *argv0) {
   fprintf(out,
           "usage: %s [--backend auto|cpu|cuda] [--threads T] [--batch B] [--q-heads H] [--kv-heads H]\n"
           "          [--kv-len N] [--head-dim D] [--dtype f16|bf16|f32] [--splits S] [--iters I]\n"
-          "          [--progress P]\n"
+          "          [--progress P] [VARIANTS]\n"
           "       %s --bench BxHQ/HKVxNxD[,...] | --bench-file FILE [--backend auto|cpu|cuda] [--threads T]\n"
-          "          [--dtype f16|bf16|f32] [--rotate-mib M] [--iters I] [--progress P] [--json FILE]\n"
+          "          [--dtype f16|bf16|f32] [--rotate-mib M] [--iters I] [--progress P] [--json FILE] [VARIANTS]\n"
           "       %s --help | --version\n"
+          "VARIANTS: [--q-len N] [--mask causal|none] [--window W] [--softcap C] [--alibi] [--sinks]\n"
           "\n"
           "Without --bench: decodes one problem (default 4 sequences, 32 query heads over 8 KV heads,\n"
           "4096 tokens, head_dim 128, f16) on the GPU if the library can use one, else on the CPU,\n"
@@ -86,8 +95,16 @@ static void print_usage(FILE *out, const char *argv0) {
           "  --rotate-mib  CUDA benchmark: K/V sets of at least this many MiB in all (default 1024)\n"
           "  --progress    report progress on stderr every P seconds of a long run (default 1;\n"
           "                0: at every step)\n"
+          "Attention variants, in both modes:\n"
+          "  --q-len       query tokens per sequence, 1 to %d (default 1)\n"
+          "  --mask        causal (default: each query token sees the keys up to its own position)\n"
+          "                or none (every query token sees every key)\n"
+          "  --window      a sliding window of W keys behind each query token (default 0: none)\n"
+          "  --softcap     cap scores to C * tanh(score / C) (default 0: none)\n"
+          "  --alibi       ALiBi position biases, with random slopes\n"
+          "  --sinks       attention sinks, with random logits\n"
           "Exit status: 0 ok, 1 a failure, 2 bad usage.\n",
-          argv0, argv0, argv0);
+          argv0, argv0, argv0, FD_MAX_Q_LEN);
 }
 
 /* Names what is wrong with the command line; exit status 2. */
@@ -105,7 +122,8 @@ enum { PARSE_RUN = 0, PARSE_EXIT_OK = 1 }; /* or 2: bad usage */
 
 static const char *const value_flags[] = {"--backend", "--threads",    "--batch",      "--q-heads", "--kv-heads",
                                           "--kv-len",  "--head-dim",   "--dtype",      "--splits",  "--iters",
-                                          "--bench",   "--bench-file", "--rotate-mib", "--json",    "--progress"};
+                                          "--bench",   "--bench-file", "--rotate-mib", "--json",    "--progress",
+                                          "--q-len",   "--mask",       "--window",     "--softcap"};
 
 static int parse(int argc, char **argv, demo_options *o) {
   memset(o, 0, sizeof *o);
@@ -132,6 +150,15 @@ static int parse(int argc, char **argv, demo_options *o) {
       printf("flashdecode %s (header %s)\n", fd_version_string(), FD_VERSION_STRING);
       return PARSE_EXIT_OK;
     }
+    /* The options without a value. */
+    if (strcmp(flag, "--alibi") == 0) {
+      o->c.alibi = 2; /* random slopes in [0.01, 1] */
+      continue;
+    }
+    if (strcmp(flag, "--sinks") == 0) {
+      o->c.sinks = 1;
+      continue;
+    }
     int known = 0;
     for (size_t f = 0; f < sizeof value_flags / sizeof value_flags[0]; ++f) known |= strcmp(flag, value_flags[f]) == 0;
     if (!known) {
@@ -157,6 +184,17 @@ static int parse(int argc, char **argv, demo_options *o) {
       else if (strcmp(value, "f32") == 0) o->c.dtype = FD_DTYPE_F32;
       else return bad_usage(argv[0], "--dtype must be f16, bf16 or f32, not '%s'", value);
       o->c.out_dtype = o->c.dtype;
+    } else if (strcmp(flag, "--mask") == 0) {
+      if (strcmp(value, "causal") == 0) o->c.mask = FD_MASK_CAUSAL;
+      else if (strcmp(value, "none") == 0) o->c.mask = FD_MASK_NONE;
+      else return bad_usage(argv[0], "--mask must be causal or none, not '%s'", value);
+    } else if (strcmp(flag, "--softcap") == 0) {
+      char *end = NULL;
+      const double c = strtod(value, &end);
+      if (end == value || *end != '\0' || !(c >= 0.0) || !isfinite((float)c)) {
+        return bad_usage(argv[0], "--softcap takes a finite non-negative number, not '%s'", value);
+      }
+      o->c.softcap = c;
     } else {
       char *end = NULL;
       const long long n = strtoll(value, &end, 10);
@@ -172,7 +210,12 @@ static int parse(int argc, char **argv, demo_options *o) {
       else if (strcmp(flag, "--threads") == 0) o->threads = (int)(n < 1 << 20 ? n : 1 << 20);
       else if (strcmp(flag, "--iters") == 0) o->iters = (int)(n < 1 ? 1 : n < 1000000 ? n : 1000000);
       else if (strcmp(flag, "--progress") == 0) o->progress_seconds = n;
-      else o->rotate_mib = n > 0 ? n : 1; /* --rotate-mib */
+      else if (strcmp(flag, "--window") == 0) o->c.window = n;
+      else if (strcmp(flag, "--q-len") == 0) {
+        if (n < 1 || n > FD_MAX_Q_LEN)
+          return bad_usage(argv[0], "--q-len must be 1 to %d, not '%s'", FD_MAX_Q_LEN, value);
+        o->c.q_len = n;
+      } else o->rotate_mib = n > 0 ? n : 1; /* --rotate-mib */
     }
   }
   return PARSE_RUN;
@@ -465,6 +508,53 @@ static fd_tensor dense_tensor(void *data, fd_dtype dtype, int64_t d0, int64_t d1
   return t;
 }
 
+/* K/V tokens a decode reads of a sequence of n: all of them, or under a
+ * window the window's and the query tokens' when those are fewer. */
+static long long keys_read(const fdt_case *c, long long n) {
+  const long long span = c->window + fdt_q_len(c) - 1;
+  return c->window > 0 && span < n ? span : n;
+}
+
+/* Random ALiBi slopes in [0.01, 1] at per_head[0, q_heads) and sink
+ * logits in [-1, 5] at [q_heads, 2 q_heads): the values do not change what a
+ * decode costs. */
+static void fill_per_head(float *per_head, long long q_heads) {
+  fdt_rng rng = {42};
+  for (long long h = 0; h < q_heads; ++h) per_head[h] = (float)fdt_uniform(&rng, 0.01, 1.0);
+  for (long long h = 0; h < q_heads; ++h) per_head[q_heads + h] = (float)fdt_uniform(&rng, -1.0, 5.0);
+}
+
+/* c's variants into args; per_head (in the memory of args' other tensors,
+ * filled by fill_per_head) holds the slopes, then the sinks. */
+static void set_variants(const fdt_case *c, fd_decode_args *args, float *per_head, long long q_heads) {
+  args->mask = c->mask;
+  args->window_left = c->window;
+  args->logit_softcap = (float)c->softcap;
+  const int64_t shape[1] = {q_heads}, strides[1] = {1};
+  if (c->alibi) args->alibi_slopes = fdt_tensor(per_head, FD_DTYPE_F32, 1, shape, strides);
+  if (c->sinks) args->sinks = fdt_tensor(per_head + q_heads, FD_DTYPE_F32, 1, shape, strides);
+}
+
+/* The variants that are on, as ", q_len 4, mask none, window 128, softcap
+ * 30, alibi, sinks"; "" for plain decode. */
+static void describe_variants(const fdt_case *c, char *text, size_t size) {
+  char window[32] = "", softcap[32] = "", q_len[32] = "";
+  if (fdt_q_len(c) > 1) snprintf(q_len, sizeof q_len, ", q_len %lld", (long long)fdt_q_len(c));
+  if (c->window > 0) snprintf(window, sizeof window, ", window %lld", (long long)c->window);
+  if (c->softcap > 0.0) snprintf(softcap, sizeof softcap, ", softcap %g", c->softcap);
+  snprintf(text, size, "%s%s%s%s%s%s", q_len, c->mask == FD_MASK_NONE ? ", mask none" : "", window, softcap,
+           c->alibi ? ", alibi" : "", c->sinks ? ", sinks" : "");
+}
+
+/* The variants as a JSON object, for the benchmark's output. */
+static void json_variants(FILE *json, const fdt_case *c) {
+  fprintf(json,
+          "\"variants\": {\"q_len\": %lld, \"mask\": \"%s\", \"window\": %lld, \"softcap\": %g, \"alibi\": %s, "
+          "\"sinks\": %s}",
+          (long long)fdt_q_len(c), c->mask == FD_MASK_NONE ? "none" : "causal", (long long)c->window, c->softcap,
+          c->alibi ? "true" : "false", c->sinks ? "true" : "false");
+}
+
 static double median_of(double *values, int n) {
   qsort(values, (size_t)n, sizeof *values, compare_doubles);
   return values[n / 2];
@@ -495,12 +585,15 @@ static int bench_one_cpu(fd_handle *h, const bench_shape *sh, const char *label,
                          int count, cpu_result *r) {
   const fd_dtype dtype = o->c.dtype;
   const size_t es = fdt_dtype_size(dtype);
+  const long long q_len = fdt_q_len(&o->c);
   const double kv_elems_d = (double)sh->batch * (double)sh->kv_len * (double)sh->kv_heads * (double)sh->head_dim;
-  const double q_elems_d = (double)sh->batch * (double)sh->q_heads * (double)sh->head_dim;
+  const double q_elems_d = (double)sh->batch * (double)q_len * (double)sh->q_heads * (double)sh->head_dim;
   const double need = (2.0 * kv_elems_d + 2.0 * q_elems_d) * (double)es;
   const double memory = physical_memory_bytes();
   r->kv_mib = 2.0 * kv_elems_d * (double)es / 1048576.0;
-  r->bytes = need;
+  /* The bytes that must move: K and V of the keys read, q and out. */
+  r->bytes =
+      (2.0 * kv_elems_d * (double)keys_read(&o->c, sh->kv_len) / (double)sh->kv_len + 2.0 * q_elems_d) * (double)es;
   if ((memory > 0.0 && need > memory / 2) || need > (double)(SIZE_MAX / 2)) {
     fprintf(stderr, "flashdecode: %s needs %.0f MiB of host memory, more than half of this machine's %.0f MiB\n", label,
             need / 1048576.0, memory / 1048576.0);
@@ -509,21 +602,24 @@ static int bench_one_cpu(fd_handle *h, const bench_shape *sh, const char *label,
   const size_t kv_elems = (size_t)kv_elems_d, q_elems = (size_t)q_elems_d;
   int rc = 1;
   void *q = malloc(q_elems * es), *k = malloc(kv_elems * es), *v = malloc(kv_elems * es), *out = malloc(q_elems * es);
+  float *per_head = malloc(2 * (size_t)sh->q_heads * sizeof *per_head);
   double *times = calloc((size_t)o->iters, sizeof *times);
-  if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL) {
+  if (q == NULL || k == NULL || v == NULL || out == NULL || per_head == NULL || times == NULL) {
     fprintf(stderr, "flashdecode: out of host memory for %s (%.0f MiB)\n", label, need / 1048576.0);
     goto done;
   }
   fill_random(dtype, k, kv_elems, 1);
   fill_random(dtype, v, kv_elems, 2);
   fill_random(dtype, q, q_elems, 3);
+  fill_per_head(per_head, sh->q_heads);
   fd_decode_args args;
   fd_decode_args_init(&args, sizeof args);
-  args.q = dense_tensor(q, dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+  args.q = dense_tensor(q, dtype, sh->batch, q_len, sh->q_heads, sh->head_dim);
   args.k = dense_tensor(k, dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
   args.v = dense_tensor(v, dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
-  args.out = dense_tensor(out, dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+  args.out = dense_tensor(out, dtype, sh->batch, q_len, sh->q_heads, sh->head_dim);
   args.num_splits = o->c.num_splits;
+  set_variants(&o->c, &args, per_head, sh->q_heads);
   size_t workspace = 0;
   fd_status s = fd_workspace_size(h, &args, &workspace);
   if (s == FD_SUCCESS) s = fd_reserve_workspace(h, workspace);
@@ -555,6 +651,7 @@ done:
   free(k);
   free(v);
   free(out);
+  free(per_head);
   free(times);
   return rc;
 }
@@ -565,7 +662,11 @@ static int run_bench_cpu(const demo_options *o, fd_handle *h, const bench_shape 
          "plan");
   FILE *json = o->json ? fopen(o->json, "w") : NULL;
   if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
-  if (json) fprintf(json, "{\"backend\": \"cpu\", \"dtype\": \"%s\", \"results\": [", dtype);
+  if (json) {
+    fprintf(json, "{\"backend\": \"cpu\", \"dtype\": \"%s\", ", dtype);
+    json_variants(json, &o->c);
+    fprintf(json, ", \"results\": [");
+  }
   int rc = 0, written = 0;
   for (int i = 0; i < count; ++i) {
     char label[64];
@@ -660,14 +761,16 @@ static int timed_decodes(fd_handle *h, const fd_decode_args *args, int sets, int
 
 static int bench_one_cuda(fd_handle *h, const bench_shape *sh, fd_dtype dtype, const demo_options *o, bench_result *r) {
   const size_t es = fdt_dtype_size(dtype);
+  const long long q_len = fdt_q_len(&o->c);
   const size_t kv_elems = (size_t)(sh->batch * sh->kv_len * sh->kv_heads * sh->head_dim);
-  const size_t q_elems = (size_t)(sh->batch * sh->q_heads * sh->head_dim);
+  const size_t q_elems = (size_t)(sh->batch * q_len * sh->q_heads * sh->head_dim);
   const double set_bytes = 2.0 * (double)kv_elems * (double)es;
   int sets = (int)ceil((double)o->rotate_mib * 1048576.0 / set_bytes);
   if (sets < 2) sets = 2;
   r->sets = sets;
   r->kv_mib = set_bytes / 1048576.0;
-  r->bytes = set_bytes + 2.0 * (double)q_elems * (double)es;
+  /* The bytes that must move: K and V of the keys read, q and out. */
+  r->bytes = set_bytes * (double)keys_read(&o->c, sh->kv_len) / (double)sh->kv_len + 2.0 * (double)q_elems * (double)es;
 
   int rc = 1;
   void **mem = calloc((size_t)sets * 4, sizeof *mem); /* q, k, v, out per set */
@@ -675,11 +778,21 @@ static int bench_one_cuda(fd_handle *h, const bench_shape *sh, fd_dtype dtype, c
   double *times = calloc((size_t)o->iters, sizeof *times);
   double *host_times = calloc((size_t)o->iters, sizeof *host_times);
   void *host = malloc(kv_elems * es > q_elems * es ? kv_elems * es : q_elems * es);
+  float *per_head = NULL; /* device: slopes, then sinks (fill_per_head) */
+  float *host_per_head = malloc(2 * (size_t)sh->q_heads * sizeof *host_per_head);
   cudaStream_t stream = NULL;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   cudaEvent_t start = NULL, stop = NULL;
-  if (mem == NULL || args == NULL || times == NULL || host_times == NULL || host == NULL) goto done;
+  if (mem == NULL || args == NULL || times == NULL || host_times == NULL || host == NULL || host_per_head == NULL)
+    goto done;
+  fill_per_head(host_per_head, sh->q_heads);
+  if (cudaMalloc((void **)&per_head, 2 * (size_t)sh->q_heads * sizeof *per_head) != cudaSuccess ||
+      cudaMemcpy(per_head, host_per_head, 2 * (size_t)sh->q_heads * sizeof *per_head, cudaMemcpyHostToDevice) !=
+          cudaSuccess) {
+    fprintf(stderr, "flashdecode: out of device memory for the slopes and sinks\n");
+    goto done;
+  }
   for (int i = 0; i < sets; ++i) {
     if (cudaMalloc(&mem[4 * i + 0], q_elems * es) != cudaSuccess ||
         cudaMalloc(&mem[4 * i + 1], kv_elems * es) != cudaSuccess ||
@@ -702,10 +815,11 @@ static int bench_one_cuda(fd_handle *h, const bench_shape *sh, fd_dtype dtype, c
       cudaMemcpy(mem[4 * i + 2], mem[2], kv_elems * es, cudaMemcpyDeviceToDevice);
     }
     fd_decode_args_init(&args[i], sizeof args[i]);
-    args[i].q = dense_tensor(mem[4 * i], dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+    args[i].q = dense_tensor(mem[4 * i], dtype, sh->batch, q_len, sh->q_heads, sh->head_dim);
     args[i].k = dense_tensor(mem[4 * i + 1], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
     args[i].v = dense_tensor(mem[4 * i + 2], dtype, sh->batch, sh->kv_len, sh->kv_heads, sh->head_dim);
-    args[i].out = dense_tensor(mem[4 * i + 3], dtype, sh->batch, 1, sh->q_heads, sh->head_dim);
+    args[i].out = dense_tensor(mem[4 * i + 3], dtype, sh->batch, q_len, sh->q_heads, sh->head_dim);
+    set_variants(&o->c, &args[i], per_head, sh->q_heads);
   }
   if (cudaDeviceSynchronize() != cudaSuccess) goto done;
   size_t workspace = 0;
@@ -779,20 +893,25 @@ done:
   free(times);
   free(host_times);
   free(host);
+  cudaFree(per_head);
+  free(host_per_head);
   return rc;
 }
 
 static int run_bench_cuda(const demo_options *o, fd_handle *h, const bench_shape *shapes, int count) {
   const fd_dtype dtype = o->c.dtype;
   const double ceiling = copy_ceiling_gbps();
-  printf("%s benchmark; device-to-device copy %.0f GB/s (read + written)\n", dtype_name(dtype), ceiling);
+  char variants[160];
+  describe_variants(&o->c, variants, sizeof variants);
+  printf("%s benchmark%s; device-to-device copy %.0f GB/s (read + written)\n", dtype_name(dtype), variants, ceiling);
   printf("%-26s %8s %5s %8s %8s %8s %10s %10s %10s %8s %7s  %s\n", "shape BxHq/HkvxNxD", "KV MiB", "sets", "host us",
          "burst us", "eager us", "launch us", "graph us", "spread us", "GB/s", "%copy", "plan");
   FILE *json = o->json ? fopen(o->json, "w") : NULL;
   if (o->json && json == NULL) fprintf(stderr, "flashdecode: cannot write %s\n", o->json);
   if (json) {
-    fprintf(json, "{\"backend\": \"cuda\", \"dtype\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", dtype_name(dtype),
-            ceiling);
+    fprintf(json, "{\"backend\": \"cuda\", \"dtype\": \"%s\", \"copy_gbps\": %.1f, ", dtype_name(dtype), ceiling);
+    json_variants(json, &o->c);
+    fprintf(json, ", \"results\": [");
   }
   int rc = 0;
   progress bar;
@@ -858,7 +977,9 @@ static int run_bench(const demo_options *o) {
   if (backend == FD_BACKEND_CUDA) rc = run_bench_cuda(o, h, shapes, count);
 #endif
   if (backend == FD_BACKEND_CPU) {
-    printf("%s benchmark, one K/V set per shape, %d timed calls each\n", dtype_name(o->c.dtype), o->iters);
+    char variants[160];
+    describe_variants(&o->c, variants, sizeof variants);
+    printf("%s benchmark%s, one K/V set per shape, %d timed calls each\n", dtype_name(o->c.dtype), variants, o->iters);
     rc = run_bench_cpu(o, h, shapes, count);
   }
   fd_destroy(h);
@@ -911,9 +1032,11 @@ int main(int argc, char **argv) {
   const int bad = fdt_check(&p, report, sizeof report, &out_error, &lse_error);
   qsort(times, (size_t)o.iters, sizeof *times, compare_doubles);
   const double median = times[o.iters / 2];
-  const double kv_bytes =
-      2.0 * (double)(o.c.batch * o.c.kv_len * o.c.kv_heads * o.c.head_dim) * (double)fdt_dtype_size(o.c.dtype);
-  const double io_bytes = 2.0 * (double)(o.c.batch * o.c.q_heads * o.c.head_dim) * (double)fdt_dtype_size(o.c.dtype);
+  /* K and V of the keys read (p.c.kv_len: the cache as laid out), q and out of every query token. */
+  const double kv_bytes = 2.0 * (double)(o.c.batch * keys_read(&o.c, p.c.kv_len) * o.c.kv_heads * o.c.head_dim) *
+                          (double)fdt_dtype_size(o.c.dtype);
+  const double io_bytes =
+      2.0 * (double)(o.c.batch * fdt_q_len(&o.c) * o.c.q_heads * o.c.head_dim) * (double)fdt_dtype_size(o.c.dtype);
   printf("check against float64 reference: %s\n", report);
   printf("time: median %.3f ms over %d runs (min %.3f, max %.3f)\n", median * 1e3, o.iters, times[0] * 1e3,
          times[o.iters - 1] * 1e3);

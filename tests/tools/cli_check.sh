@@ -37,6 +37,20 @@ expect 2 "" "option '--iters' needs a value" -- --iters
 expect 2 "" "--batch takes a non-negative integer, not 'two'" -- --batch two
 expect 2 "" "--backend must be auto, cpu or cuda, not 'gpu'" -- --backend gpu
 expect 2 "" "bad shape '2x8x100'" -- --backend cpu --bench 2x8x100
+expect 2 "" "--mask must be causal or none, not 'sliding'" -- --mask sliding
+expect 2 "" "--q-len must be 1 to 64, not '65'" -- --q-len 65
+expect 2 "" "--softcap takes a finite non-negative number, not '-1'" -- --softcap -1
+expect 2 "" "unexpected argument '1'" -- --alibi 1
+
+# Every attention variant at once, checked against the float64 reference; and benchmarked.
+expect 0 "check against float64 reference: ok" "" -- --backend cpu --batch 2 --kv-len 300 --q-len 4 --mask none \
+  --window 100 --softcap 30 --alibi --sinks --iters 1
+grep -qF "q_len=4 mask-none window=100 softcap=30 alibi=random sinks" "$work/out" || fail "the problem line lacks the variants"
+expect 0 "f32 benchmark, q_len 3, window 64, softcap 20, alibi, sinks" "" -- --backend cpu --bench 1x8/2x512x64 \
+  --dtype f32 --q-len 3 --window 64 --softcap 20 --alibi --sinks --iters 2 --json "$work/variants.json"
+grep -qE "^1x8/2x512x64 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+  cpu " "$work/out" || fail "no result row with variants"
+grep -qF '"variants": {"q_len": 3, "mask": "causal", "window": 64, "softcap": 20, "alibi": true, "sinks": true}' \
+  "$work/variants.json" || fail "the JSON does not name the variants"
 
 # A small benchmark on the CPU backend: one row per shape, and the same rows in the JSON.
 expect 0 "CPU backend" "" -- --backend cpu --threads 2 --bench 1x8/2x512x64,2x4/1x300x32 --dtype bf16 --iters 3 \
