@@ -11,10 +11,11 @@ import (
 	flashdecode "github.com/flashdecode/flashdecode/bindings/go"
 )
 
-// What 0.3 added: content checks, SplitTokens and MergeStates (tested in
-// merge_test.go). Built against a 0.2 header (the CTest test
-// go_old_library), the package has none of them, and
-// TestWithoutThe03Header checks that asking for them says so.
+// What 0.3 added: content checks, SplitTokens, MergeStates (tested in
+// merge_test.go) and the attention variants (variants_test.go). Built
+// against a 0.2 header (the CTest test go_old_library), the package has
+// none of them, and TestWithoutThe03Header checks that asking for them says
+// so.
 
 func needs03(t *testing.T) {
 	t.Helper()
@@ -190,6 +191,31 @@ func TestWithoutThe03Header(t *testing.T) {
 	if err := handle.Decode(&args); err != nil {
 		t.Fatal(err)
 	}
+	// The attention variants, each by its field; several query tokens are 0.2's own refusal.
+	slopes := values(8, 3)
+	for _, variant := range []struct {
+		field string
+		set   func(*flashdecode.DecodeArgs)
+	}{
+		{"DecodeArgs.Mask", func(a *flashdecode.DecodeArgs) { a.Mask = flashdecode.MaskNone }},
+		{"DecodeArgs.WindowLeft", func(a *flashdecode.DecodeArgs) { a.WindowLeft = 16 }},
+		{"DecodeArgs.LogitSoftcap", func(a *flashdecode.DecodeArgs) { a.LogitSoftcap = 30 }},
+		{"DecodeArgs.AlibiSlopes", func(a *flashdecode.DecodeArgs) { a.AlibiSlopes = flashdecode.Float32(slopes, 8) }},
+		{"DecodeArgs.Sinks", func(a *flashdecode.DecodeArgs) { a.Sinks = flashdecode.Float32(slopes, 8) }},
+	} {
+		with := args
+		variant.set(&with)
+		needs(handle.Decode(&with), variant.field)
+		_, err := handle.WorkspaceSize(&with)
+		needs(err, variant.field)
+	}
+	if flashdecode.MaxQLen != 1 {
+		t.Fatalf("MaxQLen %d with a 0.2 header", flashdecode.MaxQLen)
+	}
+	q4, out4 := values(4*8*64, 4), make([]float32, 4*8*64)
+	several := args
+	several.Q, several.Out = flashdecode.Float32(q4, 1, 4, 8, 64), flashdecode.Float32(out4, 1, 4, 8, 64)
+	expectError(t, handle.Decode(&several), flashdecode.ErrUnsupported, "q_len must be 1")
 	lse := make([]float32, 8)
 	needs(handle.MergeStates(&flashdecode.MergeArgs{
 		States: []flashdecode.MergeState{{Out: flashdecode.Float32(out, 1, 1, 8, 64), LSE: flashdecode.Float32(lse, 1, 1, 8)}},

@@ -3,10 +3,13 @@
 // Package flashdecode is the Go binding of libflashdecode: flash-decoding
 // attention for LLM inference behind a stable C ABI.
 //
-// One new query token per sequence attends to a KV cache that is split
-// along the sequence, computed per split in parallel and merged; with
-// grouped-query attention, ragged lengths, paged caches, any strided layout,
-// the log-sum-exp and a reusable workspace.
+// The newest query tokens of each sequence (one for plain decode, up to 64
+// for speculative steps) attend to a KV cache that is split along the
+// sequence, computed per split in parallel and merged; with grouped-query
+// attention, ragged lengths, paged caches, any strided layout, the
+// log-sum-exp, a reusable workspace, and since 0.3 the attention variants:
+// causal or full masks, sliding windows, logit softcaps, ALiBi and
+// attention sinks (see DecodeArgs).
 //
 // The package links the library through cgo and pkg-config
 // (PKG_CONFIG_PATH must find flashdecode.pc; at run time the dynamic loader
@@ -19,8 +22,9 @@
 // The package builds against the header of the library it links (0.2 or
 // later) and needs a library at least as new at run time. Built against a
 // 0.2 header it has no 0.3 features: Options.CheckContents,
-// DecodeArgs.SplitTokens, Handle.CheckContents and Handle.MergeStates then
-// fail with ErrUnsupported, naming the version they need.
+// DecodeArgs.SplitTokens, the attention variants of DecodeArgs,
+// Handle.CheckContents and Handle.MergeStates then fail with
+// ErrUnsupported, naming the version they need.
 //
 // Partial results of a cache decoded in parts, each with its LSE (a shared
 // prefix and each sequence's suffix in cascade attention, or the shards of
@@ -35,13 +39,53 @@ package flashdecode
 
 enum { FDGO_DECODE = 0, FDGO_WORKSPACE_SIZE = 1, FDGO_DESCRIBE_PLAN = 2 };
 
+// What 0.3 added, where the header has it: the package builds against a 0.2
+// header too, without these features (HeaderHas03).
+enum { FDGO_CHECK_CONTENTS = 1 }; // FD_CHECK_CONTENTS (pinned)
+#if FD_VERSION_MINOR >= 3
+enum { FDGO_HAS_0_3 = 1, FDGO_MAX_Q_LEN = FD_MAX_Q_LEN };
+static void fdgo_set_checks(fd_options *options, uint32_t checks) { options->checks = checks; }
+static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { args->split_tokens = tokens; }
+static void fdgo_set_variants(fd_decode_args *args, int mask, float logit_softcap, int64_t window_left,
+                              fd_tensor alibi_slopes, fd_tensor sinks) {
+  args->mask = (fd_attention_mask)mask;
+  args->logit_softcap = logit_softcap;
+  args->window_left = window_left;
+  args->alibi_slopes = alibi_slopes;
+  args->sinks = sinks;
+}
+static void fdgo_set_variant_data(fd_decode_args *args, void *alibi_slopes, void *sinks) {
+  args->alibi_slopes.data = alibi_slopes;
+  args->sinks.data = sinks;
+}
+static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
+  return fd_check_contents(handle, (fd_cuda_stream)stream);
+}
+#else
+enum { FDGO_HAS_0_3 = 0, FDGO_MAX_Q_LEN = 1 };
+static void fdgo_set_checks(fd_options *options, uint32_t checks) { (void)options; (void)checks; }
+static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { (void)args; (void)tokens; }
+static void fdgo_set_variants(fd_decode_args *args, int mask, float logit_softcap, int64_t window_left,
+                              fd_tensor alibi_slopes, fd_tensor sinks) {
+  (void)args; (void)mask; (void)logit_softcap; (void)window_left; (void)alibi_slopes; (void)sinks;
+}
+static void fdgo_set_variant_data(fd_decode_args *args, void *alibi_slopes, void *sinks) {
+  (void)args; (void)alibi_slopes; (void)sinks;
+}
+static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
+  (void)handle;
+  (void)stream;
+  return FD_ERROR_UNSUPPORTED;
+}
+#endif
+
 // cgo forbids storing Go pointers in memory passed to C, so the data
 // pointers travel as arguments and are put into the struct here, on the C
 // stack. mode asks for the workspace size (into bytes) or the plan (into
 // info) instead of decoding.
 static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, void *k, void *v, void *out,
-                             void *lse, void *seq_lens, void *block_table, uintptr_t stream, int mode,
-                             size_t *bytes, fd_plan_info *info) {
+                             void *lse, void *seq_lens, void *block_table, void *alibi_slopes, void *sinks,
+                             uintptr_t stream, int mode, size_t *bytes, fd_plan_info *info) {
   args.q.data = q;
   args.k.data = k;
   args.v.data = v;
@@ -49,6 +93,7 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
   args.lse.data = lse;
   args.seq_lens.data = seq_lens;
   args.block_table.data = block_table;
+  fdgo_set_variant_data(&args, alibi_slopes, sinks);
   if (mode == FDGO_WORKSPACE_SIZE) return fd_workspace_size(handle, &args, bytes);
   if (mode == FDGO_DESCRIBE_PLAN) return fd_describe_plan(handle, &args, info);
   return fd_decode(handle, &args, (fd_cuda_stream)stream);
@@ -57,27 +102,6 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
 // Device addresses arrive as integers; converting them in C keeps them out
 // of Go's pointer rules (they never point into Go memory).
 static void *fdgo_address(uintptr_t address) { return (void *)address; }
-
-// What 0.3 added, where the header has it: the package builds against a 0.2
-// header too, without these features (HeaderHas03).
-enum { FDGO_CHECK_CONTENTS = 1 }; // FD_CHECK_CONTENTS (pinned)
-#if FD_VERSION_MINOR >= 3
-enum { FDGO_HAS_0_3 = 1 };
-static void fdgo_set_checks(fd_options *options, uint32_t checks) { options->checks = checks; }
-static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { args->split_tokens = tokens; }
-static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
-  return fd_check_contents(handle, (fd_cuda_stream)stream);
-}
-#else
-enum { FDGO_HAS_0_3 = 0 };
-static void fdgo_set_checks(fd_options *options, uint32_t checks) { (void)options; (void)checks; }
-static void fdgo_set_split_tokens(fd_decode_args *args, int64_t tokens) { (void)args; (void)tokens; }
-static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
-  (void)handle;
-  (void)stream;
-  return FD_ERROR_UNSUPPORTED;
-}
-#endif
 */
 import "C"
 
@@ -93,9 +117,12 @@ const (
 	HeaderVersionMajor = C.FD_VERSION_MAJOR
 	HeaderVersionMinor = C.FD_VERSION_MINOR
 	// HeaderHas03 says whether that header has 0.3's features (content
-	// checks, SplitTokens, MergeStates); without them they fail with
-	// ErrUnsupported.
+	// checks, SplitTokens, MergeStates, several query tokens and the
+	// attention variants); without them they fail with ErrUnsupported.
 	HeaderHas03 = C.FDGO_HAS_0_3 == 1
+	// MaxQLen is the most query tokens per sequence (dimension 1 of Q) a
+	// decode takes: FD_MAX_Q_LEN (64) since 0.3, 1 with a 0.2 header.
+	MaxQLen = C.FDGO_MAX_Q_LEN
 	// MaxDims is the most dimensions a tensor has.
 	MaxDims = C.FD_MAX_DIMS
 	// WorkspaceAlignment is the alignment in bytes SetWorkspace requires.
@@ -144,6 +171,12 @@ func require03(feature string) error {
 // the C helpers live in this file's preamble).
 func setSplitTokens(raw *C.fd_decode_args, tokens int) {
 	C.fdgo_set_split_tokens(raw, C.int64_t(tokens))
+}
+
+// setVariants sets the attention variants' fields of fd_decode_args (a 0.3
+// header's), the tensors without their data pointers.
+func setVariants(raw *C.fd_decode_args, mask AttentionMask, softcap float32, window int, slopes, sinks C.fd_tensor) {
+	C.fdgo_set_variants(raw, C.int(mask), C.float(softcap), C.int64_t(window), slopes, sinks)
 }
 
 // Backend is where a handle runs (fd_backend).
@@ -255,9 +288,9 @@ func (h *Handle) Close() error {
 	return call(func() C.fd_status { return C.fd_destroy(raw) })
 }
 
-// Decode computes decode attention for one query token per sequence: on the
-// CPU backend synchronously, on CUDA enqueued on the legacy default stream.
-// On error nothing is written.
+// Decode computes decode attention for the newest query tokens of every
+// sequence (see DecodeArgs): on the CPU backend synchronously, on CUDA
+// enqueued on the legacy default stream. On error nothing is written.
 func (h *Handle) Decode(args *DecodeArgs) error {
 	return h.DecodeOnStream(args, 0)
 }
@@ -295,7 +328,7 @@ func (h *Handle) CheckContentsOnStream(stream uintptr) error {
 }
 
 // WorkspaceSize is the bytes of workspace Decode needs for args on this
-// handle; it depends only on shapes and the split count.
+// handle; it depends only on shapes, the split count and the window.
 func (h *Handle) WorkspaceSize(args *DecodeArgs) (int, error) {
 	return h.run(args, 0, C.FDGO_WORKSPACE_SIZE, nil)
 }
@@ -402,7 +435,8 @@ func (h *Handle) run(args *DecodeArgs, stream uintptr, mode C.int, info *C.fd_pl
 	var bytes C.size_t
 	err = h.locked(func(handle *C.fd_handle) C.fd_status {
 		return C.fdgo_decode(handle, raw, args.Q.data(), args.K.data(), args.V.data(), args.Out.data(), args.LSE.data(),
-			args.SeqLens.data(), args.BlockTable.data(), C.uintptr_t(stream), mode, &bytes, info)
+			args.SeqLens.data(), args.BlockTable.data(), args.AlibiSlopes.data(), args.Sinks.data(), C.uintptr_t(stream),
+			mode, &bytes, info)
 	})
 	runtime.KeepAlive(args)
 	return int(bytes), err

@@ -361,9 +361,12 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 	handle := cpuHandle(t)
 	q, k := values(2*8*64, 12), values(2*100*2*64, 13)
 	half := make([]uint16, len(k))
-	out := make([]float32, len(q))
+	out, longOut := make([]float32, len(q)), make([]float32, 2*65*8*16)
 	for i := range out {
 		out[i] = 7
+	}
+	for i := range longOut {
+		longOut[i] = 7
 	}
 	valid := func() flashdecode.DecodeArgs {
 		return flashdecode.DecodeArgs{
@@ -388,9 +391,19 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 			a.K = flashdecode.Float32(k, 2, 100, 2, 32).WithStrides(12800, 128, 64, 2)
 		}, flashdecode.ErrInvalidStride, "k: stride of head_dim must be 1, got 2"},
 		{"shape", func(a *flashdecode.DecodeArgs) { a.V = flashdecode.Float32(k, 1, 100, 2, 64) }, flashdecode.ErrInvalidShape, "v: batch must be 2 (from k)"},
-		{"query tokens", func(a *flashdecode.DecodeArgs) {
-			a.Q, a.Out = flashdecode.Float32(q, 2, 2, 4, 64), flashdecode.Float32(out, 2, 2, 4, 64)
-		}, flashdecode.ErrUnsupported, "q_len must be 1"},
+		{"query tokens (0.3)", func(a *flashdecode.DecodeArgs) {
+			a.Q = flashdecode.Float32(q, 2, 2, 4, 64)
+		}, flashdecode.ErrInvalidShape, "out: q_len must be 2 (from q), got 1"},
+		{"too many query tokens (0.3)", func(a *flashdecode.DecodeArgs) {
+			a.Q, a.Out = flashdecode.Float32(k, 2, 65, 8, 16), flashdecode.Float32(longOut, 2, 65, 8, 16)
+			a.K, a.V = flashdecode.Float32(k, 2, 100, 2, 16), flashdecode.Float32(k, 2, 100, 2, 16)
+		}, flashdecode.ErrInvalidShape, "q: q_len must be in [1, 64], got 65"},
+		{"negative window (0.3)", func(a *flashdecode.DecodeArgs) { a.WindowLeft = -3 }, flashdecode.ErrInvalidArgument, "window_left must be positive (0: no window), got -3"},
+		{"negative softcap (0.3)", func(a *flashdecode.DecodeArgs) { a.LogitSoftcap = -1 }, flashdecode.ErrInvalidArgument, "logit_softcap must be finite and positive (0: none), got -1"},
+		{"softcap NaN (0.3)", func(a *flashdecode.DecodeArgs) { a.LogitSoftcap = float32(math.NaN()) }, flashdecode.ErrInvalidArgument, "logit_softcap must be finite and positive (0: none), got nan"},
+		{"mask (0.3)", func(a *flashdecode.DecodeArgs) { a.Mask = 2 }, flashdecode.ErrInvalidArgument, "mask must be FD_MASK_CAUSAL (0) or FD_MASK_NONE (1), got 2"},
+		{"alibi heads (0.3)", func(a *flashdecode.DecodeArgs) { a.AlibiSlopes = flashdecode.Float32(q, 4) }, flashdecode.ErrInvalidShape, "alibi_slopes: q_heads must be 8 (from q), got 4"},
+		{"sinks dtype (0.3)", func(a *flashdecode.DecodeArgs) { a.Sinks = flashdecode.Float16(half, 8) }, flashdecode.ErrInvalidDType, "sinks: dtype must be f32, got f16"},
 		// Refused by the binding before any call:
 		{"slice too short", func(a *flashdecode.DecodeArgs) { a.Q = flashdecode.Float32(q[:100], 2, 1, 8, 64) }, flashdecode.ErrInvalidShape, "q: shape [2 1 8 64] with strides [512 512 64 1] reaches element 1023, but the slice has 100"},
 		{"negative stride", func(a *flashdecode.DecodeArgs) { a.K = a.K.WithStrides(12800, 128, -64, 1) }, flashdecode.ErrInvalidStride, "k: strides [12800 128 -64 1] have a negative stride"},
@@ -406,14 +419,26 @@ func TestErrorsCarryTheMessageAndWriteNothing(t *testing.T) {
 		{"device address 0", func(a *flashdecode.DecodeArgs) {
 			a.V = flashdecode.Device(0, flashdecode.Float32Type, 2, 100, 2, 64)
 		}, flashdecode.ErrInvalidArgument, "v: is device memory, but the handle runs on the CPU backend"},
+		{"device sinks (0.3)", func(a *flashdecode.DecodeArgs) {
+			a.Sinks = flashdecode.Device(0xdead0000, flashdecode.Float32Type, 8)
+		}, flashdecode.ErrInvalidArgument, "sinks: is device memory, but the handle runs on the CPU backend"},
+		{"slopes slice too short (0.3)", func(a *flashdecode.DecodeArgs) { a.AlibiSlopes = flashdecode.Float32(q[:7], 8) }, flashdecode.ErrInvalidShape, "alibi_slopes: shape [8] with strides [1] reaches element 7, but the slice has 7"},
 	}
 	for _, c := range cases {
+		if strings.HasSuffix(c.name, " (0.3)") && !flashdecode.HeaderHas03 {
+			continue // a 0.2 header: TestWithoutThe03Header checks these fail with ErrUnsupported
+		}
 		args := valid()
 		c.change(&args)
 		expectError(t, handle.Decode(&args), c.status, c.needle)
 		for i, x := range out {
 			if x != 7 {
 				t.Fatalf("%s: out[%d] was written", c.name, i)
+			}
+		}
+		for i, x := range longOut {
+			if x != 7 {
+				t.Fatalf("%s: longOut[%d] was written", c.name, i)
 			}
 		}
 	}

@@ -152,20 +152,48 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 	return raw, nil
 }
 
+// AttentionMask is which keys the query tokens of a sequence see
+// (fd_attention_mask, since 0.3). With one query token both are the same.
+type AttentionMask int
+
+// Attention masks (pinned values).
+const (
+	// MaskCausal (the zero value): query token i of a sequence of length L
+	// sees the keys up to its own position L - q_len + i.
+	MaskCausal AttentionMask = 0
+	// MaskNone: every query token sees all L keys (e.g. a verify step that
+	// scores drafts alike).
+	MaskNone AttentionMask = 1
+)
+
 // DecodeArgs is everything one decode reads and writes.
 //
 // Shapes, by role (the order is fixed; the layout comes from strides):
-//   - Q, Out: [batch, 1, q_heads, head_dim]; Out of Q's dtype or Float32Type.
+//   - Q, Out: [batch, q_len, q_heads, head_dim]; Out of Q's dtype or
+//     Float32Type. q_len is 1 for plain decode and up to MaxQLen (64, since
+//     0.3) for speculative or multi-token steps: the q_len query tokens of a
+//     sequence are its newest, token i of a sequence of length L at
+//     position L - q_len + i.
 //   - K, V: a dense cache [batch, kv_len, kv_heads, head_dim] (a BHND cache
 //     [batch, heads, kv_len, head_dim] is the same with strides
 //     {H*N*D, D, N*D, 1}), or with BlockTable the page pool
 //     [num_pages, page_size, kv_heads, head_dim].
-//   - LSE (optional): [batch, 1, q_heads], Float32Type, natural log; -inf for
-//     empty sequences.
+//   - LSE (optional): [batch, q_len, q_heads], Float32Type, natural log;
+//     -inf for a query token that sees no key (an empty sequence).
 //   - SeqLens (optional): [batch], Int32Type. BlockTable (optional):
 //     [batch, max_pages], Int32Type.
+//   - AlibiSlopes, Sinks (optional): [q_heads], Float32Type, in the memory
+//     of the other tensors.
 //
 // Q heads must be a multiple of KV heads (grouped-query attention).
+//
+// The attention variants (since 0.3; their zero values are plain causal
+// attention): for query token i at position pos and key j, the score
+// s = scale*q.k_j is capped to c*tanh(s/c) by LogitSoftcap c, gets
+// slope[h]*(j - pos) from AlibiSlopes; key j is seen if j < L, with
+// MaskCausal j <= pos, and with WindowLeft W pos - j < W; Sinks add
+// exp(sink[h]) to the softmax denominator (and the LSE). A query token that
+// sees no key gets zeros and LSE -inf, or sink[h] with Sinks.
 type DecodeArgs struct {
 	Q, K, V, Out        Tensor
 	LSE                 Tensor  // optional
@@ -180,6 +208,24 @@ type DecodeArgs struct {
 	// the length used). 0 leaves the splits to NumSplits or the library; do
 	// not set both.
 	SplitTokens int
+	// Mask is which keys each query token sees (since 0.3): MaskCausal (the
+	// zero value) or MaskNone.
+	Mask AttentionMask
+	// WindowLeft > 0 is a sliding window of that many keys (since 0.3): query
+	// token i sees key j only if pos_i - j < WindowLeft (1: only its own
+	// position); only the keys inside it are read. 0 is no window; negative
+	// fails with ErrInvalidArgument.
+	WindowLeft int
+	// LogitSoftcap c > 0 caps every score s (after the scale) to
+	// c*tanh(s/c) (since 0.3; Gemma 2, Grok). 0 caps nothing; negative or
+	// non-finite fails with ErrInvalidArgument.
+	LogitSoftcap float32
+	// AlibiSlopes (optional, since 0.3) adds slope[h]*(j - pos_i) to the
+	// score of key j.
+	AlibiSlopes Tensor
+	// Sinks (optional, since 0.3) are attention-sink logits: exp(sink[h])
+	// joins every softmax denominator (not the numerator) and the LSE.
+	Sinks Tensor
 }
 
 func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, error) {
@@ -197,6 +243,25 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 		}
 		setSplitTokens(&raw, a.SplitTokens)
 	}
+	for _, variant := range []struct {
+		name string
+		set  bool
+	}{
+		{"DecodeArgs.Mask", a.Mask != MaskCausal}, {"DecodeArgs.WindowLeft", a.WindowLeft != 0},
+		{"DecodeArgs.LogitSoftcap", a.LogitSoftcap != 0}, {"DecodeArgs.AlibiSlopes", a.AlibiSlopes.present()},
+		{"DecodeArgs.Sinks", a.Sinks.present()},
+	} {
+		if variant.set {
+			if err := require03(variant.name); err != nil {
+				return raw, err
+			}
+		}
+	}
+	if int(C.int(a.Mask)) != int(a.Mask) {
+		return raw, refuse(ErrInvalidArgument, fmt.Sprintf("mask %d does not fit in a C int", a.Mask))
+	}
+	// The slopes and sinks are described here, and set with the scalar variants below.
+	var slopes, sinks C.fd_tensor
 	roles := []struct {
 		name   string
 		tensor Tensor
@@ -204,6 +269,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	}{
 		{"q", a.Q, &raw.q}, {"k", a.K, &raw.k}, {"v", a.V, &raw.v}, {"out", a.Out, &raw.out},
 		{"lse", a.LSE, &raw.lse}, {"seq_lens", a.SeqLens, &raw.seq_lens}, {"block_table", a.BlockTable, &raw.block_table},
+		{"alibi_slopes", a.AlibiSlopes, &slopes}, {"sinks", a.Sinks, &sinks},
 	}
 	for _, role := range roles {
 		if !role.tensor.present() {
@@ -217,6 +283,9 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 			return raw, err
 		}
 		*role.into = described
+	}
+	if HeaderHas03 {
+		setVariants(&raw, a.Mask, a.LogitSoftcap, a.WindowLeft, slopes, sinks)
 	}
 	return raw, nil
 }

@@ -43,6 +43,77 @@ def attention(
     return out, lse
 
 
+def variant_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: Optional[float] = None,
+    seq_lens: Union[Sequence[int], np.ndarray, None] = None,
+    *,
+    causal: bool = True,
+    window_left: Optional[int] = None,
+    logit_softcap: Optional[float] = None,
+    alibi_slopes: Union[Sequence[float], np.ndarray, None] = None,
+    sinks: Union[Sequence[float], np.ndarray, None] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Attention of several query tokens with the 0.3 variants, in float64, as
+    ``flashdecode.h`` ("Attention variants") defines it, written from the
+    definition rather than from the kernels.
+
+    q: ``[batch, q_len, heads, head_dim]``; k, v: ``[batch, kv_len, kv_heads,
+    head_dim]`` (NHD). Query token t of a sequence of length L sits at
+    ``pos_q = L - q_len + t``; key j is seen if ``j < L`` and, when causal,
+    ``j <= pos_q`` and, with a window W, ``pos_q - j < W``. A score is
+    ``scale * q.k``, capped to ``c * tanh(s / c)``, plus ``slope[h] * (j -
+    pos_q)``; ``exp(sink[h])`` joins the denominator. Returns ``out [batch,
+    q_len, heads, head_dim]`` and the natural-log ``lse [batch, q_len,
+    heads]``: zeros and -inf (or ``sink[h]``) for a token that sees no key.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    batch, q_len, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float64)
+    sink = None if sinks is None else np.asarray(sinks, dtype=np.float64)
+    out = np.zeros((batch, q_len, heads, head_dim))
+    lse = np.full((batch, q_len, heads), -np.inf)
+    for b in range(batch):
+        length = k.shape[1] if seq_lens is None else int(seq_lens[b])
+        pos_q = length - q_len + np.arange(q_len)  # [q_len]
+        pos_k = np.arange(length)  # [length]
+        seen = np.ones((q_len, length), dtype=bool)
+        if causal:
+            seen &= pos_k[None, :] <= pos_q[:, None]
+        if window_left is not None:
+            seen &= pos_q[:, None] - pos_k[None, :] < window_left
+        keys = np.repeat(k[b, :length], group, axis=1)  # [length, heads, head_dim]
+        values = np.repeat(v[b, :length], group, axis=1)
+        scores = scale * np.einsum("thd,nhd->thn", q[b], keys)  # [q_len, heads, length]
+        if logit_softcap is not None:
+            scores = logit_softcap * np.tanh(scores / logit_softcap)
+        if slopes is not None:
+            scores = scores + slopes[None, :, None] * (pos_k[None, None, :] - pos_q[:, None, None])
+        scores = np.where(seen[:, None, :], scores, -np.inf)
+        peak = scores.max(axis=2) if length else np.full((q_len, heads), -np.inf)  # [q_len, heads]
+        if sink is not None:
+            peak = np.maximum(peak, sink[None, :])
+        empty = np.isneginf(peak)  # no key seen, no sink
+        peak = np.where(empty, 0.0, peak)
+        weights = np.exp(scores - peak[:, :, None])  # exp(-inf) = 0 for unseen keys
+        total = weights.sum(axis=2)
+        if sink is not None:
+            total = total + np.exp(sink[None, :] - peak)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[b] = np.where(empty[:, :, None], 0.0, np.einsum("thn,nhd->thd", weights, values) / total[:, :, None])
+            lse[b] = np.where(empty, -np.inf, peak + np.log(total))
+    return out, lse
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """The ALiBi paper's slopes for ``heads`` heads (geometric, from 2^(-8/heads)), float32."""
+    return (2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)).astype(np.float32)
+
+
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), rounding to nearest even."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)

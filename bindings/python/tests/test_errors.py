@@ -115,10 +115,49 @@ LIBRARY_REJECTS: Dict[str, tuple] = {
         flashdecode.InvalidArgumentError,
         "softmax_scale must be finite",
     ),
-    "query tokens": (
-        lambda p: p.update(q=np.zeros((2, 2, 8, 64), np.float32), out=np.full((2, 2, 8, 64), SENTINEL, np.float32)),
-        flashdecode.UnsupportedError,
-        "q_len must be 1",
+    "too many query tokens": (
+        lambda p: p.update(q=np.zeros((2, 65, 8, 64), np.float32), out=np.full((2, 65, 8, 64), SENTINEL, np.float32)),
+        flashdecode.InvalidShapeError,
+        r"q: q_len must be in \[1, 64\], got 65",
+    ),
+    "out query tokens": (
+        lambda p: p.update(q=np.zeros((2, 2, 8, 64), np.float32)),
+        flashdecode.InvalidShapeError,
+        r"out: q_len must be 2 \(from q\), got 1",
+    ),
+    "lse query tokens": (
+        lambda p: p.update(
+            q=np.zeros((2, 4, 8, 64), np.float32),
+            out=np.full((2, 4, 8, 64), SENTINEL, np.float32),
+            lse=np.zeros((2, 1, 8), np.float32),
+        ),
+        flashdecode.InvalidShapeError,
+        r"lse: q_len must be 4 \(from q\), got 1",
+    ),
+    "alibi_slopes heads": (
+        lambda p: p.update(alibi_slopes=np.zeros(4, np.float32)),
+        flashdecode.InvalidShapeError,
+        r"alibi_slopes: q_heads must be 8 \(from q\), got 4",
+    ),
+    "alibi_slopes rank": (
+        lambda p: p.update(alibi_slopes=np.zeros((2, 8), np.float32)),
+        flashdecode.InvalidShapeError,
+        "alibi_slopes: ndim must be 1, got 2",
+    ),
+    "sinks dtype": (
+        lambda p: p.update(sinks=np.zeros(8, np.float16)),
+        flashdecode.InvalidDTypeError,
+        "sinks: dtype must be f32, got f16",
+    ),
+    "sinks stride": (
+        lambda p: p.update(sinks=np.zeros(8, np.float32)[::-1]),
+        flashdecode.InvalidStrideError,
+        "sinks: stride of q_heads must not be negative",
+    ),
+    "sinks inside out": (
+        lambda p: p.update(sinks=p["out"][0, 0, :, 0]),
+        flashdecode.InvalidArgumentError,
+        "overlap those of input sinks",
     ),
 }
 
@@ -268,7 +307,7 @@ BINDING_REJECTS: Dict[str, tuple] = {
     "q rank": (
         lambda p: p.update(q=p["q"][0, 0]),
         flashdecode.InvalidShapeError,
-        r"q: expected \[batch, 1, heads, head_dim\]",
+        r"q: expected \[batch, q_len, heads, head_dim\]",
     ),
     "k rank": (
         lambda p: p.update(k=p["k"][0]),
@@ -283,7 +322,7 @@ BINDING_REJECTS: Dict[str, tuple] = {
     "lse rank": (
         lambda p: p.update(lse=np.zeros((2, 8), np.float32)),
         flashdecode.InvalidShapeError,
-        r"lse: expected \[batch, 1, heads\]",
+        r"lse: expected \[batch, q_len, heads\]",
     ),
     "byte stride": (
         lambda p: p.update(
@@ -329,6 +368,83 @@ BINDING_REJECTS: Dict[str, tuple] = {
         lambda p: p.update(k=FakeCudaArray((2, 100, 2, 64))),
         flashdecode.InvalidArgumentError,
         "k: is in CUDA memory, but this handle runs on the CPU",
+    ),
+    # The attention variants (0.3): None, not 0, means "none" in Python, so 0 is refused.
+    "causal type": (lambda p: p.update(causal=1), flashdecode.InvalidArgumentError, "causal: expected a bool, got int"),
+    "causal None": (
+        lambda p: p.update(causal=None),
+        flashdecode.InvalidArgumentError,
+        "causal: expected a bool, got NoneType",
+    ),
+    "window 0": (
+        lambda p: p.update(window_left=0),
+        flashdecode.InvalidArgumentError,
+        "window_left: must be a positive number of keys, got 0; None means no window",
+    ),
+    "negative window": (
+        lambda p: p.update(window_left=-3),
+        flashdecode.InvalidArgumentError,
+        "window_left: must be a positive number of keys, got -3",
+    ),
+    "window type": (
+        lambda p: p.update(window_left=2.5),
+        flashdecode.InvalidArgumentError,
+        "window_left: expected an int, got float",
+    ),
+    "window bool": (
+        lambda p: p.update(window_left=True),
+        flashdecode.InvalidArgumentError,
+        "window_left: expected an int, got bool",
+    ),
+    "softcap 0": (
+        lambda p: p.update(logit_softcap=0.0),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got 0; None means no cap",
+    ),
+    "negative softcap": (
+        lambda p: p.update(logit_softcap=-2),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got -2",
+    ),
+    "softcap NaN": (
+        lambda p: p.update(logit_softcap=float("nan")),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got nan",
+    ),
+    "softcap inf": (
+        lambda p: p.update(logit_softcap=float("inf")),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got inf",
+    ),
+    "softcap beyond float32": (
+        lambda p: p.update(logit_softcap=1e39),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got 1e[+]39",
+    ),
+    "softcap 0 in float32": (
+        lambda p: p.update(logit_softcap=1e-50),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: must be finite and positive in float32, got 1e-50",
+    ),
+    "softcap type": (
+        lambda p: p.update(logit_softcap="big"),
+        flashdecode.InvalidArgumentError,
+        "logit_softcap: expected a float, got str",
+    ),
+    "sinks 16-bit storage": (
+        lambda p: p.update(sinks=np.zeros(8, np.uint16)),
+        flashdecode.InvalidDTypeError,
+        "sinks: dtype uint16 is not supported; it must be float32",
+    ),
+    "alibi_slopes float64": (
+        lambda p: p.update(alibi_slopes=np.zeros(8)),
+        flashdecode.InvalidDTypeError,
+        "alibi_slopes: dtype float64 is not supported; it must be float32",
+    ),
+    "alibi_slopes in device memory": (
+        lambda p: p.update(alibi_slopes=FakeCudaArray((8,))),
+        flashdecode.InvalidArgumentError,
+        "alibi_slopes: is in CUDA memory, but this handle runs on the CPU",
     ),
 }
 
@@ -432,14 +548,14 @@ def test_layout_mistakes_say_which_layout_fits(cpu, rng) -> None:
     """The issue's trap: HND arrays with Handle.decode's default NHD, and NHD ones with flash_decode's HND."""
     q = rng.standard_normal((4, 32, 1, 64)).astype(np.float32)  # HND
     k = rng.standard_normal((4, 8, 512, 64)).astype(np.float32)
-    hint_hnd = r"; these shapes fit layout='HND' \(q \[batch, heads, 1, head_dim\], .*\): did you mean it\?$"
+    hint_hnd = r"; these shapes fit layout='HND' \(q \[batch, heads, q_len, head_dim\], .*\): did you mean it\?$"
     with pytest.raises(
         flashdecode.InvalidHeadCountError, match=r"q_heads \(1\) must be a multiple of kv_heads \(512\)" + hint_hnd
     ):
         cpu.decode(q, k, k)
     q_nhd, k_nhd = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k))
     with pytest.raises(
-        flashdecode.FlashDecodeError, match=r"these shapes fit layout='NHD' \(q \[batch, 1, heads, head_dim\]"
+        flashdecode.FlashDecodeError, match=r"these shapes fit layout='NHD' \(q \[batch, q_len, heads, head_dim\]"
     ):
         flashdecode.flash_decode(q_nhd, k_nhd, k_nhd)
     with pytest.raises(flashdecode.FlashDecodeError, match="these shapes fit layout='NHD'"):

@@ -7,13 +7,13 @@ machine with both installed to exercise them all."""
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 import pytest
 
 import flashdecode
-from reference import attention
+from reference import alibi_slopes, attention, variant_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -509,3 +509,206 @@ def test_cuda_merge_states_streams_graphs_and_mixed_dtypes() -> None:
             handle.merge_states([outs[0], outs[1].cpu()], lses[:2])
         with pytest.raises(flashdecode.InvalidDTypeError, match=r"states_lse\[0\]: dtype must be f32"):
             handle.merge_states(outs, [x.half() for x in lses])
+
+
+# ---- 0.3: attention variants ------------------------------------------------------
+
+# The softcap's tanh may be computed with a hardware approximation on the GPU.
+SOFTCAP_TOLERANCE = {"float32": 2e-3, "float16": 6e-3, "bfloat16": 2.5e-2}
+
+
+def variant_tensors(torch: Any, dtype: str, shape: Tuple[int, ...], kv_len: int, seed: int) -> Tuple[Any, Any, Any]:
+    """q ``[batch, q_len, heads, head_dim]`` and k, v ``[batch, kv_len, kv_heads, head_dim]`` (NHD)
+    on the GPU; ``shape`` is (batch, q_len, heads, kv_heads, head_dim)."""
+    batch, q_len, heads, kv_heads, dim = shape
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    kind = getattr(torch, dtype)
+
+    def make(*size: int) -> Any:
+        return torch.randn(size, device="cuda", dtype=kind, generator=generator)
+
+    return make(batch, q_len, heads, dim), make(batch, kv_len, kv_heads, dim), make(batch, kv_len, kv_heads, dim)
+
+
+def expect_variant(
+    out: Any, lse: Any, q: Any, k: Any, v: Any, tolerance: float, layout: str = "NHD", **options: Any
+) -> None:
+    """``out`` and ``lse`` (GPU tensors in ``layout``) against the float64 reference of ``options``."""
+    torch = cuda_torch()
+    torch.cuda.synchronize()
+    expected, expected_lse = variant_attention(host_nhd(q, layout), host_nhd(k, layout), host_nhd(v, layout), **options)
+    np.testing.assert_allclose(host_nhd(out, layout), expected, atol=tolerance, rtol=tolerance)
+    got_lse = lse.double().cpu().numpy()
+    if layout == "HND":
+        got_lse = got_lse.transpose(0, 2, 1)
+    np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(expected_lse))
+    finite = ~np.isneginf(expected_lse)
+    np.testing.assert_allclose(got_lse[finite], expected_lse[finite], atol=max(1e-4, tolerance / 4), rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("q_len", [4, 16])
+def test_cuda_query_tokens_gqa(dtype, layout, q_len) -> None:
+    """Several query tokens over 8 KV heads of 32 query heads, causal and not, with ragged lengths
+    (one shorter than q_len: its first tokens see no key under the causal mask, one empty)."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, dtype, (4, q_len, 32, 8, 128), 1500, 21)
+    lengths = [1500, 2, 0, 777]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if layout == "HND":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # strided views
+    with flashdecode.Handle("cuda") as handle:
+        for causal in (True, False):
+            out, lse = handle.decode(q, k, v, seq_lens=lens, layout=layout, causal=causal, return_lse=True)
+            assert out.shape == q.shape and out.dtype == q.dtype
+            expect_variant(out, lse, q, k, v, TOLERANCE[dtype], layout, seq_lens=lengths, causal=causal)
+            split, split_lse = handle.decode(
+                q, k, v, seq_lens=lens, layout=layout, causal=causal, num_splits=7, return_lse=True
+            )
+            expect_variant(split, split_lse, q, k, v, TOLERANCE[dtype], layout, seq_lens=lengths, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window_left", [4096, 1500, 64, 1])
+def test_cuda_window(causal, window_left) -> None:
+    """Windows larger than, equal to and shorter than the cache, and of one key; keys outside the
+    window are never read (NaN there changes nothing)."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, "float16", (3, 4, 32, 8, 128), 1500, 22)
+    lengths = [1500, 900, 3]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    with flashdecode.Handle("cuda") as handle:
+        out, lse = handle.decode(q, k, v, seq_lens=lens, causal=causal, window_left=window_left, return_lse=True)
+        expect_variant(
+            out, lse, q, k, v, TOLERANCE["float16"], seq_lens=lengths, causal=causal, window_left=window_left
+        )
+        # Token 0 of a sequence of length L (q_len 4) sees keys from L - 4 - window_left + 1 on.
+        for b, length in enumerate(lengths):
+            first = max(0, length - 4 - window_left + 1)
+            k[b, :first] = math.nan
+            v[b, :first] = math.nan
+        again, again_lse = handle.decode(
+            q, k, v, seq_lens=lens, causal=causal, window_left=window_left, return_lse=True
+        )
+        torch.cuda.synchronize()
+        assert torch.equal(again, out) and torch.equal(again_lse, lse)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_cuda_softcap_alibi_sinks(dtype) -> None:
+    """The score variants together, with scores large enough for the cap to matter; an empty
+    sequence is zeros with LSE sink[h]."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, dtype, (3, 4, 16, 4, 64), 700, 23)
+    lengths = [700, 0, 2]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    slopes = torch.from_numpy(alibi_slopes(16)).cuda()
+    sinks = torch.linspace(-2.0, 2.0, 16, device="cuda")
+    options: Dict[str, Any] = dict(softmax_scale=0.5, logit_softcap=5.0)
+    with flashdecode.Handle("cuda") as handle:
+        out, lse = handle.decode(q, k, v, seq_lens=lens, alibi_slopes=slopes, sinks=sinks, return_lse=True, **options)
+        expect_variant(
+            out, lse, q, k, v, SOFTCAP_TOLERANCE[dtype], seq_lens=lengths, scale=0.5, logit_softcap=5.0,
+            alibi_slopes=slopes.cpu().numpy(), sinks=sinks.cpu().numpy(),
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.all(out[1] == 0)
+        torch.testing.assert_close(lse[1], sinks.expand(4, 16), atol=1e-6, rtol=0)
+        with pytest.raises(flashdecode.InvalidArgumentError, match="sinks: a list is host memory"):
+            handle.decode(q, k, v, sinks=[0.0] * 16)
+        with pytest.raises(flashdecode.InvalidArgumentError, match="alibi_slopes: is in host memory"):
+            handle.decode(q, k, v, alibi_slopes=slopes.cpu())
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cuda_paged_ragged_variants(layout) -> None:
+    """Every variant on a paged cache with ragged lengths, against the dense reference."""
+    torch = cuda_torch()
+    batch, q_len, heads, kv_heads, dim, page_size, max_pages = 4, 4, 8, 2, 64, 16, 8
+    generator = np.random.default_rng(24)
+    dense_k = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
+    dense_v = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
+    lengths = [128, 1, 0, 77]
+    num_pages = batch * max_pages + 5
+    table = generator.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), np.float32)
+    pool_v = np.zeros_like(pool_k)
+    for b in range(batch):
+        for j in range(max_pages):
+            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
+            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    q = generator.standard_normal((batch, q_len, heads, dim)).astype(np.float32)
+    slopes, sinks = alibi_slopes(heads), np.linspace(-1.0, 1.0, heads).astype(np.float32)
+    options: Dict[str, Any] = dict(causal=True, window_left=40, logit_softcap=10.0)
+    expected, expected_lse = variant_attention(
+        q, dense_k, dense_v, seq_lens=lengths, alibi_slopes=slopes, sinks=sinks, **options
+    )
+    if layout == "HND":
+        pool_k, pool_v, q = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (pool_k, pool_v, q))
+    device = [
+        torch.from_numpy(x).cuda() for x in (q, pool_k, pool_v, table, np.array(lengths, np.int32), slopes, sinks)
+    ]
+    q_d, pool_k_d, pool_v_d, table_d, lens_d, slopes_d, sinks_d = device
+    with flashdecode.Handle("cuda") as handle:
+        for splits in ({}, {"num_splits": 3}, {"split_tokens": 32}):
+            out, lse = handle.decode(
+                q_d, pool_k_d, pool_v_d, block_table=table_d, seq_lens=lens_d, layout=layout, return_lse=True,
+                alibi_slopes=slopes_d, sinks=sinks_d, **options, **splits,
+            )  # fmt: skip
+            torch.cuda.synchronize()
+            got, got_lse = out.cpu().numpy(), lse.cpu().numpy()
+            if layout == "HND":
+                got, got_lse = got.transpose(0, 2, 1, 3), got_lse.transpose(0, 2, 1)
+            np.testing.assert_allclose(got, expected, atol=SOFTCAP_TOLERANCE["float32"])
+            np.testing.assert_allclose(got_lse, expected_lse, atol=SOFTCAP_TOLERANCE["float32"], rtol=1e-4)
+
+
+def test_cuda_variants_in_a_captured_graph() -> None:
+    """Slopes and sinks are read on the device when the graph runs: a replay uses their current values."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, "float16", (2, 4, 32, 8, 128), 2048, 25)
+    slopes = torch.from_numpy(alibi_slopes(32)).cuda()
+    sinks = torch.zeros(32, device="cuda")
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], device="cuda")
+    options: Dict[str, Any] = dict(window_left=300, causal=False)
+    with flashdecode.Handle("cuda") as handle:
+        handle.reserve_workspace(handle.workspace_size(q, k, v, alibi_slopes=slopes, sinks=sinks, **options))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture
+            handle.decode(q, k, v, out=out, lse=lse, alibi_slopes=slopes, sinks=sinks, **options)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            handle.decode(q, k, v, out=out, lse=lse, alibi_slopes=slopes, sinks=sinks, **options)
+        slopes.mul_(2)
+        sinks.fill_(1.5)
+        graph.replay()
+        expect_variant(
+            out, lse, q, k, v, TOLERANCE["float16"], alibi_slopes=slopes.cpu().numpy(), sinks=sinks.cpu().numpy(),
+            **options,
+        )  # fmt: skip
+
+
+def test_cuda_torch_op_with_variants() -> None:
+    """torch.ops.flashdecode.decode and flash_decode (HND) on CUDA tensors take the variants."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, "bfloat16", (2, 4, 16, 2, 128), 1000, 26)
+    slopes = torch.from_numpy(alibi_slopes(16)).cuda()
+    sinks = torch.full((16,), 0.5, device="cuda")
+    lens = torch.tensor([1000, 333], dtype=torch.int32, device="cuda")
+    out, lse = flashdecode.torch_op()(q, k, v, lens, None, None, None, "NHD", None, False, 100, None, slopes, sinks)
+    expect_variant(
+        out, lse, q, k, v, TOLERANCE["bfloat16"], seq_lens=[1000, 333], causal=False, window_left=100,
+        alibi_slopes=slopes.cpu().numpy(), sinks=sinks.cpu().numpy(),
+    )  # fmt: skip
+    hnd = [x.transpose(1, 2) for x in (q, k, v)]
+    out = flashdecode.flash_decode(*hnd, window_left=100, sinks=sinks)
+    expected, _ = variant_attention(
+        *(host_nhd(x, "NHD") for x in (q, k, v)), window_left=100, sinks=sinks.cpu().numpy()
+    )
+    torch.cuda.synchronize()
+    tolerance = TOLERANCE["bfloat16"]
+    np.testing.assert_allclose(host_nhd(out, "HND"), expected, atol=tolerance, rtol=tolerance)

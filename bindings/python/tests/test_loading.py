@@ -5,6 +5,7 @@ Each case runs in a fresh interpreter: a process loads the library once."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -141,7 +142,20 @@ def test_struct_sizes_of_older_minors() -> None:
     assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 2) == 584
     assert _library.struct_size_of_minor("fd_plan_info", _library.FdPlanInfo, 2) == 56
     assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 3) == 32
-    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 592
+    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 768
+
+
+def test_attention_variant_fields_sit_where_the_header_puts_them() -> None:
+    """The 0.3 fields of fd_decode_args at the offsets of C's offsetof (LP64): a misplaced one
+    would pass the size check and be read as another field."""
+    offsets = {name: getattr(_library.FdDecodeArgs, name).offset for name, _ in _library.FdDecodeArgs._fields_}
+    assert {name: offsets[name] for name in ("split_tokens", "mask", "logit_softcap", "window_left")} == {
+        "split_tokens": 584,
+        "mask": 592,
+        "logit_softcap": 596,
+        "window_left": 600,
+    }
+    assert (offsets["alibi_slopes"], offsets["sinks"], ctypes.sizeof(_library.FdDecodeArgs)) == (608, 688, 768)
 
 
 def test_switching_library_after_loading_is_refused() -> None:

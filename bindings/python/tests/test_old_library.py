@@ -88,6 +88,26 @@ def test_new_features_name_the_version_they_need() -> None:
                     handle.describe_plan(q, k, v, split_tokens=split_tokens)
             with pytest.raises(flashdecode.UnsupportedError, match="split_tokens"):
                 flashdecode.flash_decode(q, k, v, layout="NHD", split_tokens=64)
+            # The attention variants, by the name the caller used and the field that carries it.
+            variants = [
+                ({"causal": False}, "causal=False", "fd_decode_args.mask"),
+                ({"window_left": 16}, "window_left", "fd_decode_args.window_left"),
+                ({"logit_softcap": 30.0}, "logit_softcap", "fd_decode_args.logit_softcap"),
+                ({"alibi_slopes": np.ones(8, np.float32)}, "alibi_slopes", "fd_decode_args.alibi_slopes"),
+                ({"sinks": [0.0] * 8}, "sinks", "fd_decode_args.sinks"),
+            ]
+            for options, what, field in variants:
+                with pytest.raises(flashdecode.UnsupportedError, match=what + " " + needs.format(field)):
+                    handle.decode(q, k, v, **options)
+                with pytest.raises(flashdecode.UnsupportedError, match=what):
+                    handle.workspace_size(q, k, v, **options)
+                with pytest.raises(flashdecode.UnsupportedError, match=what):
+                    flashdecode.flash_decode(q, k, v, layout="NHD", **options)
+            # The defaults ask nothing of it; several query tokens are 0.2's own refusal.
+            handle.decode(q, k, v, causal=True, window_left=None, logit_softcap=None, alibi_slopes=None, sinks=None)
+            q4 = np.repeat(q, 4, axis=1)
+            with pytest.raises(flashdecode.UnsupportedError, match="q_len must be 1"):
+                handle.decode(q4, k, v)
             out, lse = handle.decode(q, k, v, return_lse=True)
             merge = "merge_states " + needs.format("fd_merge_states")
             with pytest.raises(flashdecode.UnsupportedError, match=merge):

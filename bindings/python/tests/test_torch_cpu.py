@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import flashdecode
-from reference import attention
+from reference import alibi_slopes, attention, variant_attention
 
 torch = pytest.importorskip("torch")
 
@@ -54,6 +54,60 @@ def test_tensors_decode(cpu, dtype, layout) -> None:
         np.testing.assert_allclose(nhd(lse, layout)[:, 0], expected_lse, atol=1e-4, rtol=1e-4)
     out = flashdecode.flash_decode(*problem(1, getattr(torch, dtype))[:3])
     np.testing.assert_allclose(nhd(out, "HND")[:, 0], expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+VARIANTS = {"causal": False, "window_left": 20, "logit_softcap": 4.0}
+
+
+def variant_problem(dtype: Any, q_len: int = 4) -> Tuple[Any, ...]:
+    """q [2, q_len, 8, 64], k and v [2, 50, 2, 64] (NHD) as CPU tensors, slopes and sinks [8] as
+    float32 tensors, and the float64 reference of VARIANTS with them (seq_lens [50, 3])."""
+    rng = np.random.default_rng(9)
+    q, k, v = (
+        torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype)
+        for shape in ((2, q_len, 8, 64), (2, 50, 2, 64), (2, 50, 2, 64))
+    )
+    slopes = torch.from_numpy(alibi_slopes(8))
+    sinks = torch.linspace(-1.0, 1.0, 8)
+    lens = torch.tensor([50, 3], dtype=torch.int32)
+    expected = variant_attention(
+        *(x.double().numpy() for x in (q, k, v)),
+        seq_lens=[50, 3],
+        alibi_slopes=slopes.numpy(),
+        sinks=sinks.numpy(),
+        **VARIANTS,
+    )
+    return q, k, v, slopes, sinks, lens, expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tensors_with_attention_variants(cpu, dtype) -> None:
+    """Several query tokens and every variant, slopes and sinks as tensors, through Handle.decode
+    (the full path, then the fast one), flash_decode (HND) and the custom op."""
+    q, k, v, slopes, sinks, lens, (expected, expected_lse) = variant_problem(getattr(torch, dtype))
+    tolerance = TOLERANCE[dtype]
+    for _ in range(2):
+        out, lse = cpu.decode(
+            q, k, v, seq_lens=lens, alibi_slopes=slopes, sinks=sinks, return_lse=True, **VARIANTS
+        )  # fmt: skip
+        assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:-1]
+        np.testing.assert_allclose(out.double().numpy(), expected, atol=tolerance, rtol=tolerance)
+        np.testing.assert_allclose(lse.numpy(), expected_lse, atol=1e-4, rtol=1e-4)
+    assert len(cpu._plans) == 1
+    hnd = [x.transpose(1, 2) for x in (q, k, v)]
+    out = flashdecode.flash_decode(*hnd, alibi_slopes=slopes, sinks=sinks, **VARIANTS)
+    full, _ = variant_attention(
+        *(x.double().numpy() for x in (q, k, v)), alibi_slopes=slopes.numpy(), sinks=sinks.numpy(), **VARIANTS
+    )
+    np.testing.assert_allclose(nhd(out, "HND"), full, atol=tolerance, rtol=tolerance)
+    if hasattr(torch.library, "custom_op"):
+        op_out, op_lse = flashdecode.torch_op()(
+            q, k, v, lens, None, None, None, "NHD", None, False, 20, 4.0, slopes, sinks
+        )  # fmt: skip
+        np.testing.assert_allclose(op_out.double().numpy(), expected, atol=tolerance, rtol=tolerance)
+        np.testing.assert_allclose(op_lse.numpy(), expected_lse, atol=1e-4, rtol=1e-4)
+    with pytest.raises(flashdecode.InvalidDTypeError, match=r"sinks: dtype torch\.float64 is not supported"):
+        cpu.decode(q, k, v, sinks=sinks.double())
 
 
 def test_dtype_errors_name_torch_dtypes(cpu) -> None:
@@ -164,6 +218,56 @@ def test_op_takes_split_tokens() -> None:
     assert torch.equal(alone[0], out[1]) and torch.equal(alone_lse[0], lse[1])
     with pytest.raises(flashdecode.InvalidSplitsError, match="are both set"):
         op(q, k, v, lens, None, None, 2, "NHD", 16)
+
+
+@needs_custom_op
+def test_opcheck_with_attention_variants() -> None:
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs PyTorch 2.4")
+    q, k, v, slopes, sinks, lens, _ = variant_problem(torch.float32)
+    op = flashdecode.torch_op()
+    torch.library.opcheck(op, (q, k, v, lens, None, None, None, "NHD", None, False, 20, 4.0, slopes, sinks))
+    torch.library.opcheck(op, (q, k, v, None, None, 0.5, 2, "NHD", None, True, None, None, None, sinks))
+
+
+@needs_custom_op
+def test_torch_compile_with_attention_variants() -> None:
+    """The variants through torch.compile (fullgraph): the op takes them, slopes and sinks as tensor inputs."""
+    torch._dynamo.reset()
+    q, k, v, slopes, sinks, lens, (expected, expected_lse) = variant_problem(torch.float32)
+    handle = flashdecode.Handle("cpu")
+
+    def step(q: Any, k: Any, v: Any, lens: Any, slopes: Any, sinks: Any) -> Any:
+        return handle.decode(
+            q * 1.0, k, v, seq_lens=lens, alibi_slopes=slopes, sinks=sinks, return_lse=True, **VARIANTS
+        )  # fmt: skip
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out, lse = compiled(q, k, v, lens, slopes, sinks)
+    np.testing.assert_allclose(out.double().numpy(), expected, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(lse.numpy(), expected_lse, atol=1e-4, rtol=1e-4)
+    out, _ = compiled(q, k, v, lens, slopes * 2, sinks)  # new slopes, the same graph
+    doubled, _ = variant_attention(
+        *(x.double().numpy() for x in (q, k, v)),
+        seq_lens=[50, 3],
+        alibi_slopes=(slopes * 2).numpy(),
+        sinks=sinks.numpy(),
+        **VARIANTS,
+    )
+    np.testing.assert_allclose(out.double().numpy(), doubled, atol=2e-5, rtol=2e-5)
+
+    # Slopes and sinks as lists (host memory, as outside torch.compile) become tensors for the op.
+    slope_list, sink_list = slopes.tolist(), sinks.tolist()
+    listed = torch.compile(
+        lambda q, k, v: handle.decode(q * 1.0, k, v, alibi_slopes=slope_list, sinks=sink_list),
+        backend="aot_eager",
+        fullgraph=True,
+    )
+    expected_listed, _ = variant_attention(
+        *(x.double().numpy() for x in (q, k, v)), alibi_slopes=slopes.numpy(), sinks=sinks.numpy()
+    )
+    np.testing.assert_allclose(listed(q, k, v).double().numpy(), expected_listed, atol=2e-5, rtol=2e-5)
+    handle.close()
 
 
 @needs_custom_op

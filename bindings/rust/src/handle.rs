@@ -124,18 +124,80 @@ impl Options {
     }
 }
 
+/// Which keys the query tokens of a sequence see (`fd_attention_mask`,
+/// since 0.3; [`DecodeArgs::mask`]). Values are pinned. With one query
+/// token both are the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AttentionMask {
+    /// `FD_MASK_CAUSAL`: query token i of a sequence of length L sees the
+    /// keys up to its own position `L - q_len + i` (the default).
+    #[default]
+    Causal = 0,
+    /// `FD_MASK_NONE`: every query token sees all L keys (e.g. a verify
+    /// step that scores drafts alike).
+    None = 1,
+}
+
 /// Everything one decode reads and writes.
 ///
 /// Shapes, by role (the order is fixed; the layout comes from strides):
-/// - `q`, `out`: `[batch, 1, q_heads, head_dim]`; `out` of q's dtype or f32.
+/// - `q`, `out`: `[batch, q_len, q_heads, head_dim]`; `out` of q's dtype or
+///   f32. q_len is 1 for plain decode and up to [`sys::MAX_Q_LEN`] (64,
+///   since 0.3) for speculative or multi-token steps: the q_len query
+///   tokens of a sequence are its newest, token i of a sequence of length L
+///   at position `L - q_len + i`.
 /// - `k`, `v`: a dense cache `[batch, kv_len, kv_heads, head_dim]` (a BHND
 ///   cache `[batch, heads, kv_len, head_dim]` is the same with strides
 ///   `[H*N*D, D, N*D, 1]`), or with a block table the page pool
 ///   `[num_pages, page_size, kv_heads, head_dim]`.
-/// - `lse`: `[batch, 1, q_heads]`, f32, natural log; -inf for empty sequences.
+/// - `lse`: `[batch, q_len, q_heads]`, f32, natural log; -inf for a query
+///   token that sees no key (an empty sequence).
 /// - `seq_lens`: `[batch]`, i32. `block_table`: `[batch, max_pages]`, i32.
+/// - `alibi_slopes`, `sinks`: `[q_heads]`, f32, in the memory of the other
+///   tensors.
 ///
 /// q_heads must be a multiple of kv_heads (grouped-query attention).
+///
+/// # Attention variants
+/// Since 0.3 (a 0.2 library refuses each with [`Status::Unsupported`]; the
+/// defaults are plain causal attention). For query token i at position
+/// `pos_q` and key j, the score `s = scale * q.k_j` is capped to
+/// `c * tanh(s / c)` by [`logit_softcap`](Self::logit_softcap), gets
+/// `slope[h] * (j - pos_q)` from [`alibi_slopes`](Self::alibi_slopes); key j
+/// is seen if `j < L`, with [`AttentionMask::Causal`] `j <= pos_q`, and with
+/// [`window_left`](Self::window_left) W `pos_q - j < W`;
+/// [`sinks`](Self::sinks) add `exp(sink[h])` to the softmax denominator (and
+/// the LSE). A query token that sees no key gets zeros and LSE -inf, or
+/// `sink[h]` with sinks.
+///
+/// ```
+/// use flashdecode::{AttentionMask, DecodeArgs, Library, Options, Tensor, TensorMut};
+///
+/// # fn main() -> Result<(), flashdecode::Error> {
+/// // A verify step: 4 draft tokens of one sequence of 10, each seeing all 10 keys,
+/// // over a sliding window of 8 keys, with a sink per head.
+/// let (q, k, v) = (vec![0.5f32; 4 * 2 * 16], vec![0.25f32; 10 * 16], vec![1.0f32; 10 * 16]);
+/// let sinks = [0.0f32, 1.0];
+/// let mut out = vec![0f32; q.len()];
+/// let library = Library::load()?;
+/// let mut handle = library.create_handle(&Options::cpu())?;
+/// let mut args = DecodeArgs::new(
+///     Tensor::f32(&q, &[1, 4, 2, 16])?,
+///     Tensor::f32(&k, &[1, 10, 1, 16])?,
+///     Tensor::f32(&v, &[1, 10, 1, 16])?,
+///     TensorMut::f32(&mut out, &[1, 4, 2, 16])?,
+/// )
+/// .mask(AttentionMask::None)
+/// .window_left(8)
+/// .sinks(Tensor::f32(&sinks, &[2])?);
+/// handle.decode(&mut args)?;
+/// drop(args);
+/// // Equal scores: every value is 1; a sink of 0 weighs as one more key (of value 0).
+/// assert!(out.iter().all(|&x| x <= 1.0 && x > 0.5));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct DecodeArgs<'a> {
     q: Tensor<'a>,
@@ -148,6 +210,11 @@ pub struct DecodeArgs<'a> {
     softmax_scale: Option<f64>,
     num_splits: i32,
     split_tokens: i64,
+    mask: AttentionMask,
+    window_left: Option<i64>,
+    logit_softcap: Option<f32>,
+    alibi_slopes: Option<Tensor<'a>>,
+    sinks: Option<Tensor<'a>>,
 }
 
 impl<'a> DecodeArgs<'a> {
@@ -165,6 +232,11 @@ impl<'a> DecodeArgs<'a> {
             softmax_scale: None,
             num_splits: 0,
             split_tokens: 0,
+            mask: AttentionMask::Causal,
+            window_left: None,
+            logit_softcap: None,
+            alibi_slopes: None,
+            sinks: None,
         }
     }
 
@@ -211,15 +283,84 @@ impl<'a> DecodeArgs<'a> {
         self
     }
 
+    /// Which keys each query token sees, for q_len > 1 (since 0.3; see
+    /// [Attention variants](Self#attention-variants)): [`AttentionMask::Causal`]
+    /// (the default) or [`AttentionMask::None`].
+    pub fn mask(mut self, mask: AttentionMask) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// A sliding window of `window_left` keys (since 0.3): query token i
+    /// sees key j only if `pos_i - j < window_left` (1: only its own
+    /// position). Only the keys inside the window are read. Unset, there is
+    /// no window; 0 is refused (the C API would read it as "none"), and a
+    /// negative one is the library's [`Status::InvalidArgument`].
+    pub fn window_left(mut self, window_left: i64) -> Self {
+        self.window_left = Some(window_left);
+        self
+    }
+
+    /// Caps every score s (after the scale) to `cap * tanh(s / cap)` (since
+    /// 0.3; Gemma 2, Grok). Unset, nothing is capped; 0 is refused (the C
+    /// API would read it as "none"), and a negative or non-finite one is the
+    /// library's [`Status::InvalidArgument`].
+    pub fn logit_softcap(mut self, cap: f32) -> Self {
+        self.logit_softcap = Some(cap);
+        self
+    }
+
+    /// ALiBi slopes, `[q_heads]`, f32, in the memory of the other tensors
+    /// (since 0.3): `slope[h] * (j - pos_i)` is added to the score of key j.
+    pub fn alibi_slopes(mut self, slopes: Tensor<'a>) -> Self {
+        self.alibi_slopes = Some(slopes);
+        self
+    }
+
+    /// Attention-sink logits, `[q_heads]`, f32, in the memory of the other
+    /// tensors (since 0.3): `exp(sink[h])` joins every softmax denominator
+    /// (not the numerator) and the LSE.
+    pub fn sinks(mut self, sinks: Tensor<'a>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
     fn raw(&self, library: &Library) -> Result<sys::fd_decode_args> {
         if self.split_tokens != 0 {
             library.require(3, "split_tokens")?;
         }
+        if self.mask != AttentionMask::Causal {
+            library.require(3, "mask")?;
+        }
+        if self.window_left.is_some() {
+            library.require(3, "window_left")?;
+        }
+        if self.logit_softcap.is_some() {
+            library.require(3, "logit_softcap")?;
+        }
+        if self.alibi_slopes.is_some() {
+            library.require(3, "alibi_slopes")?;
+        }
+        if self.sinks.is_some() {
+            library.require(3, "sinks")?;
+        }
+        // The C API reads 0 as "automatic" or "none": refuse it rather than change its meaning.
         if self.softmax_scale == Some(0.0) {
-            // The C API reads 0 as "automatic": refuse it rather than change its meaning.
             return Err(Error::refused(
                 Status::InvalidArgument,
                 "softmax_scale must not be 0; leave it unset for 1/sqrt(head_dim)",
+            ));
+        }
+        if self.window_left == Some(0) {
+            return Err(Error::refused(
+                Status::InvalidArgument,
+                "window_left must not be 0; leave it unset for no window",
+            ));
+        }
+        if self.logit_softcap == Some(0.0) {
+            return Err(Error::refused(
+                Status::InvalidArgument,
+                "logit_softcap must not be 0; leave it unset for no cap",
             ));
         }
         Ok(sys::fd_decode_args {
@@ -233,6 +374,11 @@ impl<'a> DecodeArgs<'a> {
             softmax_scale: self.softmax_scale.unwrap_or(0.0),
             num_splits: self.num_splits,
             split_tokens: self.split_tokens,
+            mask: self.mask as sys::fd_attention_mask,
+            logit_softcap: self.logit_softcap.unwrap_or(0.0),
+            window_left: self.window_left.unwrap_or(0),
+            alibi_slopes: self.alibi_slopes.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            sinks: self.sinks.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             ..sys::fd_decode_args::default()
         })
     }
@@ -247,6 +393,8 @@ impl<'a> DecodeArgs<'a> {
         found.extend(self.lse.as_ref().map(|t| ("lse", t.memory())));
         found.extend(self.seq_lens.as_ref().map(|t| ("seq_lens", t.memory())));
         found.extend(self.block_table.as_ref().map(|t| ("block_table", t.memory())));
+        found.extend(self.alibi_slopes.as_ref().map(|t| ("alibi_slopes", t.memory())));
+        found.extend(self.sinks.as_ref().map(|t| ("sinks", t.memory())));
         found
     }
 }
@@ -535,8 +683,9 @@ impl Handle {
         &self.library
     }
 
-    /// Decode attention for one query token per sequence: on the CPU backend
-    /// synchronously, on CUDA enqueued on the legacy default stream.
+    /// Decode attention for the newest query tokens of every sequence (see
+    /// [`DecodeArgs`]): on the CPU backend synchronously, on CUDA enqueued on
+    /// the legacy default stream.
     ///
     /// On error nothing is written, and the error names the argument at fault.
     pub fn decode(&mut self, args: &mut DecodeArgs<'_>) -> Result<()> {
@@ -555,7 +704,7 @@ impl Handle {
     }
 
     /// Bytes of workspace [`decode`](Self::decode) needs for `args` on this
-    /// handle; depends only on shapes and the split count.
+    /// handle; depends only on shapes, the split count and the window.
     pub fn workspace_size(&self, args: &DecodeArgs<'_>) -> Result<usize> {
         let raw = args.raw(&self.library)?;
         let mut bytes = 0usize;

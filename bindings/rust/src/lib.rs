@@ -2,17 +2,21 @@
 //! Flash-decoding attention for LLM inference: a safe binding of
 //! libflashdecode's C ABI.
 //!
-//! One new query token per sequence attends to a KV cache that is split
-//! along the sequence, computed per split in parallel and merged; with
-//! grouped-query attention, ragged lengths, paged caches, any strided
-//! layout, the log-sum-exp and a reusable workspace.
+//! The newest query tokens of each sequence (one for plain decode, up to 64
+//! for speculative steps) attend to a KV cache that is split along the
+//! sequence, computed per split in parallel and merged; with grouped-query
+//! attention, ragged lengths, paged caches, any strided layout, the
+//! log-sum-exp, a reusable workspace, and the attention variants of 0.3
+//! (causal or full masks, sliding windows, logit softcaps, ALiBi and
+//! attention sinks: see [`DecodeArgs`]).
 //!
 //! The library is loaded at run time with `dlopen` ([`Library::load`]:
 //! `$FLASHDECODE_LIBRARY`, else the SONAME `libflashdecode.so.0`), so nothing
 //! is needed at build time and no crate beyond `std` is used. Its version
 //! is checked when it is loaded: major 0, minor 2 or later. A 0.2 library
 //! works without what 0.3 added (content checks, [`DecodeArgs::split_tokens`],
-//! [`Handle::merge_states`]), which then fails with [`Status::Unsupported`].
+//! [`Handle::merge_states`], the attention variants), which then fails with
+//! [`Status::Unsupported`].
 //!
 //! Partial results of a cache decoded in parts, each with its log-sum-exp
 //! (a shared prefix and each sequence's suffix in cascade attention, or
@@ -75,6 +79,6 @@ pub mod sys;
 mod tensor;
 
 pub use error::{Error, Result, Status};
-pub use handle::{Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo};
+pub use handle::{AttentionMask, Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo};
 pub use library::Library;
 pub use tensor::{CudaStream, DType, Memory, Tensor, TensorMut};

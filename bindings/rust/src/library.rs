@@ -153,8 +153,9 @@ impl Library {
     /// The library's minor version: what it has of the API. 0.3 added
     /// content checks ([`Options::check_contents`](crate::Options::check_contents),
     /// [`Handle::check_contents`](crate::Handle::check_contents)),
-    /// [`DecodeArgs::split_tokens`](crate::DecodeArgs::split_tokens) and
-    /// [`Handle::merge_states`](crate::Handle::merge_states).
+    /// [`DecodeArgs::split_tokens`](crate::DecodeArgs::split_tokens),
+    /// [`Handle::merge_states`](crate::Handle::merge_states), and several
+    /// query tokens with the attention variants ([`DecodeArgs::mask`](crate::DecodeArgs::mask) and the rest).
     pub fn minor(&self) -> u32 {
         self.inner.version_number / 100 % 100
     }
@@ -359,6 +360,11 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
     let added = [
         ("fd_options", offset(&options, &options.checks), 3),
         ("fd_decode_args", offset(&args, &args.split_tokens), 3),
+        ("fd_decode_args", offset(&args, &args.mask), 3),
+        ("fd_decode_args", offset(&args, &args.logit_softcap), 3),
+        ("fd_decode_args", offset(&args, &args.window_left), 3),
+        ("fd_decode_args", offset(&args, &args.alibi_slopes), 3),
+        ("fd_decode_args", offset(&args, &args.sinks), 3),
     ];
     let ours = match name {
         "fd_options" => std::mem::size_of::<sys::fd_options>(),
@@ -447,7 +453,23 @@ mod tests {
         assert_eq!(struct_size_of_minor("fd_decode_args", 2), 584);
         assert_eq!(struct_size_of_minor("fd_plan_info", 2), 56);
         assert_eq!(struct_size_of_minor("fd_options", 3), 32);
-        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 592);
+        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 768);
         assert_eq!(struct_size_of_minor("fd_merge_args", 3), 192);
+    }
+
+    #[test]
+    fn attention_variant_fields_sit_where_the_header_puts_them() {
+        // C's offsetof on LP64: a misplaced field would pass the size check and be read as another.
+        fn offset<S, F>(base: &S, field: &F) -> usize {
+            field as *const F as usize - base as *const S as usize
+        }
+        let args = crate::sys::fd_decode_args::default();
+        assert_eq!(offset(&args, &args.split_tokens), 584);
+        assert_eq!(offset(&args, &args.mask), 592);
+        assert_eq!(offset(&args, &args.logit_softcap), 596);
+        assert_eq!(offset(&args, &args.window_left), 600);
+        assert_eq!(offset(&args, &args.alibi_slopes), 608);
+        assert_eq!(offset(&args, &args.sinks), 688);
+        assert_eq!(std::mem::size_of::<crate::sys::fd_decode_args>(), 768);
     }
 }

@@ -26,6 +26,8 @@ pub type fd_dtype = c_int;
 pub type fd_backend = c_int;
 /// `fd_merge` (an `int`-sized enum).
 pub type fd_merge = c_int;
+/// `fd_attention_mask` (an `int`-sized enum, since 0.3).
+pub type fd_attention_mask = c_int;
 /// `fd_cuda_stream`: a `cudaStream_t`; null is the legacy default stream.
 pub type fd_cuda_stream = *mut c_void;
 
@@ -104,6 +106,13 @@ impl Default for fd_options {
     }
 }
 
+/// `FD_MAX_Q_LEN`: the most query tokens per sequence (dimension 1 of q) a decode takes (since 0.3).
+pub const MAX_Q_LEN: i64 = 64;
+/// `FD_MASK_CAUSAL`: query token i of a sequence of length L sees keys up to position `L - q_len + i` (since 0.3).
+pub const MASK_CAUSAL: fd_attention_mask = 0;
+/// `FD_MASK_NONE`: every query token sees all L keys (since 0.3).
+pub const MASK_NONE: fd_attention_mask = 1;
+
 /// `fd_decode_args`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -133,6 +142,16 @@ pub struct fd_decode_args {
     /// Since 0.3: a fixed split length in KV tokens, for batch-invariant
     /// results; 0 leaves the splits to `num_splits` or the planner.
     pub split_tokens: i64,
+    /// Since 0.3: [`MASK_CAUSAL`] (the default) or [`MASK_NONE`].
+    pub mask: fd_attention_mask,
+    /// Since 0.3: c > 0 caps scores to `c * tanh(s / c)`; 0 leaves them.
+    pub logit_softcap: f32,
+    /// Since 0.3: a sliding window of W > 0 keys (`pos_q - pos_k < W`); 0 is none.
+    pub window_left: i64,
+    /// Since 0.3: optional ALiBi slopes `[q_heads]`, f32.
+    pub alibi_slopes: fd_tensor,
+    /// Since 0.3: optional attention-sink logits `[q_heads]`, f32.
+    pub sinks: fd_tensor,
 }
 
 impl Default for fd_decode_args {
@@ -151,6 +170,11 @@ impl Default for fd_decode_args {
             num_splits: 0,
             reserved_0: 0,
             split_tokens: 0,
+            mask: MASK_CAUSAL,
+            logit_softcap: 0.0,
+            window_left: 0,
+            alibi_slopes: fd_tensor::ABSENT,
+            sinks: fd_tensor::ABSENT,
         }
     }
 }

@@ -463,6 +463,7 @@ fn library_errors_carry_its_message_and_write_nothing() {
     let q_shape = [2, 1, 8, 64];
     let kv_shape = [2, 100, 2, 64];
     let half = vec![0u16; 2 * 100 * 2 * 64];
+    let mut long_out = vec![7.0f32; 2 * 65 * 8 * 16];
     let cases: Vec<(&str, Status, &str)> = vec![
         ("splits", Status::InvalidSplits, "num_splits must be in [0, 1024]"),
         ("scale", Status::InvalidArgument, "softmax_scale must be finite"),
@@ -482,7 +483,37 @@ fn library_errors_carry_its_message_and_write_nothing() {
             Status::InvalidSplits,
             "split_tokens must be in [0, 2147483647]",
         ),
-        ("query tokens", Status::Unsupported, "q_len must be 1"),
+        (
+            "query tokens",
+            Status::InvalidShape,
+            "out: q_len must be 2 (from q), got 1",
+        ),
+        (
+            "too many query tokens",
+            Status::InvalidShape,
+            "q: q_len must be in [1, 64], got 65",
+        ),
+        (
+            "negative window",
+            Status::InvalidArgument,
+            "window_left must be positive (0: no window), got -3",
+        ),
+        (
+            "negative softcap",
+            Status::InvalidArgument,
+            "logit_softcap must be finite and positive (0: none), got -1",
+        ),
+        (
+            "softcap NaN",
+            Status::InvalidArgument,
+            "logit_softcap must be finite and positive (0: none), got nan",
+        ),
+        (
+            "alibi heads",
+            Status::InvalidShape,
+            "alibi_slopes: q_heads must be 8 (from q), got 4",
+        ),
+        ("sinks dtype", Status::InvalidDType, "sinks: dtype must be f32, got f16"),
         ("dtypes differ", Status::InvalidDType, "k: dtype must be f32, got f16"),
         ("shape", Status::InvalidShape, "v: batch must be 2 (from k)"),
     ];
@@ -512,10 +543,19 @@ fn library_errors_carry_its_message_and_write_nothing() {
             "negative split_tokens" => DecodeArgs::new(q, k, k, out).split_tokens(-1),
             "query tokens" => {
                 let q2 = Tensor::f32(&b.q, &[2, 2, 4, 64]).unwrap();
-                let out2 = TensorMut::f32(&mut b.out, &[2, 2, 4, 64]).unwrap();
-                let k4 = Tensor::f32(&b.k, &[2, 100, 2, 64]).unwrap();
-                DecodeArgs::new(q2, k4, k4, out2)
+                let out1 = TensorMut::f32(&mut b.out[..2 * 4 * 64], &[2, 1, 4, 64]).unwrap();
+                DecodeArgs::new(q2, k, k, out1)
             }
+            "too many query tokens" => {
+                let q65 = Tensor::f32(&b.k[..2 * 65 * 8 * 16], &[2, 65, 8, 16]).unwrap();
+                let k16 = Tensor::f32(&b.k[..2 * 100 * 2 * 16], &[2, 100, 2, 16]).unwrap();
+                DecodeArgs::new(q65, k16, k16, TensorMut::f32(&mut long_out, &[2, 65, 8, 16]).unwrap())
+            }
+            "negative window" => DecodeArgs::new(q, k, k, out).window_left(-3),
+            "negative softcap" => DecodeArgs::new(q, k, k, out).logit_softcap(-1.0),
+            "softcap NaN" => DecodeArgs::new(q, k, k, out).logit_softcap(f32::NAN),
+            "alibi heads" => DecodeArgs::new(q, k, k, out).alibi_slopes(Tensor::f32(&b.q[..4], &[4]).unwrap()),
+            "sinks dtype" => DecodeArgs::new(q, k, k, out).sinks(Tensor::f16(&half[..8], &[8]).unwrap()),
             "dtypes differ" => {
                 let k16 = Tensor::f16(&half, &kv_shape).unwrap();
                 DecodeArgs::new(q, k16, k16, out)
@@ -527,7 +567,9 @@ fn library_errors_carry_its_message_and_write_nothing() {
             _ => unreachable!(),
         };
         expect_refused(handle.decode(&mut args), status, needle);
+        drop(args);
         assert!(b.out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
+        assert!(long_out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
     }
 }
 

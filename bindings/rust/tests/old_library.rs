@@ -5,7 +5,7 @@
 //! as 0.2 does; the 0.3 features fail with `Status::Unsupported`, naming the
 //! version they need. Without the variable every test here passes vacuously.
 
-use flashdecode::{DecodeArgs, Library, MergeArgs, Options, Status, Tensor, TensorMut};
+use flashdecode::{AttentionMask, DecodeArgs, Library, MergeArgs, Options, Status, Tensor, TensorMut};
 
 fn old_library() -> Option<Library> {
     match std::env::var_os("FLASHDECODE_OLD_LIBRARY") {
@@ -74,6 +74,42 @@ fn loads_and_decodes_without_the_new_features() {
     let mut args = args.split_tokens(0);
     handle.decode(&mut args).unwrap();
     drop(args);
+
+    // The attention variants, each by the name of its builder method.
+    let slopes = [0.5f32; 8];
+    let variants: [(&str, for<'a> fn(DecodeArgs<'a>, &'a [f32]) -> DecodeArgs<'a>); 5] = [
+        ("mask", |a, _| a.mask(AttentionMask::None)),
+        ("window_left", |a, _| a.window_left(16)),
+        ("logit_softcap", |a, _| a.logit_softcap(30.0)),
+        ("alibi_slopes", |a, s| a.alibi_slopes(Tensor::f32(s, &[8]).unwrap())),
+        ("sinks", |a, s| a.sinks(Tensor::f32(s, &[8]).unwrap())),
+    ];
+    for (feature, set) in variants {
+        let mut args = set(
+            DecodeArgs::new(
+                Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+                Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+                Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+                TensorMut::f32(&mut out, &[2, 1, 8, 64]).unwrap(),
+            ),
+            &slopes,
+        );
+        needs(handle.decode(&mut args).unwrap_err(), feature);
+        needs(handle.describe_plan(&args).unwrap_err(), feature);
+    }
+    // Several query tokens are 0.2's own refusal.
+    let q4 = vec![0.5f32; 2 * 4 * 8 * 64];
+    let mut out4 = vec![0f32; q4.len()];
+    let error = handle
+        .decode(&mut DecodeArgs::new(
+            Tensor::f32(&q4, &[2, 4, 8, 64]).unwrap(),
+            Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+            Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+            TensorMut::f32(&mut out4, &[2, 4, 8, 64]).unwrap(),
+        ))
+        .unwrap_err();
+    assert_eq!(error.status(), Some(Status::Unsupported), "{}", error);
+    assert!(error.message().contains("q_len must be 1"), "{}", error);
 
     assert!(library.functions().fd_merge_states.is_none());
     let lse = vec![0f32; 2 * 8];

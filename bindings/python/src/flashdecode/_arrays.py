@@ -126,9 +126,10 @@ def view_array(
     Args:
         obj: the array.
         name: its role, for messages (``"q"``, ``"seq_lens"``, ...).
-        kind: ``"float"`` (q, k, v, out, lse), ``"int32"`` (seq_lens,
-            block_table) or ``"bytes"`` (a workspace: any dtype); only used
-            to word the error for a dtype the C API cannot express.
+        kind: ``"float"`` (q, k, v, out, lse), ``"float32"`` (alibi_slopes,
+            sinks: no 16-bit storage), ``"int32"`` (seq_lens, block_table)
+            or ``"bytes"`` (a workspace: any dtype); only used to word the
+            error for a dtype the C API cannot express.
         writable: the call writes it: it must not be read-only, and must be
             an array (a list would be written as a temporary copy).
         cuda_stream: the stream the call runs on, passed to ``__dlpack__`` so
@@ -286,6 +287,7 @@ _NUMPY_DTYPES = {
 }
 _KIND_HINTS = {
     "float": "use float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with dtype='bfloat16')",
+    "float32": "it must be float32",
     "int32": "it must be int32",
     "bytes": "",
 }
@@ -386,6 +388,7 @@ def _cuda_ordinal(obj: Any) -> Optional[int]:
 
 _TORCH_HINTS = {
     "float": "use torch.float32, torch.float16 or torch.bfloat16",
+    "float32": "it must be torch.float32",
     "int32": "it must be torch.int32",
     "bytes": "",
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections.abc
 import ctypes
 import enum
+import math
 import numbers
 import sys
 import threading
@@ -107,20 +108,20 @@ class PlanInfo:
 
 LAYOUTS: Tuple[Layout, Layout] = ("NHD", "HND")
 """Dimension orders, for q and out as well as for the cache: ``"NHD"`` puts
-the sequence before the heads (q ``[batch, 1, heads, head_dim]``, k/v
+the sequence before the heads (q ``[batch, q_len, heads, head_dim]``, k/v
 ``[batch, kv_len, kv_heads, head_dim]``, the C API's order); ``"HND"`` puts
-the heads first (q ``[batch, heads, 1, head_dim]``, k/v ``[batch, kv_heads,
+the heads first (q ``[batch, heads, q_len, head_dim]``, k/v ``[batch, kv_heads,
 kv_len, head_dim]``: the order of the Triton split-K reference kernel and of
 PyTorch SDPA). :meth:`Handle.decode` defaults to ``"NHD"``, :func:`flash_decode`
 to ``"HND"``. Any other layout is a strided view of one of these."""
 
-_QUERY_SHAPES = {"NHD": "[batch, 1, heads, head_dim]", "HND": "[batch, heads, 1, head_dim]"}
+_QUERY_SHAPES = {"NHD": "[batch, q_len, heads, head_dim]", "HND": "[batch, heads, q_len, head_dim]"}
 _CACHE_SHAPES = {"NHD": "[batch, kv_len, kv_heads, head_dim]", "HND": "[batch, kv_heads, kv_len, head_dim]"}
 _PAGE_POOL_SHAPES = {
     "NHD": "[num_pages, page_size, kv_heads, head_dim]",
     "HND": "[num_pages, kv_heads, page_size, head_dim]",
 }
-_LSE_SHAPES = {"NHD": "[batch, 1, heads]", "HND": "[batch, heads, 1]"}
+_LSE_SHAPES = {"NHD": "[batch, q_len, heads]", "HND": "[batch, heads, q_len]"}
 
 Dims = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (shape, strides) in the C API's dimension order
 
@@ -295,6 +296,11 @@ class Handle:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -315,6 +321,11 @@ class Handle:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -334,19 +345,30 @@ class Handle:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
     ) -> Any:
-        """Decode attention: one query token per sequence against its KV cache.
+        """Decode attention: the newest query tokens of each sequence against its KV cache.
 
-        ``out[b, h] = softmax(scale * q[b, h] . K[b, :len_b, g]) V[b, :len_b, g]``
-        where g is the KV head of query head h's group (GQA; MQA with one KV head).
+        ``out[b, t, h] = softmax(scale * q[b, t, h] . K[b, :len_b, g]) V[b, :len_b, g]``
+        where g is the KV head of query head h's group (GQA; MQA with one KV
+        head), over the keys query token t sees (see ``causal``; with one
+        query token, all ``len_b`` of them).
 
         Args:
-            q: queries, ``[batch, 1, heads, head_dim]`` (``layout="NHD"``, the
-                default), ``[batch, heads, 1, head_dim]`` (``"HND"``), or
-                ``[batch, heads, head_dim]``.
+            q: queries, ``[batch, q_len, heads, head_dim]`` (``layout="NHD"``,
+                the default), ``[batch, heads, q_len, head_dim]`` (``"HND"``),
+                or ``[batch, heads, head_dim]`` (q_len 1). q_len is 1 for
+                plain decode and up to 64 (since 0.3) for speculative or
+                multi-token steps: the q_len tokens are the newest of each
+                sequence, token t of a sequence of length L at position
+                ``L - q_len + t``.
             k, v: a dense cache ``[batch, kv_len, kv_heads, head_dim]``
                 (``"NHD"``) / ``[batch, kv_heads, kv_len, head_dim]``
                 (``"HND"``); with ``block_table``, a page pool
@@ -373,6 +395,28 @@ class Handle:
                 library rounds it up to its KV tile (:meth:`describe_plan`
                 reports the length used). None (or 0) leaves the splits to
                 ``num_splits`` or the library; not both.
+            causal: with q_len > 1, query token t sees keys up to its own
+                position ``L - q_len + t`` (the default); False lets every
+                query token see all L keys (a verify step that scores drafts
+                alike). Since 0.3 (False needs it).
+            window_left: a sliding window of W > 0 keys: query token t sees
+                key j only if ``pos_t - j < W`` (1: only its own position).
+                None (the default) is no window; 0 and negative values are
+                refused. Only the keys inside the window are read. Since 0.3.
+            logit_softcap: c > 0 caps every score s (after the scale) to
+                ``c * tanh(s / c)`` (Gemma 2, Grok). None (the default) caps
+                nothing; 0, negative, NaN and infinite values, and ones that
+                are 0 in float32, are refused. Since 0.3.
+            alibi_slopes: float32 ``[heads]``, one per query head, in q's
+                memory (a list of floats is accepted on the CPU backend):
+                adds ``slope[h] * (j - pos_t)`` to the score of key j (after
+                the softcap). Since 0.3.
+            sinks: float32 ``[heads]`` attention-sink logits, in q's memory
+                (a list on the CPU backend): ``exp(sink[h])`` joins each
+                softmax denominator (not the numerator), and the LSE. Since
+                0.3. A query token that sees no key (an empty sequence, or
+                q_len > L under the causal mask) gets zeros and LSE -inf,
+                or LSE ``sink[h]`` with sinks.
             layout: ``"NHD"`` or ``"HND"``: the dimension order of q and out
                 as well as of k and v (and lse's), see :data:`LAYOUTS`.
                 :func:`flash_decode` defaults to ``"HND"``, this method to
@@ -411,7 +455,10 @@ class Handle:
                 With ``check_contents=True``, bad lengths and page indices
                 raise :class:`InvalidLengthError` and
                 :class:`InvalidBlockTableError` (see :class:`Handle`).
-            UnsupportedError: ``split_tokens`` with a library older than 0.3.
+            UnsupportedError: ``split_tokens``, ``causal=False``,
+                ``window_left``, ``logit_softcap``, ``alibi_slopes`` or
+                ``sinks`` with a library older than 0.3 (which also refuses
+                q_len > 1).
             TypeError: an argument is not an array at all.
         """
         if type(q) is not _ndarray:
@@ -420,10 +467,11 @@ class Handle:
                 return _compiled_decode(
                     torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
                     softmax_scale, num_splits, split_tokens, layout, dtype, stream,
+                    causal, window_left, logit_softcap, alibi_slopes, sinks,
                 )  # fmt: skip
         return self._decode(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout,
-            dtype, stream,
+            dtype, stream, causal, window_left, logit_softcap, alibi_slopes, sinks,
         )  # fmt: skip
 
     def _decode(
@@ -442,11 +490,17 @@ class Handle:
         layout: Any,
         dtype: Any,
         stream: Any,
+        causal: Any = True,
+        window_left: Any = None,
+        logit_softcap: Any = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
     ) -> Any:
         """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
         signature = _signature(
-            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout, dtype
-        )
+            q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout, dtype,
+            causal, window_left, logit_softcap, alibi_slopes, sinks,
+        )  # fmt: skip
         with self._lock:
             pointer = self._pointer
             if pointer is None:
@@ -489,6 +543,10 @@ class Handle:
                     plan.seq_lens.value = pointers[5]
                 if plan.block_table is not None:
                     plan.block_table.value = pointers[6]
+                if plan.alibi_slopes is not None:
+                    plan.alibi_slopes.value = pointers[7]
+                if plan.sinks is not None:
+                    plan.sinks.value = pointers[8]
                 status = self._decode_raw(pointer, plan.address, stream_value or None)
                 if not status:
                     return (out, lse) if return_lse else out
@@ -508,6 +566,11 @@ class Handle:
                         softmax_scale=softmax_scale,
                         num_splits=num_splits,
                         split_tokens=split_tokens,
+                        causal=causal,
+                        window_left=window_left,
+                        logit_softcap=logit_softcap,
+                        alibi_slopes=alibi_slopes,
+                        sinks=sinks,
                         layout=layout,
                         dtype=dtype,
                         stream=stream,
@@ -522,7 +585,9 @@ class Handle:
                         return (call.out, call.lse) if return_lse else call.out
                     error = error_from_status(status, last_error_message())
         assert error is not None
-        raise self._with_layout_hint(error, q, k, v, out, lse, seq_lens, block_table, layout, dtype)
+        raise self._with_layout_hint(
+            error, q, k, v, out, lse, seq_lens, block_table, layout, dtype, alibi_slopes, sinks
+        )
 
     def workspace_size(
         self,
@@ -537,12 +602,18 @@ class Handle:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
         """Bytes of workspace :meth:`decode` needs for these arguments on this handle.
 
-        Depends only on shapes and ``num_splits`` (or ``split_tokens``); validates like :meth:`decode`.
+        Depends only on shapes, ``num_splits`` (or ``split_tokens``) and ``window_left``; validates like
+        :meth:`decode`.
         ``out`` may be omitted (nothing is allocated or written).
         """
         nbytes = ctypes.c_size_t()
@@ -559,6 +630,11 @@ class Handle:
             softmax_scale=softmax_scale,
             num_splits=num_splits,
             split_tokens=split_tokens,
+            causal=causal,
+            window_left=window_left,
+            logit_softcap=logit_softcap,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
             layout=layout,
             dtype=dtype,
         )
@@ -577,6 +653,11 @@ class Handle:
         softmax_scale: Optional[float] = None,
         num_splits: Optional[int] = None,
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
@@ -600,6 +681,11 @@ class Handle:
             softmax_scale=softmax_scale,
             num_splits=num_splits,
             split_tokens=split_tokens,
+            causal=causal,
+            window_left=window_left,
+            logit_softcap=logit_softcap,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
             layout=layout,
             dtype=dtype,
         )
@@ -856,6 +942,8 @@ class Handle:
         block_table: Any,
         layout: Any,
         dtype: Any,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
     ) -> FlashDecodeError:
         """``error``, saying so when the arguments only fit the other layout.
 
@@ -867,8 +955,9 @@ class Handle:
         other: Layout = "HND" if layout.upper() == "NHD" else "NHD"
         try:
             self.workspace_size(
-                q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, layout=other, dtype=dtype
-            )
+                q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, alibi_slopes=alibi_slopes,
+                sinks=sinks, layout=other, dtype=dtype,
+            )  # fmt: skip
         except Exception:  # the other layout does not fit either (or cannot be asked): no hint
             return error
         cache = (_PAGE_POOL_SHAPES if block_table is not None else _CACHE_SHAPES)[other]
@@ -917,6 +1006,11 @@ class Handle:
         dtype: Any,
         stream: Any,
         split_tokens: Optional[int] = None,
+        causal: Any = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
         size_query: bool = False,
     ) -> _PreparedCall:
         layout = _as_layout(layout)
@@ -981,10 +1075,26 @@ class Handle:
         if block_table is not None:
             table_view = view(block_table, "block_table", kind="int32")
             _fill(call.args.block_table, table_view, _own_dims(table_view, "block_table"))
+        for name, vector in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+            if vector is not None:
+                _library.require("fd_decode_args." + name, name)
+                if isinstance(vector, (list, tuple)):
+                    if on_cuda:
+                        raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass a float32 GPU array")
+                    vector = np.asarray(vector, dtype=np.float32)
+                vector_view = view(vector, name, kind="float32")
+                _fill(getattr(call.args, name), vector_view, _own_dims(vector_view, name))
         call.args.softmax_scale = _softmax_scale(softmax_scale)
         call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits")
         if split_tokens is not None:
             call.args.split_tokens = _split_tokens(split_tokens)
+        if not _causal(causal):
+            _library.require("fd_decode_args.mask", "causal=False")
+            call.args.mask = _library.MASK_NONE
+        if window_left is not None:
+            call.args.window_left = _window_left(window_left)
+        if logit_softcap is not None:
+            call.args.logit_softcap = _logit_softcap(logit_softcap)
         if placeholder_out:
             call.args.out.data = _address_apart(call.args)
         return call
@@ -1089,11 +1199,12 @@ class Handle:
 
 _ndarray = np.ndarray
 _modules = sys.modules
-_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table")
+_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks")
 _MAX_PLANS = 16
 """Signatures a handle remembers; the oldest is dropped beyond that."""
 _LAYOUT_ERRORS = (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError)
 _SCALE_TYPES = (float, int)  # bool is refused by the full path: type() is not isinstance()
+_VARIANT_TYPES = (type(None), bool, int, float)  # causal, window_left, logit_softcap: exact types only
 _DTYPE_ARGUMENT_TYPES = (str, DType)
 
 # (key, data pointers in _ARGUMENTS order; None for an absent argument)
@@ -1114,6 +1225,11 @@ def _signature(
     split_tokens: Any,
     layout: Any,
     dtype: Any,
+    causal: Any = True,
+    window_left: Any = None,
+    logit_softcap: Any = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> Optional[_Signature]:
     """The key of a decode call's plan, and its data pointers.
 
@@ -1130,24 +1246,35 @@ def _signature(
         and (split_tokens is None or type(split_tokens) is int)
         and (dtype is None or type(dtype) in _DTYPE_ARGUMENT_TYPES)
         and type(layout) is str
+        and type(causal) in _VARIANT_TYPES
+        and type(window_left) in _VARIANT_TYPES
+        and type(logit_softcap) in _VARIANT_TYPES
     ):
         return None
     cls = type(q)
+    optional = (out, lse, seq_lens, block_table, alibi_slopes, sinks)
     if cls is _ndarray:
-        arrays = _numpy_signature(q, k, v, out, lse, seq_lens, block_table)
+        arrays = _numpy_signature(q, k, v, optional)
     else:
         torch_state = _torch.state
         if torch_state is None or cls is not torch_state.Tensor:
             return None
-        arrays = _torch_signature(cls, q, k, v, out, lse, seq_lens, block_table)
+        arrays = _torch_signature(cls, q, k, v, optional)
     if arrays is None:
         return None
-    return (layout, dtype, softmax_scale, num_splits, split_tokens, bool(return_lse)) + arrays[0], arrays[1]
+    # The types of the variant options are in the key too: True and 1 (or 2 and 2.0) are equal keys.
+    options = (
+        layout, dtype, softmax_scale, num_splits, split_tokens, bool(return_lse),
+        causal, type(causal), window_left, type(window_left), logit_softcap, type(logit_softcap),
+    )  # fmt: skip
+    return options + arrays[0], arrays[1]
 
 
-def _numpy_signature(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, seq_lens: Any, block_table: Any
-) -> Optional[_Signature]:
+# Whether each optional array of a signature (out, lse, seq_lens, block_table, alibi_slopes, sinks) is written.
+_OUTPUTS = (True, True, False, False, False, False)
+
+
+def _numpy_signature(q: Any, k: Any, v: Any, optional: Tuple[Any, ...]) -> Optional[_Signature]:
     """:func:`_signature`'s arrays when all are NumPy arrays: dtype (not the typestr, which
     ml_dtypes' bfloat16 shares with raw void), the real strides, and for outputs writeability."""
     ndarray, data = _ndarray, _numpy_pointer
@@ -1166,7 +1293,7 @@ def _numpy_signature(
         v.strides,
     )
     pointers: Tuple[Optional[int], ...] = (data(q), data(k), data(v))
-    for array, output in ((out, True), (lse, True), (seq_lens, False), (block_table, False)):
+    for array, output in zip(optional, _OUTPUTS):
         if array is None:
             key += (None,)
             pointers += (None,)
@@ -1180,9 +1307,7 @@ def _numpy_signature(
     return key, pointers
 
 
-def _torch_signature(
-    tensor: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, seq_lens: Any, block_table: Any
-) -> Optional[_Signature]:
+def _torch_signature(tensor: Any, q: Any, k: Any, v: Any, optional: Tuple[Any, ...]) -> Optional[_Signature]:
     """:func:`_signature`'s arrays when all are plain PyTorch tensors: dtype, shape, strides,
     device, the lazy negative bit (refused), and for outputs requires_grad (inputs are read detached)."""
     if type(k) is not tensor or type(v) is not tensor:
@@ -1194,7 +1319,7 @@ def _torch_signature(
         v.dtype, v.shape, v.stride(), v.device, v.is_neg(),
     )  # fmt: skip
     pointers: Tuple[Optional[int], ...] = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    for array, output in ((out, True), (lse, True), (seq_lens, False), (block_table, False)):
+    for array, output in zip(optional, _OUTPUTS):
         if array is None:
             key += (None,)
             pointers += (None,)
@@ -1272,6 +1397,8 @@ class _Plan:
         "lse",
         "seq_lens",
         "block_table",
+        "alibi_slopes",
+        "sinks",
         "new_out",
         "new_lse",
         "pointer_of",
@@ -1298,6 +1425,7 @@ class _Plan:
 
         self.q, self.k, self.v, self.out = data("q"), data("k"), data("v"), data("out")
         self.lse, self.seq_lens, self.block_table = optional("lse"), optional("seq_lens"), optional("block_table")
+        self.alibi_slopes, self.sinks = optional("alibi_slopes"), optional("sinks")
         # The fast path calls these only when the signature says the output was allocated.
         self.new_out: Callable[[], Any] = call.out_allocator or _unreachable
         self.new_lse: Callable[[], Any] = call.lse_allocator or _unreachable
@@ -1554,6 +1682,44 @@ def _split_tokens(value: Any) -> int:
     return int(value)
 
 
+def _causal(value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise refuse(InvalidArgumentError, f"causal: expected a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _window_left(value: Any) -> int:
+    """``window_left`` for fd_decode_args: an int > 0 (None, not 0, means no window); needs a 0.3 library."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise refuse(InvalidArgumentError, f"window_left: expected an int, got {type(value).__name__}")
+    if int(value) <= 0:
+        raise refuse(
+            InvalidArgumentError,
+            f"window_left: must be a positive number of keys, got {int(value)}; None means no window",
+        )
+    _library.require("fd_decode_args.window_left", "window_left")
+    return min(int(value), 2**63 - 1)  # a window beyond every position is no window: the library says so too
+
+
+def _logit_softcap(value: Any) -> float:
+    """``logit_softcap`` for fd_decode_args (a C float): finite and > 0 in float32 (None, not 0, means no cap)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise refuse(InvalidArgumentError, f"logit_softcap: expected a float, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond every float
+        number = math.inf
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+        as_float32 = float(np.float32(number))
+    if not math.isfinite(as_float32) or as_float32 <= 0.0:
+        raise refuse(
+            InvalidArgumentError,
+            f"logit_softcap: must be finite and positive in float32, got {number:g}; None means no cap",
+        )
+    _library.require("fd_decode_args.logit_softcap", "logit_softcap")
+    return as_float32
+
+
 def _size(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 2**63:
         raise refuse(InvalidArgumentError, f"{name}: expected a byte count (an int >= 0), got {value!r}")
@@ -1611,12 +1777,19 @@ def flash_decode(
     layout: Layout = "HND",
     stream: Any = None,
     split_tokens: Optional[int] = None,
+    causal: bool = True,
+    window_left: Optional[int] = None,
+    logit_softcap: Optional[float] = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
     Args:
-        q: ``[batch, heads, 1, head_dim]`` (``[batch, 1, heads, head_dim]``
-            with ``layout="NHD"``).
+        q: ``[batch, heads, q_len, head_dim]`` (``[batch, q_len, heads,
+            head_dim]`` with ``layout="NHD"``); q_len is 1 for the
+            reference kernel, up to 64 since 0.3 (the newest tokens of each
+            sequence, see :meth:`Handle.decode`).
         k, v: ``[batch, kv_heads, kv_len, head_dim]`` (``[batch, kv_len,
             kv_heads, head_dim]`` with ``layout="NHD"``); kv_heads may divide
             heads (grouped-query attention).
@@ -1631,6 +1804,8 @@ def flash_decode(
         stream: CUDA stream (see :meth:`Handle.decode`).
         split_tokens: a fixed split length for batch-invariant results
             (since 0.3; see :meth:`Handle.decode`); not with ``num_splits``.
+        causal, window_left, logit_softcap, alibi_slopes, sinks: the
+            attention variants (since 0.3), as in :meth:`Handle.decode`.
 
     Returns:
         q's shape in q's dtype, of q's kind: a NumPy array (computed on the
@@ -1645,15 +1820,17 @@ def flash_decode(
         if softmax_scale is not None:
             raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
         softmax_scale = sm_scale
+    variants = (causal, window_left, logit_softcap, alibi_slopes, sinks)
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None
-        )
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None,
+            *variants,
+        )  # fmt: skip
     torch = _modules.get("torch")
     if torch is not None and _torch.compiling(torch):
         return _compiled_decode(  # type: ignore[no-any-return]
             torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
-            stream,
+            stream, *variants,
         )  # fmt: skip
     torch_state = _torch.get()
     if torch_state is not None and isinstance(q, torch_state.Tensor):
@@ -1662,20 +1839,21 @@ def flash_decode(
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
             return _thread_handle(Backend.CUDA, device, stream_value)._decode(  # type: ignore[no-any-return]
                 q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
-                stream_value,
+                stream_value, *variants,
             )  # fmt: skip
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None
-        )
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None,
+            *variants,
+        )  # fmt: skip
     location, device_index = locate(q)
     if location == CUDA:
         stream_value = stream_pointer(stream) if stream is not None else default_stream(q)
-        return _thread_handle(Backend.CUDA, device_index or 0, stream_value).decode(
-            q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, split_tokens=split_tokens,
-            layout=layout, stream=stream_value,
+        return _thread_handle(Backend.CUDA, device_index or 0, stream_value)._decode(  # type: ignore[no-any-return]
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+            stream_value, *variants,
         )  # fmt: skip
-    return _thread_handle(Backend.CPU, 0, 0).decode(
-        q, k, v, out=out, softmax_scale=softmax_scale, num_splits=num_splits, split_tokens=split_tokens, layout=layout
+    return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
+        q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None, *variants
     )
 
 
@@ -1772,6 +1950,11 @@ def op_decode(
     num_splits: Optional[int],
     layout: str,
     split_tokens: Optional[int] = None,
+    causal: bool = True,
+    window_left: Optional[int] = None,
+    logit_softcap: Optional[float] = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> Tuple[Any, Any]:
     """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
     handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
@@ -1801,6 +1984,11 @@ def op_decode(
             softmax_scale=softmax_scale,
             num_splits=num_splits,
             split_tokens=split_tokens,
+            causal=causal,
+            window_left=window_left,
+            logit_softcap=logit_softcap,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
             layout=_as_layout(layout),
             return_lse=True,
             stream=stream,
@@ -1834,6 +2022,11 @@ def _compiled_decode(
     layout: Any,
     dtype: Any,
     stream: Any,
+    causal: Any = True,
+    window_left: Any = None,
+    logit_softcap: Any = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
 ) -> Any:
     """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
     (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
@@ -1845,9 +2038,15 @@ def _compiled_decode(
             "dtype= and stream= are not supported inside torch.compile: tensors carry their dtype, "
             "and the op runs on PyTorch's current stream",
         )
+    # The op takes tensors: a list of slopes or sinks (host memory, as outside torch.compile) becomes one.
+    if isinstance(alibi_slopes, (list, tuple)):
+        alibi_slopes = _compiled_vector(torch, q, alibi_slopes, "alibi_slopes")
+    if isinstance(sinks, (list, tuple)):
+        sinks = _compiled_vector(torch, q, sinks, "sinks")
     result, result_lse = torch.ops.flashdecode.decode(
-        q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens
-    )
+        q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
+        logit_softcap, alibi_slopes, sinks,
+    )  # fmt: skip
     if out is not None:
         out.copy_(result)
         result = out
@@ -1855,3 +2054,11 @@ def _compiled_decode(
         lse.copy_(result_lse)
         result_lse = lse
     return (result, result_lse) if return_lse else result
+
+
+def _compiled_vector(torch: Any, q: Any, values: Any, name: str) -> Any:
+    """A list of per-head values as a float32 CPU tensor for the op; refused for CUDA tensors, as
+    :meth:`Handle.decode` refuses a list on the CUDA backend."""
+    if q.is_cuda:
+        raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass a float32 GPU array")
+    return torch.tensor(values, dtype=torch.float32)

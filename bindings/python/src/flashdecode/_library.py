@@ -95,7 +95,19 @@ class FdDecodeArgs(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
         ("reserved_0", ctypes.c_int32),  # 0.2's trailing padding: never read
         ("split_tokens", ctypes.c_int64),  # since 0.3
+        ("mask", c_enum),  # since 0.3: fd_attention_mask
+        ("logit_softcap", ctypes.c_float),  # since 0.3
+        ("window_left", ctypes.c_int64),  # since 0.3
+        ("alibi_slopes", FdTensor),  # since 0.3
+        ("sinks", FdTensor),  # since 0.3
     ]
+
+
+MAX_Q_LEN = 64
+"""``FD_MAX_Q_LEN``: the most query tokens per sequence (dimension 1 of q) one decode takes (since 0.3)."""
+MASK_CAUSAL = 0
+MASK_NONE = 1
+"""``fd_attention_mask``: the values of ``fd_decode_args.mask`` (since 0.3)."""
 
 
 class FdPlanInfo(ctypes.Structure):
@@ -180,6 +192,11 @@ SINCE: Dict[str, int] = {
     "fd_check_contents": 3,
     "fd_options.checks": 3,
     "fd_decode_args.split_tokens": 3,
+    "fd_decode_args.mask": 3,
+    "fd_decode_args.logit_softcap": 3,
+    "fd_decode_args.window_left": 3,
+    "fd_decode_args.alibi_slopes": 3,
+    "fd_decode_args.sinks": 3,
     "fd_merge_args_init": 3,
     "fd_merge_states": 3,
 }

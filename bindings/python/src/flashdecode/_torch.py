@@ -116,10 +116,18 @@ def _register_op(torch: Any) -> Any:
         num_splits: Optional[int] = None,
         layout: str = "NHD",
         split_tokens: Optional[int] = None,
+        causal: bool = True,
+        window_left: Optional[int] = None,
+        logit_softcap: Optional[float] = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
     ) -> Tuple[Any, Any]:
         from ._handle import op_decode
 
-        return op_decode(q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens)
+        return op_decode(
+            q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
+            logit_softcap, alibi_slopes, sinks,
+        )  # fmt: skip
 
     decode.__annotations__ = {
         "q": Tensor,
@@ -131,6 +139,11 @@ def _register_op(torch: Any) -> Any:
         "num_splits": Optional[int],
         "layout": str,
         "split_tokens": Optional[int],
+        "causal": bool,
+        "window_left": Optional[int],
+        "logit_softcap": Optional[float],
+        "alibi_slopes": Optional[Tensor],
+        "sinks": Optional[Tensor],
         "return": Tuple[Tensor, Tensor],
     }
     op = library.custom_op(OP_NAME, mutates_args=())(decode)
@@ -145,6 +158,11 @@ def _register_op(torch: Any) -> Any:
         num_splits: Any = None,
         layout: str = "NHD",
         split_tokens: Any = None,
+        causal: Any = True,
+        window_left: Any = None,
+        logit_softcap: Any = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
     ) -> Tuple[Any, Any]:
         if q.dim() not in (3, 4):
             from ._errors import InvalidShapeError, refuse
