@@ -170,20 +170,23 @@ static fdt_case dense_case(fd_dtype dtype, int64_t batch, int64_t q_heads, int64
 static void compare_outputs(const fdt_problem *p, const void *out_a, const float *lse_a, const void *out_b,
                             const float *lse_b, double *out_rel, double *lse_diff) {
   const fdt_case *c = &p->c;
-  const int64_t *s = p->args.out.strides;
+  const int64_t *s = p->args.out.strides, *ls = p->args.lse.strides;
   double diff2 = 0.0, ref2 = 0.0, lse_max = 0.0;
   for (int64_t b = 0; b < c->batch; ++b) {
-    for (int64_t h = 0; h < c->q_heads; ++h) {
-      for (int64_t d = 0; d < c->head_dim; ++d) {
-        const int64_t i = b * s[0] + h * s[2] + d;
-        const double x = fdt_load(c->out_dtype, out_a, i), y = fdt_load(c->out_dtype, out_b, i);
-        diff2 += (x - y) * (x - y);
-        ref2 += y * y;
-      }
-      if (lse_a && lse_b) {
-        const double x = lse_a[b * c->q_heads + h], y = lse_b[b * c->q_heads + h];
-        const double diff = (isinf(x) && isinf(y) && x == y) ? 0.0 : fabs(x - y);
-        if (!(diff <= lse_max)) lse_max = diff; /* NaN propagates */
+    for (int64_t t = 0; t < fdt_q_len(c); ++t) {
+      for (int64_t h = 0; h < c->q_heads; ++h) {
+        for (int64_t d = 0; d < c->head_dim; ++d) {
+          const int64_t i = b * s[0] + t * s[1] + h * s[2] + d;
+          const double x = fdt_load(c->out_dtype, out_a, i), y = fdt_load(c->out_dtype, out_b, i);
+          diff2 += (x - y) * (x - y);
+          ref2 += y * y;
+        }
+        if (lse_a && lse_b) {
+          const int64_t i = b * ls[0] + t * ls[1] + h * ls[2];
+          const double x = lse_a[i], y = lse_b[i];
+          const double diff = (isinf(x) && isinf(y) && x == y) ? 0.0 : fabs(x - y);
+          if (!(diff <= lse_max)) lse_max = diff; /* NaN propagates */
+        }
       }
     }
   }
@@ -342,6 +345,65 @@ static int make_tensor_core_cases(fdt_case *cases, int quick) {
 
 /* ---- single tests ------------------------------------------------------------ */
 
+/* ---- attention variants ------------------------------------------------------ */
+/* Cases with several query tokens, masks, windows, softcaps, ALiBi and
+ * sinks, alone and together, drawn from a generator seeded by the case's
+ * index: every kernel (tensor-core rows of query tokens x heads in one or
+ * several chunks, the CUDA-core kernel for f32 and unaligned rows), dense and
+ * paged caches, ragged lengths, every merge; checked against the float64
+ * reference and the CPU backend by run_case. */
+enum { kVariantCases = 120, kQuickVariantCases = 40 };
+
+static int make_variant_cases(fdt_case *cases, int quick) {
+  static const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F16, FD_DTYPE_F32};
+  static const fdt_layout layouts[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED, FDT_PAGED_NHD, FDT_PAGED_HND};
+  static const int64_t q_lens[] = {1, 2, 3, 4, 8, 16, FD_MAX_Q_LEN};
+  static const int64_t heads[][2] = {{32, 8}, {8, 1}, {16, 16}, {12, 2}, {64, 8}, {4, 4}};
+  static const int64_t head_dims[] = {64, 128, 256, 96, 128};
+  static const int64_t kv_lens[] = {1, 40, 300, 1500, 5000};
+  static const int64_t page_sizes[] = {1, 7, 16, 64};
+  static const int32_t splits[] = {0, 0, 0, 1, 3, 9};
+  static const double softcaps[] = {0.0, 0.0, 5.0, 30.0};
+  const int count = quick ? kQuickVariantCases : kVariantCases;
+  for (int i = 0; i < count; ++i) {
+    fdt_rng rng = {0xa77e0000ull + g_seed + (uint64_t)i};
+    fdt_case *c = &cases[i];
+    memset(c, 0, sizeof *c);
+    c->dtype = dtypes[fdt_int(&rng, 0, 3)];
+    c->out_dtype = fdt_int(&rng, 0, 4) == 0 ? FD_DTYPE_F32 : c->dtype;
+    c->layout = layouts[fdt_int(&rng, 0, 4)];
+    c->q_len = q_lens[fdt_int(&rng, 0, 6)];
+    c->mask = fdt_int(&rng, 0, 3) == 0 ? FD_MASK_NONE : FD_MASK_CAUSAL;
+    const int64_t *hk = heads[fdt_int(&rng, 0, 5)];
+    c->q_heads = hk[0];
+    c->kv_heads = hk[1];
+    c->head_dim = head_dims[fdt_int(&rng, 0, 4)];
+    c->kv_len = kv_lens[fdt_int(&rng, 0, 4)];
+    if (quick && c->kv_len > 1500) c->kv_len = 1500;
+    c->page_size = page_sizes[fdt_int(&rng, 0, 3)];
+    c->batch = fdt_int(&rng, 1, 5);
+    c->ragged = (int)fdt_int(&rng, 0, 1);
+    c->with_lse = fdt_int(&rng, 0, 3) != 0;
+    c->num_splits = splits[fdt_int(&rng, 0, 5)];
+    switch (fdt_int(&rng, 0, 5)) {
+      case 0: c->window = 1; break;
+      case 1: c->window = c->kv_len / 3 + 1; break;
+      case 2: c->window = c->kv_len + 20; break;
+      default: c->window = 0; break;
+    }
+    c->softcap = softcaps[fdt_int(&rng, 0, 3)];
+    c->alibi = (int)(fdt_int(&rng, 0, 3) % 3);
+    c->sinks = (int)fdt_int(&rng, 0, 1);
+    c->seed = g_seed + 9000 + (uint64_t)i;
+    /* Keep the float64 reference affordable. */
+    while (c->batch * fdt_q_len(c) * c->q_heads * c->kv_len * c->head_dim > ((int64_t)24 << 20)) {
+      if (c->batch > 1) c->batch = (c->batch + 1) / 2;
+      else c->kv_len /= 2;
+    }
+  }
+  return count;
+}
+
 /* Same inputs and plan, bitwise-identical outputs (manual and automatic splits). */
 static void test_deterministic(void **state) {
   (void)state;
@@ -485,6 +547,24 @@ static void test_graph_replay(void **state) {
   c.layout = FDT_BHND;
   c.seed = g_seed + 510;
   graph_replay_case(c, "dense");
+}
+
+/* A captured graph replayed with new queries, caches, lengths, block table,
+ * slopes and sinks (read on the device at run time): several causal query
+ * tokens with a window, a softcap, ALiBi and sinks. */
+static void test_variants_graph_replay(void **state) {
+  (void)state;
+  fdt_case c = dense_case(FD_DTYPE_BF16, 12, 32, 8, 128, g_quick ? 400 : 3000, g_seed + 700);
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.q_len = 4;
+  c.window = g_quick ? 150 : 1000;
+  c.softcap = 20.0;
+  c.alibi = 2;
+  c.sinks = 1;
+  graph_replay_case(c, "variants, paged");
 }
 
 /* ---- ragged batches of many shapes ----------------------------------------- */
@@ -1149,10 +1229,12 @@ static void test_batch_invariant(void **state) {
     fd_dtype dtype;
     fdt_layout layout;
     int64_t q_heads, kv_heads, head_dim, split_tokens;
+    int variants; /* q_len 3, a window, softcap, ALiBi and sinks */
   } cases[] = {
-      {FD_DTYPE_F16, FDT_BNHD, 32, 8, 128, 512},      {FD_DTYPE_BF16, FDT_PAGED_NHD, 32, 8, 128, 1000},
-      {FD_DTYPE_F16, FDT_PAGED_HND, 16, 16, 64, 256}, {FD_DTYPE_F32, FDT_BHND, 8, 2, 256, 300},
-      {FD_DTYPE_BF16, FDT_BNHD, 16, 16, 128, 2048},   {FD_DTYPE_F16, FDT_BNHD, 32, 8, 128, 8192}, /* one split */
+      {FD_DTYPE_F16, FDT_BNHD, 32, 8, 128, 512, 0},      {FD_DTYPE_BF16, FDT_PAGED_NHD, 32, 8, 128, 1000, 0},
+      {FD_DTYPE_F16, FDT_PAGED_HND, 16, 16, 64, 256, 0}, {FD_DTYPE_F32, FDT_BHND, 8, 2, 256, 300, 0},
+      {FD_DTYPE_BF16, FDT_BNHD, 16, 16, 128, 2048, 0},   {FD_DTYPE_F16, FDT_BNHD, 32, 8, 128, 8192, 0}, /* one split */
+      {FD_DTYPE_F16, FDT_PAGED_NHD, 32, 8, 128, 512, 1}, {FD_DTYPE_BF16, FDT_BNHD, 16, 2, 64, 1024, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     fdt_case c = dense_case(cases[i].dtype, 11, cases[i].q_heads, cases[i].kv_heads, cases[i].head_dim, 5000,
@@ -1161,6 +1243,13 @@ static void test_batch_invariant(void **state) {
     c.page_size = 16;
     c.ragged = 1;
     c.with_lse = 1;
+    if (cases[i].variants) {
+      c.q_len = 3;
+      c.window = 1500;
+      c.softcap = 10.0;
+      c.alibi = 2;
+      c.sinks = 1;
+    }
     gpu_case t;
     open_case(&t, &c);
     fdt_problem *p = &t.p;
@@ -1571,7 +1660,7 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + 32];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + kVariantCases + 32];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
@@ -1585,8 +1674,16 @@ int main(void) {
     snprintf(tc_names[i], sizeof tc_names[i], "tensor_core_case_%d", i);
     tests[n++] = (struct CMUnitTest){tc_names[i], run_case, NULL, NULL, &tc_cases[i]};
   }
+  static fdt_case variant_cases[kVariantCases];
+  static char variant_names[kVariantCases][32];
+  const int variant_count = make_variant_cases(variant_cases, g_quick);
+  for (int i = 0; i < variant_count; ++i) {
+    snprintf(variant_names[i], sizeof variant_names[i], "variant_case_%03d", i);
+    tests[n++] = (struct CMUnitTest){variant_names[i], run_case, NULL, NULL, &variant_cases[i]};
+  }
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_variants_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_capture_without_reserve);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_paths_on_caller_workspace);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_batches);

@@ -94,11 +94,16 @@ __device__ inline float natural_lse(float m, float l) {
 template <class OutT, int N>
 __device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, int token, int q_head, int first_d,
                                              const float (&acc)[N], float m, float l, bool with_lse) {
-  float scale = 1.0f;  // of acc, when a sink moves the max
+  float scale = 1.0f;            // of acc, when a sink moves the max
+  float sink_lse = 0.0f;  // the LSE of a row that saw no key: exactly the sink
+  bool sink_only = false;
   if (o.sinks != nullptr) {
     constexpr float kLog2e = 1.4426950408889634f;
-    const float sink = __ldg(o.sinks + q_head * o.sinks_stride) * kLog2e;
+    const float sink_logit = __ldg(o.sinks + q_head * o.sinks_stride);
+    const float sink = sink_logit * kLog2e;
     if (sink != negative_infinity()) {
+      sink_only = m == negative_infinity();
+      sink_lse = sink_logit;
       const float m_new = max_nan(m, sink);
       scale = merge_weight(m, m_new);
       l = fmaf(l, scale, exp2f(sink - m_new));
@@ -111,7 +116,8 @@ __device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, i
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = Element<OutT>::from_float(acc[i] * inv_l);
   if (with_lse && o.lse != nullptr) {
-    o.lse[b * o.lse_batch_stride + token * o.lse_token_stride + q_head * o.lse_head_stride] = natural_lse(m, l);
+    o.lse[b * o.lse_batch_stride + token * o.lse_token_stride + q_head * o.lse_head_stride] =
+        sink_only ? sink_lse : natural_lse(m, l);
   }
 }
 
