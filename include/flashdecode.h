@@ -173,9 +173,10 @@ typedef enum fd_status {
                                           capture. */
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
-  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet); or a newer caller's #fd_options, #fd_decode_args or
-                                          #fd_merge_args with a non-zero byte past this library's struct: a field
-                                          this version does not know (see "Versioned structs" above). */
+  FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet); or a newer
+                                          caller's #fd_options, #fd_decode_args or #fd_merge_args with a non-zero
+                                          byte past this library's struct: a field this version does not know
+                                          (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
   FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
@@ -540,31 +541,31 @@ typedef enum fd_attention_mask {
  * device at run time, so a graph replays with their current values).
  */
 typedef struct fd_decode_args {
-  size_t struct_size;    /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
-                              Bytes past this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
-  fd_tensor q;           /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
-  fd_tensor k;           /**< Key cache (dense or page pool, see above). */
-  fd_tensor v;           /**< Value cache, same shape as @p k. */
-  fd_tensor out;         /**< Output, `[batch, q_len, q_heads, head_dim]`. */
-  fd_tensor lse;         /**< Optional log-sum-exp output (data NULL: not written). */
-  fd_tensor seq_lens;    /**< Optional per-sequence KV lengths (data NULL: full capacity). */
-  fd_tensor block_table; /**< Optional paged-cache block table (data NULL: dense cache). */
-  double softmax_scale;  /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
-                              be finite, and so must scale * log2(e) as a float (|scale| below about
-                              2.3e38). Scores it makes overflow follow the non-finite rules above. */
-  int32_t num_splits;    /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
-  int32_t reserved_0;    /**< The trailing padding of 0.2's struct, named so that no later field lands in it
-                              (older libraries would not see it): never read. */
-  int64_t split_tokens;  /**< Since 0.3: a fixed split length in KV tokens, for batch-invariant results (see
-                              "Batch invariance" above); 0 (default) leaves the splits to num_splits or the
-                              planner. Must not be negative, nor set together with num_splits. */
+  size_t struct_size;     /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
+                               Bytes past this library's sizeof must be zero (#FD_ERROR_UNSUPPORTED otherwise). */
+  fd_tensor q;            /**< Queries, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor k;            /**< Key cache (dense or page pool, see above). */
+  fd_tensor v;            /**< Value cache, same shape as @p k. */
+  fd_tensor out;          /**< Output, `[batch, q_len, q_heads, head_dim]`. */
+  fd_tensor lse;          /**< Optional log-sum-exp output (data NULL: not written). */
+  fd_tensor seq_lens;     /**< Optional per-sequence KV lengths (data NULL: full capacity). */
+  fd_tensor block_table;  /**< Optional paged-cache block table (data NULL: dense cache). */
+  double softmax_scale;   /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
+                               be finite, and so must scale * log2(e) as a float (|scale| below about
+                               2.3e38). Scores it makes overflow follow the non-finite rules above. */
+  int32_t num_splits;     /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
+  int32_t reserved_0;     /**< The trailing padding of 0.2's struct, named so that no later field lands in it
+                               (older libraries would not see it): never read. */
+  int64_t split_tokens;   /**< Since 0.3: a fixed split length in KV tokens, for batch-invariant results (see
+                               "Batch invariance" above); 0 (default) leaves the splits to num_splits or the
+                               planner. Must not be negative, nor set together with num_splits. */
   fd_attention_mask mask; /**< Since 0.3: #FD_MASK_CAUSAL (default) or #FD_MASK_NONE, for q_len > 1 (see
                               "Attention variants" above); another value is #FD_ERROR_INVALID_ARGUMENT. */
-  float logit_softcap;   /**< Since 0.3: c > 0 caps scores to `c * tanh(s / c)`; 0 (default) leaves them.
-                              Negative or non-finite: #FD_ERROR_INVALID_ARGUMENT. */
-  int64_t window_left;   /**< Since 0.3: a sliding window of W > 0 keys: a key is seen if `pos_q - pos_k < W`
-                              (W = 1: a query token sees only its own position); 0 (default): no window.
-                              Negative: #FD_ERROR_INVALID_ARGUMENT. */
+  float logit_softcap;    /**< Since 0.3: c > 0 caps scores to `c * tanh(s / c)`; 0 (default) leaves them.
+                               Negative or non-finite: #FD_ERROR_INVALID_ARGUMENT. */
+  int64_t window_left;    /**< Since 0.3: a sliding window of W > 0 keys: a key is seen if `pos_q - pos_k < W`
+                               (W = 1: a query token sees only its own position); 0 (default): no window.
+                               Negative: #FD_ERROR_INVALID_ARGUMENT. */
   fd_tensor alibi_slopes; /**< Since 0.3: optional ALiBi slopes, `[q_heads]`, #FD_DTYPE_F32, in the memory of
                                the other inputs: adds `slope[h] * (pos_k - pos_q)` to scores. */
   fd_tensor sinks;        /**< Since 0.3: optional attention-sink logits, `[q_heads]`, #FD_DTYPE_F32, in the

@@ -114,9 +114,8 @@ Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity
     plan.split_tokens = ceil_div(ceil_div(std::max<int64_t>(1, span), splits), granularity) * granularity;
     // A manual count is kept exactly (trailing splits may be empty); an
     // automatic one drops splits that rounding left empty.
-    plan.num_splits = p.requested_splits > 0
-                          ? splits
-                          : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(span, plan.split_tokens)));
+    plan.num_splits =
+        p.requested_splits > 0 ? splits : static_cast<int32_t>(std::max<int64_t>(1, ceil_div(span, plan.split_tokens)));
   }
 
   // Every product and offset is checked: they come from the caller's

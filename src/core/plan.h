@@ -54,7 +54,7 @@ struct Plan {
   // of a sequence whose queries see keys from `first` on (core/problem.h,
   // sequence_keys: 0 without a window).
   int64_t split_tokens = 0;
-  int64_t rows = 0;          // batch * q_len * q_heads
+  int64_t rows = 0;  // batch * q_len * q_heads
   // The planning backend's kernel variant: an index into that backend's own
   // variant table, set by its plan() and read back only by it (checked).
   uint8_t kernel_variant = 0;

@@ -60,8 +60,8 @@ struct Problem {
   // Attention variants (flashdecode.h, "Attention variants"); the defaults
   // are plain causal attention.
   bool causal = true;
-  int64_t window = 0;    // window_left: a key is seen if pos_q - pos_k < window; 0: no window
-  float softcap = 0.0f;  // > 0: scores become softcap * tanh(score / softcap)
+  int64_t window = 0;               // window_left: a key is seen if pos_q - pos_k < window; 0: no window
+  float softcap = 0.0f;             // > 0: scores become softcap * tanh(score / softcap)
   StridedView alibi_slopes, sinks;  // [q_heads] f32
   bool has_alibi = false;
   bool has_sinks = false;

@@ -4,8 +4,9 @@
  *
  * The fuzzer's bytes choose a problem: dtypes, batch, heads, head_dim, a
  * dense or paged cache, sequence lengths, an LSE output, split count, softmax
- * scale, non-finite values, and each tensor's layout (dimension order,
- * padding, broadcast strides, arbitrary strides on extent-1 dimensions).
+ * scale, non-finite values, each tensor's layout (dimension order, padding,
+ * broadcast strides, arbitrary strides on extent-1 dimensions), and the
+ * attention variants (query tokens, mask, window, softcap, ALiBi, sinks).
  * Every tensor gets a real buffer of exactly the bytes its shape and strides
  * reach, so that AddressSanitizer sees any access beyond them. About one
  * input in four then gets exactly one invalid field, with the status it
@@ -201,6 +202,10 @@ enum {
   MUT_BATCH,
   MUT_SEQ_LEN,
   MUT_BLOCK_TABLE,
+  MUT_MASK,
+  MUT_SOFTCAP,
+  MUT_WINDOW,
+  MUT_PER_HEAD_OVERLAP,
   MUT_COUNT
 };
 
@@ -210,8 +215,12 @@ typedef struct fuzz_case {
   fd_dtype dtype, out_dtype;
   int64_t batch, q_heads, kv_heads, head_dim, capacity, page_size, max_pages, num_pages;
   int paged, with_lens, with_lse;
-  buffer q, k, v, out, lse, seq_lens, block_table;
+  buffer q, k, v, out, lse, seq_lens, block_table, alibi_slopes, sinks;
   int64_t *lens; /* [batch], as stored (read back) */
+  /* The variants, as the library reads them (add_variants). */
+  int64_t q_len, window;
+  fd_attention_mask mask;
+  float softcap;
   /* The call. */
   union {
     fd_decode_args args;
@@ -230,6 +239,8 @@ static void free_case(fuzz_case *c) {
   free(c->lse.bytes);
   free(c->seq_lens.bytes);
   free(c->block_table.bytes);
+  free(c->alibi_slopes.bytes);
+  free(c->sinks.bytes);
   free(c->lens);
 }
 
@@ -243,6 +254,7 @@ static int64_t kv_at(const fuzz_case *c, const fd_tensor *t, int64_t b, int64_t 
 }
 
 static void add_specials(input *in, fuzz_case *c, fdt_rng *rng);
+static void add_variants(input *in, fuzz_case *c, fdt_rng *rng);
 
 /* Draws the valid problem, with real data in exactly sized buffers. */
 static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
@@ -381,6 +393,101 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
     case 1: a->struct_size = offsetof(fd_decode_args, num_splits) + sizeof a->num_splits; break;
     default: a->struct_size = sizeof c->call.raw; break;
   }
+  c->q_len = 1;
+  c->mask = FD_MASK_CAUSAL;
+  add_variants(in, c, rng);
+}
+
+/* An f32 [q_heads] tensor (alibi_slopes, sinks) in a buffer of its own with
+ * a layout of its own, holding values from `value`. */
+static fd_tensor per_head_tensor(input *in, fuzz_case *c, buffer *b, fdt_rng *rng,
+                                 double (*value)(fdt_rng *, int64_t, int64_t)) {
+  int64_t strides[1];
+  const int64_t shape[1] = {c->q_heads};
+  buffer_alloc(b, lay_out(in, 1, shape, strides, 0, 0), sizeof(float), 0xff);
+  for (int64_t h = 0; h < c->q_heads; ++h) fdt_store(FD_DTYPE_F32, b->bytes, h * strides[0], value(rng, h, c->q_heads));
+  return fdt_tensor(b->bytes, FD_DTYPE_F32, 1, shape, strides);
+}
+
+/* The standard slopes 2^(-8 (h + 1) / H), or random ones in (0, 1]: positive,
+ * as ALiBi's are, so that scores stay within float32's reach of the
+ * reference (a negative slope over a long cache makes the largest score
+ * hundreds of nats, where float32's rounding of it alone exceeds the f32
+ * bound). */
+static double slope_value(fdt_rng *rng, int64_t h, int64_t heads) {
+  return fdt_int(rng, 0, 1) ? pow(2.0, -8.0 * (double)(h + 1) / (double)heads) : fdt_uniform(rng, 0.001, 1.0);
+}
+
+/* Sink logits about where the LSEs are, so that they matter. */
+static double sink_value(fdt_rng *rng, int64_t h, int64_t heads) {
+  (void)h;
+  (void)heads;
+  return fdt_uniform(rng, -3.0, 8.0);
+}
+
+/* Attention variants (flashdecode.h, "Attention variants"), drawn last so
+ * that the bytes before them mean what they did before variants existed,
+ * and only into a struct that has their fields. Several query tokens put
+ * their dimension outermost in q, out and lse (or broadcast q's, stride 0),
+ * in buffers grown to hold it, token 0 keeping what it had (specials
+ * included) and the others getting values of their own; their number is
+ * bounded like the rest of the work. */
+static void add_variants(input *in, fuzz_case *c, fdt_rng *rng) {
+  fd_decode_args *a = &c->call.args;
+  if (a->struct_size < sizeof(fd_decode_args)) return;
+  const int64_t work = (c->batch > 0 ? c->batch : 1) * c->q_heads * c->head_dim * (c->capacity > 0 ? c->capacity : 1);
+  int64_t most_tokens = ((int64_t)1 << 14) / work;
+  if (most_tokens > FD_MAX_Q_LEN) most_tokens = FD_MAX_Q_LEN;
+  switch (take(in, 6)) {
+    case 0:
+    case 1:
+    case 2: c->q_len = 1; break;
+    case 3: c->q_len = 2; break;
+    case 4: c->q_len = 1 + take(in, 8); break;
+    default: c->q_len = 1 + take(in, FD_MAX_Q_LEN); break;
+  }
+  if (c->q_len > most_tokens) c->q_len = most_tokens > 1 ? most_tokens : 1;
+  if (c->q_len > 1) {
+    const int broadcast = take(in, 4) == 0;
+    buffer *grown[3] = {&c->q, &c->out, &c->lse};
+    fd_tensor *views[3] = {&a->q, &a->out, &a->lse};
+    for (int i = 0; i < 3; ++i) {
+      if (views[i]->data == NULL) continue;
+      const int64_t slice = grown[i]->elements; /* 0 for an empty batch: nothing to grow */
+      views[i]->shape[1] = c->q_len;
+      views[i]->strides[1] = i == 0 && broadcast ? 0 : slice > 0 ? slice : 1;
+      if (views[i]->strides[1] == 0 || slice == 0) continue;
+      buffer bigger;
+      buffer_alloc(&bigger, slice * c->q_len, grown[i]->element, 0xff);
+      if (i == 0 && grown[i]->size) memcpy(bigger.bytes, grown[i]->bytes, grown[i]->size);
+      free(grown[i]->bytes);
+      *grown[i] = bigger;
+      views[i]->data = bigger.bytes;
+    }
+    if (!broadcast) {
+      for (int64_t b = 0; b < c->batch; ++b)
+        for (int64_t t = 1; t < c->q_len; ++t)
+          for (int64_t h = 0; h < c->q_heads; ++h)
+            for (int64_t d = 0; d < c->head_dim; ++d)
+              fdt_store(c->dtype, c->q.bytes, at(&a->q, b, t, h, d), fdt_uniform(rng, -2.0, 2.0));
+    }
+  }
+  c->mask = take(in, 3) == 2 ? FD_MASK_NONE : FD_MASK_CAUSAL;
+  a->mask = c->mask;
+  /* A window of one key, a few, about the cache or beyond it. */
+  switch (take(in, 6)) {
+    case 3: c->window = 1; break;
+    case 4: c->window = 1 + take(in, 16); break;
+    case 5: c->window = c->capacity + (int64_t)take(in, 5) - 2; break;
+    default: c->window = 0; break;
+  }
+  if (c->window < 0) c->window = 0;
+  a->window_left = c->window;
+  static const float softcaps[] = {0.5f, 1.0f, 5.0f, 30.0f};
+  c->softcap = take(in, 4) == 3 ? (take(in, 2) ? softcaps[take(in, 4)] : (float)fdt_uniform(rng, 0.05, 50.0)) : 0.0f;
+  a->logit_softcap = c->softcap;
+  if (take(in, 4) == 3) a->alibi_slopes = per_head_tensor(in, c, &c->alibi_slopes, rng, slope_value);
+  if (take(in, 4) == 3) a->sinks = per_head_tensor(in, c, &c->sinks, rng, sink_value);
 }
 
 /* Non-finite values where valid tokens reach (flashdecode.h, "Non-finite
@@ -448,20 +555,24 @@ static void add_specials(input *in, fuzz_case *c, fdt_rng *rng) {
 }
 
 /* The tensors of a call, by index, and their buffers. */
-enum { TENSORS = 7 };
-static const char *const tensor_names[TENSORS] = {"q", "k", "v", "out", "lse", "seq_lens", "block_table"};
+enum { TENSORS = 9 };
+static const char *const tensor_names[TENSORS] = {
+    "q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks"};
 
 static fd_tensor *tensor_at(fd_decode_args *a, int index) {
-  fd_tensor *all[TENSORS] = {&a->q, &a->k, &a->v, &a->out, &a->lse, &a->seq_lens, &a->block_table};
+  fd_tensor *all[TENSORS] = {&a->q,    &a->k, &a->v, &a->out, &a->lse, &a->seq_lens, &a->block_table, &a->alibi_slopes,
+                             &a->sinks};
   return all[index];
 }
 
 static buffer *buffer_at(fuzz_case *c, int index) {
-  buffer *all[TENSORS] = {&c->q, &c->k, &c->v, &c->out, &c->lse, &c->seq_lens, &c->block_table};
+  buffer *all[TENSORS] = {&c->q,    &c->k, &c->v, &c->out, &c->lse, &c->seq_lens, &c->block_table, &c->alibi_slopes,
+                          &c->sinks};
   return all[index];
 }
 
-/* A present tensor, drawn: q k v out, and lse seq_lens block_table when given. */
+/* A present tensor, drawn: q k v out, and lse seq_lens block_table
+ * alibi_slopes sinks when given. */
 static int pick_tensor(input *in, fuzz_case *c) {
   int present[TENSORS], n = 0;
   for (int i = 0; i < TENSORS; ++i)
@@ -509,6 +620,8 @@ static int mutate(input *in, fuzz_case *c, unsigned which) {
         t->dtype = take(in, 2) ? FD_DTYPE_I32 : c->dtype == FD_DTYPE_F16 ? FD_DTYPE_BF16 : FD_DTYPE_F16;
       } else if (t == &a->lse || t == &a->seq_lens || t == &a->block_table) {
         t->dtype = t == &a->lse ? FD_DTYPE_I32 : FD_DTYPE_F32;
+      } else if (t == &a->alibi_slopes || t == &a->sinks) {
+        t->dtype = take(in, 2) ? FD_DTYPE_F16 : FD_DTYPE_I32;
       } else {
         t->dtype = was == FD_DTYPE_F16 ? FD_DTYPE_BF16 : was == FD_DTYPE_BF16 ? FD_DTYPE_I32 : FD_DTYPE_F16;
       }
@@ -588,31 +701,15 @@ static int mutate(input *in, fuzz_case *c, unsigned which) {
       c->mutation = "a head count out of range or not a multiple";
       return 1;
     case MUT_Q_LEN:
-      if (take(in, 2)) {
-        a->q.shape[1] = 0;
-        c->expect = FD_ERROR_INVALID_SHAPE;
-      } else {
-        /* Several query tokens: valid API, unsupported in this version.
-         * The new dimension goes outside every other (no overlap), in
-         * buffers grown to hold it: outputs must not overlap inputs. */
-        const int64_t q_elements = c->q.elements, out_elements = c->out.elements;
-        free(c->q.bytes);
-        free(c->out.bytes);
-        buffer_alloc(&c->q, 2 * q_elements, c->q.element, 0);
-        buffer_alloc(&c->out, 2 * out_elements + 1, c->out.element, 0xff);
-        a->q.data = c->q.bytes;
-        a->out.data = c->out.bytes;
-        a->q.shape[1] = a->out.shape[1] = 2;
-        a->q.strides[1] = q_elements;
-        a->out.strides[1] = out_elements + 1;
-        a->lse.data = NULL; /* lse would need its dimension too */
-        c->expect = FD_ERROR_UNSUPPORTED;
-      }
-      c->mutation = "q_len other than 1";
+      /* 0, or more than FD_MAX_Q_LEN (checked before out's q_len is
+       * compared with q's, and before anything is read). */
+      set_extent(c, 0, 1, take(in, 2) ? 0 : FD_MAX_Q_LEN + 1 + (int64_t)take(in, 3));
+      c->expect = FD_ERROR_INVALID_SHAPE;
+      c->mutation = "q_len 0 or above FD_MAX_Q_LEN";
       return 1;
     case MUT_EXTENT: {
       /* One extent disagrees with the tensor it must match. */
-      switch (take(in, 6)) {
+      switch (take(in, 7)) {
         case 0: {
           const int d = (int)take(in, 4);
           if (d == 3 && take(in, 2)) {
@@ -641,6 +738,12 @@ static int mutate(input *in, fuzz_case *c, unsigned which) {
           if (!c->paged) return 0;
           set_extent(c, 6, 0, a->block_table.shape[0] + 1);
           break;
+        case 5: {
+          const int i = take(in, 2) ? 7 : 8; /* alibi_slopes or sinks: [q_heads] */
+          if (tensor_at(a, i)->data == NULL) return 0;
+          set_extent(c, i, 0, take(in, 2) ? c->q_heads + 1 : c->q_heads - 1);
+          break;
+        }
         default:
           if (c->paged) return 0;
           set_extent(c, 1, 0, a->k.shape[0] + 1); /* dense batch against q */
@@ -768,6 +871,41 @@ static int mutate(input *in, fuzz_case *c, unsigned which) {
       c->mutation = "a block table entry outside the page pool";
       return 1;
     }
+    case MUT_MASK: {
+      static const int masks[] = {2, 7, -1, INT32_MIN};
+      a->struct_size = sizeof(fd_decode_args); /* mask is read */
+      memcpy(&a->mask, &masks[take(in, 4)], sizeof(int));
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "mask neither FD_MASK_CAUSAL nor FD_MASK_NONE";
+      return 1;
+    }
+    case MUT_SOFTCAP: {
+      const float softcaps[] = {-1.0f, -1e-30f, NAN, INFINITY, -INFINITY};
+      a->struct_size = sizeof(fd_decode_args);
+      a->logit_softcap = softcaps[take(in, 5)];
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "logit_softcap negative or not finite";
+      return 1;
+    }
+    case MUT_WINDOW:
+      a->struct_size = sizeof(fd_decode_args);
+      a->window_left = take(in, 2) ? -1 - (int64_t)take(in, 100) : INT64_MIN;
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "window_left negative";
+      return 1;
+    case MUT_PER_HEAD_OVERLAP: {
+      /* Slopes or sinks in out's memory (or lse's): an input under an output. */
+      if (c->out.size < c->q_heads * sizeof(float)) return 0;
+      fd_tensor *t = take(in, 2) ? &a->alibi_slopes : &a->sinks;
+      const int64_t shape[1] = {c->q_heads}, strides[1] = {1};
+      const buffer *target =
+          c->with_lse && c->lse.size >= c->q_heads * sizeof(float) && take(in, 2) ? &c->lse : &c->out;
+      *t = fdt_tensor(target->bytes, FD_DTYPE_F32, 1, shape, strides); /* a malloc block: aligned for f32 */
+      a->struct_size = sizeof(fd_decode_args);
+      c->expect = FD_ERROR_INVALID_ARGUMENT;
+      c->mutation = "alibi_slopes or sinks in an output's memory";
+      return 1;
+    }
   }
   return 0;
 }
@@ -788,11 +926,14 @@ static void check_plan(const fuzz_case *c, const fd_plan_info *info, size_t info
   /* split_tokens as the library reads it: an older caller's struct lacks it. */
   const int64_t split_tokens =
       a->struct_size >= offsetof(fd_decode_args, split_tokens) + sizeof a->split_tokens ? a->split_tokens : 0;
+  /* Plans cut the keys a sequence's query tokens can see: the capacity, or
+   * less under a window (core/problem.h, planned_kv_span). */
+  const int64_t span = c->window > 0 && c->window + c->q_len - 1 < c->capacity ? c->window + c->q_len - 1 : c->capacity;
   if (split_tokens > 0 && HAS(split_tokens)) {
-    const int64_t expected = c->capacity > 0 ? (c->capacity + split_tokens - 1) / split_tokens : 1;
+    const int64_t expected = span > 0 ? (span + split_tokens - 1) / split_tokens : 1;
     if (info->split_tokens != split_tokens || info->num_splits != expected)
-      fuzz_fail("plan: %d splits of %lld tokens, asked for splits of %lld (capacity %lld)", (int)info->num_splits,
-                (long long)info->split_tokens, (long long)split_tokens, (long long)c->capacity);
+      fuzz_fail("plan: %d splits of %lld tokens, asked for splits of %lld (%lld keys)", (int)info->num_splits,
+                (long long)info->split_tokens, (long long)split_tokens, (long long)span);
   }
   if (HAS(num_splits)) {
     if (a->num_splits > 0 && info->num_splits != a->num_splits)
@@ -800,18 +941,18 @@ static void check_plan(const fuzz_case *c, const fd_plan_info *info, size_t info
     if (info->num_splits < 1 || info->num_splits > FD_MAX_SPLITS) fuzz_fail("plan: %d splits", (int)info->num_splits);
   }
   if (HAS(split_tokens)) {
-    const int64_t n = c->capacity;
+    const int64_t n = span;
     if (info->split_tokens < 1 || info->split_tokens * info->num_splits < n)
       fuzz_fail("plan: %d splits of %lld tokens do not cover %lld", (int)info->num_splits,
                 (long long)info->split_tokens, (long long)n);
     if (a->num_splits == 0 && (int64_t)(info->num_splits - 1) * info->split_tokens >= (n > 0 ? n : 1))
-      fuzz_fail("plan: automatic %d splits of %lld tokens leave one empty (capacity %lld)", (int)info->num_splits,
+      fuzz_fail("plan: automatic %d splits of %lld tokens leave one empty (%lld keys)", (int)info->num_splits,
                 (long long)info->split_tokens, (long long)n);
   }
   if (HAS(workspace_bytes)) {
     if (info->workspace_bytes != bytes)
       fuzz_fail("fd_describe_plan: %zu workspace bytes, fd_workspace_size: %zu", info->workspace_bytes, bytes);
-    const size_t states = (size_t)(c->batch * c->q_heads) * (size_t)info->num_splits;
+    const size_t states = (size_t)(c->batch * c->q_len * c->q_heads) * (size_t)info->num_splits;
     if (bytes < states * (size_t)(2 + c->head_dim) * sizeof(float))
       fuzz_fail("workspace: %zu bytes cannot hold %zu partial states of head_dim %lld", bytes, states,
                 (long long)c->head_dim);
@@ -833,10 +974,12 @@ static void check_written(const char *name, const buffer *b, const fd_tensor *t,
   if (b->size == 0) return;
   unsigned char *is_element = calloc((size_t)b->elements, 1);
   if (is_element == NULL) fuzz_fail("out of memory");
-  const int64_t n1 = ndim == 4 ? t->shape[3] : 1;
+  const int64_t n3 = ndim == 4 ? t->shape[3] : 1;
   for (int64_t i0 = 0; i0 < t->shape[0]; ++i0)
-    for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
-      for (int64_t i3 = 0; i3 < n1; ++i3) is_element[i0 * t->strides[0] + i2 * t->strides[2] + i3 * t->strides[3]] = 1;
+    for (int64_t i1 = 0; i1 < t->shape[1]; ++i1)
+      for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
+        for (int64_t i3 = 0; i3 < n3; ++i3)
+          is_element[i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3]] = 1;
   for (int64_t e = 0; e < b->elements; ++e) {
     const int poisoned = all_bytes(b->bytes + (size_t)e * b->element, b->element, 0xff);
     if (is_element[e] && poisoned) fuzz_fail("%s: element at offset %lld was not written", name, (long long)e);
@@ -846,41 +989,71 @@ static void check_written(const char *name, const buffer *b, const fd_tensor *t,
   free(is_element);
 }
 
-/* Whether v element d of token j of sequence b, KV head g is NaN while that
- * key is masked (scores -inf) for query head h: a NaN the header lets a row
- * drop (the CPU backend does if every key before it in its split or
- * 32-token block is masked too). */
-static int only_masked_nan(const fdt_problem *p, int64_t b, int64_t h, int64_t d) {
+/* Whether v element d of token j of sequence b, KV head g is NaN, for a key
+ * that query token t sees, only where that key is masked (scores -inf) for
+ * query head h: a NaN the header lets a row drop (the CPU backend does if
+ * every key before it in its split or 32-token block is masked too). Scores
+ * as the reference makes them: a softcap turns -inf into -c, a key that
+ * counts. */
+static int only_masked_nan(const fdt_problem *p, int64_t b, int64_t t, int64_t h, int64_t d) {
   const fdt_case *c = &p->c;
-  const int64_t D = c->head_dim, g = h / (c->q_heads / c->kv_heads);
+  const int64_t D = c->head_dim, g = h / (c->q_heads / c->kv_heads), len = p->lens[b];
   const double scale = c->softmax_scale != 0.0 ? c->softmax_scale : 1.0 / sqrt((double)D);
+  const double *q = p->ref_q + ((b * fdt_q_len(c) + t) * c->q_heads + h) * D;
   int masked_nan = 0;
-  for (int64_t j = 0; j < p->lens[b]; ++j) {
+  for (int64_t j = 0; j < len; ++j) {
+    if (!fdt_sees(c, len, t, j)) continue; /* never read */
     const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
-    const double *q = p->ref_q + (b * c->q_heads + h) * D;
     if (!isnan(p->ref_v[((b * c->kv_len + j) * c->kv_heads + g) * D + d])) continue;
     double score = 0.0;
     for (int64_t e = 0; e < D; ++e) score += q[e] * k[e];
-    if (score * scale != -INFINITY) return 0; /* NaN under a key that counts: the row must be NaN */
+    score *= scale;
+    if (c->softcap > 0.0) score = c->softcap * tanh(score / c->softcap);
+    if (score != -INFINITY) return 0; /* NaN under a key that counts: the row must be NaN */
     masked_nan = 1;
   }
   return masked_nan;
 }
 
+/* Whether query token t of sequence b sees any key. */
+static int sees_any(const fdt_problem *p, int64_t b, int64_t t) {
+  for (int64_t j = 0; j < p->lens[b]; ++j)
+    if (fdt_sees(&p->c, p->lens[b], t, j)) return 1;
+  return 0;
+}
+
+/* A dtype's smallest normal value: below it the spacing of its values stops
+ * shrinking (subnormals), so a smaller element is stored no more precisely,
+ * in absolute terms, than one of this size. */
+static double smallest_normal(fd_dtype dtype) { return dtype == FD_DTYPE_F16 ? ldexp(1.0, -14) : ldexp(1.0, -126); }
+
+/* A [q_heads] f32 tensor read back into float64, or NULL if absent. */
+static double *read_per_head(const fuzz_case *c, const fd_tensor *t) {
+  if (t->data == NULL) return NULL;
+  double *values = calloc((size_t)c->q_heads, sizeof(double));
+  if (values == NULL) fuzz_fail("out of memory");
+  for (int64_t h = 0; h < c->q_heads; ++h) values[h] = fdt_load(FD_DTYPE_F32, t->data, h * t->strides[0]);
+  return values;
+}
+
 /* Against the float64 reference of tests/support, on the logical tensors
- * read back from storage. The measure is fdt_check's (norm over the whole
- * output, fdt_error_bound; LSE within 1e-4; empty sequences give zeros and
- * -inf), but relative to the norm of sum_j w_j |v_j| / l, the magnitude of
- * what each output element sums, rather than to the norm of the output:
- * the fuzzer's outputs are often a single element, whose weighted sum of
- * values in [-1, 1] can cancel to near zero, and float32 summation error is
- * bounded relative to the terms, not to their sum. NaN and -inf must be
- * where the reference has them (flashdecode.h, "Non-finite values"), but
- * for a NaN in v under masked keys, which the header lets a row drop (the
- * element then matches the reference without the masked keys' NaN). */
+ * read back from storage, every query token of every sequence. The measure
+ * is fdt_check's (norm over the whole output, fdt_error_bound; LSE within
+ * 1e-4; tokens that see no key give zeros and LSE -inf, or the sink), but
+ * relative to the norm of sum_j w_j |v_j| / l, the magnitude of what each
+ * output element sums, rather than to the norm of the output: the fuzzer's
+ * outputs are often a single element, whose weighted sum of values in
+ * [-1, 1] can cancel to near zero, and float32 summation error is bounded
+ * relative to the terms, not to their sum. Each element's magnitude is at
+ * least the output dtype's smallest normal value: a sink can take all but
+ * 1e-6 (or 1e-12) of a row's weight, and f16 stores such an output as a
+ * subnormal, with an absolute precision of 2^-24 (or as 0). NaN and -inf must be where the
+ * reference has them (flashdecode.h, "Non-finite values"), but for a NaN in
+ * v under masked keys, which the header lets a row drop (the element then
+ * matches the reference without the masked keys' NaN). */
 static void check_numerics(const fuzz_case *c) {
   const fd_decode_args *a = &c->call.args;
-  const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, N = c->capacity;
+  const int64_t B = c->batch, Lq = c->q_len, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, N = c->capacity;
   fdt_problem p;
   memset(&p, 0, sizeof p);
   p.c.batch = B;
@@ -889,8 +1062,14 @@ static void check_numerics(const fuzz_case *c) {
   p.c.head_dim = D;
   p.c.kv_len = N;
   p.c.softmax_scale = a->softmax_scale;
+  p.c.q_len = Lq;
+  p.c.mask = c->mask;
+  p.c.window = c->window;
+  p.c.softcap = c->softcap;
   p.lens = c->lens;
-  const size_t kv = (size_t)(B * N * Hkv * D) + 1, rows = (size_t)(B * Hq) + 1, outs = rows * (size_t)D;
+  p.ref_alibi_slopes = read_per_head(c, &a->alibi_slopes);
+  p.ref_sinks = read_per_head(c, &a->sinks);
+  const size_t kv = (size_t)(B * N * Hkv * D) + 1, rows = (size_t)(B * Lq * Hq) + 1, outs = rows * (size_t)D;
   p.ref_q = calloc(outs, sizeof(double));
   p.ref_k = calloc(kv, sizeof(double));
   double *v = calloc(kv, sizeof(double)), *expect_out = calloc(outs, sizeof(double));
@@ -899,9 +1078,10 @@ static void check_numerics(const fuzz_case *c) {
   if (!p.ref_q || !p.ref_k || !v || !expect_out || !expect_lse || !unmasked || !magnitude || !unused_lse)
     fuzz_fail("out of memory");
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t d = 0; d < D; ++d)
-        p.ref_q[(b * Hq + h) * D + d] = fdt_load(c->dtype, c->q.bytes, at(&a->q, b, 0, h, d));
+    for (int64_t t = 0; t < Lq; ++t)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          p.ref_q[((b * Lq + t) * Hq + h) * D + d] = fdt_load(c->dtype, c->q.bytes, at(&a->q, b, t, h, d));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < c->lens[b]; ++j)
       for (int64_t g = 0; g < Hkv; ++g)
@@ -929,38 +1109,46 @@ static void check_numerics(const fuzz_case *c) {
   p.ref_v = v;
 
   double diff2 = 0.0, magnitude2 = 0.0;
+  const double floor_magnitude = smallest_normal(c->out_dtype);
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      for (int64_t d = 0; d < D; ++d) {
-        const int64_t i = (b * Hq + h) * D + d;
-        const double got = fdt_load(c->out_dtype, c->out.bytes, at(&a->out, b, 0, h, d));
-        double want = expect_out[i];
-        if (isnan(want) && !isnan(got) && !isnan(expect_lse[b * Hq + h]) && only_masked_nan(&p, b, h, d)) {
-          /* flashdecode.h, "Non-finite values": a NaN in v under masked keys
-           * may or may not reach the row; without it, the value without them. */
-          want = unmasked[i];
-          if (verbose)
-            fprintf(stderr, "fuzz_decode: out[%lld][0][%lld][%lld] is %g: a NaN in v under masked keys left out\n",
-                    (long long)b, (long long)h, (long long)d, got);
+    for (int64_t t = 0; t < Lq; ++t) {
+      const int empty = !sees_any(&p, b, t);
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t row = (b * Lq + t) * Hq + h;
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t i = row * D + d;
+          const double got = fdt_load(c->out_dtype, c->out.bytes, at(&a->out, b, t, h, d));
+          double want = expect_out[i];
+          if (isnan(want) && !isnan(got) && !isnan(expect_lse[row]) && only_masked_nan(&p, b, t, h, d)) {
+            /* flashdecode.h, "Non-finite values": a NaN in v under masked keys
+             * may or may not reach the row; without it, the value without them. */
+            want = unmasked[i];
+            if (verbose)
+              fprintf(stderr, "fuzz_decode: out[%lld][%lld][%lld][%lld] is %g: a NaN in v under masked keys left out\n",
+                      (long long)b, (long long)t, (long long)h, (long long)d, got);
+          }
+          if (isnan(want) != isnan(got) || (!isnan(want) && !isfinite(got)))
+            fuzz_fail("out[%lld][%lld][%lld][%lld] is %g, float64 reference %g (flashdecode.h, \"Non-finite values\")",
+                      (long long)b, (long long)t, (long long)h, (long long)d, got, want);
+          if (isnan(want)) continue;
+          if (empty && got != 0.0)
+            fuzz_fail("out[%lld][%lld][%lld][%lld] is %g for a query token that sees no key", (long long)b,
+                      (long long)t, (long long)h, (long long)d, got);
+          diff2 += (got - want) * (got - want);
+          const double m = magnitude[i] > floor_magnitude ? magnitude[i] : floor_magnitude;
+          magnitude2 += m * m;
         }
-        if (isnan(want) != isnan(got) || (!isnan(want) && !isfinite(got)))
-          fuzz_fail("out[%lld][0][%lld][%lld] is %g, float64 reference %g (flashdecode.h, \"Non-finite values\")",
-                    (long long)b, (long long)h, (long long)d, got, want);
-        if (isnan(want)) continue;
-        if (c->lens[b] == 0 && got != 0.0)
-          fuzz_fail("out[%lld][0][%lld][%lld] is %g for an empty sequence", (long long)b, (long long)h, (long long)d,
-                    got);
-        diff2 += (got - want) * (got - want);
-        magnitude2 += magnitude[i] * magnitude[i];
-      }
-      if (c->with_lse) {
-        const double got = fdt_load(FD_DTYPE_F32, c->lse.bytes, b * a->lse.strides[0] + h * a->lse.strides[2]);
-        const double want = expect_lse[b * Hq + h];
-        if (isnan(want) || isinf(want)) { /* a NaN row; an empty or all-masked one (-inf) */
-          if (isnan(want) != isnan(got) || (isinf(want) && got != want))
-            fuzz_fail("lse[%lld][0][%lld] is %g, float64 reference %g", (long long)b, (long long)h, got, want);
-        } else if (!(fabs(got - want) <= 1e-4)) {
-          fuzz_fail("lse[%lld][0][%lld] is %.9g, float64 reference %.9g", (long long)b, (long long)h, got, want);
+        if (c->with_lse) {
+          const double got = fdt_load(FD_DTYPE_F32, c->lse.bytes, at(&a->lse, b, t, h, 0));
+          const double want = expect_lse[row];
+          if (isnan(want) || isinf(want) || empty) { /* a NaN row; an empty or all-masked one (-inf, or the sink) */
+            if (isnan(want) != isnan(got) || (!isnan(want) && got != want))
+              fuzz_fail("lse[%lld][%lld][%lld] is %g, float64 reference %g", (long long)b, (long long)t, (long long)h,
+                        got, want);
+          } else if (!(fabs(got - want) <= 1e-4)) {
+            fuzz_fail("lse[%lld][%lld][%lld] is %.9g, float64 reference %.9g", (long long)b, (long long)t, (long long)h,
+                      got, want);
+          }
         }
       }
     }
@@ -972,6 +1160,8 @@ static void check_numerics(const fuzz_case *c) {
               sqrt(diff2));
   free(p.ref_q);
   free(p.ref_k);
+  free(p.ref_alibi_slopes);
+  free(p.ref_sinks);
   free(v);
   free(expect_out);
   free(expect_lse);
@@ -984,20 +1174,24 @@ static void describe_case(const fuzz_case *c, unsigned threads, unsigned workspa
   char *cursor = problem_text;
   size_t left = sizeof problem_text;
   const fd_decode_args *a = &c->call.args;
-  int n = snprintf(cursor, left,
-                   "  problem: batch=%lld q_heads=%lld kv_heads=%lld head_dim=%lld capacity=%lld %s%s -> %s%s%s "
-                   "page_size=%lld max_pages=%lld num_pages=%lld\n"
-                   "  call: struct_size=%zu softmax_scale=%.17g num_splits=%d threads=%u workspace=%s\n"
-                   "  invalid: %s (expect %s)\n",
-                   (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->head_dim,
-                   (long long)c->capacity, c->paged ? "paged " : "", fdt_dtype_name(c->dtype),
-                   fdt_dtype_name(c->out_dtype), c->with_lens ? " seq_lens" : "", c->with_lse ? " lse" : "",
-                   (long long)c->page_size, (long long)c->max_pages, (long long)c->num_pages, a->struct_size,
-                   a->softmax_scale, (int)a->num_splits, threads,
-                   workspace_mode == 0   ? "library"
-                   : workspace_mode == 1 ? "caller, exact"
-                                         : "caller, 1 byte short",
-                   c->mutation ? c->mutation : "nothing", status_name(c->expect));
+  int n =
+      snprintf(cursor, left,
+               "  problem: batch=%lld q_heads=%lld kv_heads=%lld head_dim=%lld capacity=%lld %s%s -> %s%s%s "
+               "page_size=%lld max_pages=%lld num_pages=%lld\n"
+               "  call: struct_size=%zu softmax_scale=%.17g num_splits=%d split_tokens=%lld threads=%u workspace=%s\n"
+               "  variants: q_len=%lld mask=%s window=%lld softcap=%.9g alibi=%s sinks=%s\n"
+               "  invalid: %s (expect %s)\n",
+               (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->head_dim,
+               (long long)c->capacity, c->paged ? "paged " : "", fdt_dtype_name(c->dtype), fdt_dtype_name(c->out_dtype),
+               c->with_lens ? " seq_lens" : "", c->with_lse ? " lse" : "", (long long)c->page_size,
+               (long long)c->max_pages, (long long)c->num_pages, a->struct_size, a->softmax_scale, (int)a->num_splits,
+               (long long)a->split_tokens, threads,
+               workspace_mode == 0   ? "library"
+               : workspace_mode == 1 ? "caller, exact"
+                                     : "caller, 1 byte short",
+               (long long)c->q_len, c->mask == FD_MASK_NONE ? "none" : "causal", (long long)c->window,
+               (double)c->softcap, a->alibi_slopes.data ? "yes" : "no", a->sinks.data ? "yes" : "no",
+               c->mutation ? c->mutation : "nothing", status_name(c->expect));
   if (n < 0 || (size_t)n >= left) return;
   cursor += n;
   left -= (size_t)n;
@@ -1104,9 +1298,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
 
   /* The decode, with poisoned outputs and inputs kept to compare. */
-  const buffer *inputs[] = {&c.q, &c.k, &c.v, &c.seq_lens, &c.block_table};
-  unsigned char *kept[5];
-  for (int i = 0; i < 5; ++i) kept[i] = buffer_copy(inputs[i]);
+  const buffer *inputs[] = {&c.q, &c.k, &c.v, &c.seq_lens, &c.block_table, &c.alibi_slopes, &c.sinks};
+  enum { INPUTS = sizeof inputs / sizeof inputs[0] };
+  unsigned char *kept[INPUTS];
+  for (int i = 0; i < INPUTS; ++i) kept[i] = buffer_copy(inputs[i]);
   fd_status expect = c.expect;
   /* Unchecked, bad contents are clamped: the decode runs (ASan sees any
    * read outside the buffers) and writes every output element. */
@@ -1116,7 +1311,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const fd_status status = fd_decode(handle, args, NULL);
   if (verbose) fprintf(stderr, "fuzz_decode: fd_decode returned %s\n", status_name(status));
   if (status != expect) fuzz_fail("fd_decode returned %s, expected %s", status_name(status), status_name(expect));
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < INPUTS; ++i)
     if (inputs[i]->size && memcmp(kept[i], inputs[i]->bytes, inputs[i]->size) != 0)
       fuzz_fail("fd_decode changed an input (tensor %d)", i);
   if (status != FD_SUCCESS) {
@@ -1144,7 +1339,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(first_out);
     free(first_lse);
   }
-  for (int i = 0; i < 5; ++i) free(kept[i]);
+  for (int i = 0; i < INPUTS; ++i) free(kept[i]);
 
   if (fd_destroy(handle) != FD_SUCCESS) fuzz_fail("fd_destroy failed");
   free(workspace);

@@ -154,8 +154,9 @@ const char *fdt_special_name(fdt_special special);
 
 /* Makes c's problem (a dense layout, kv_len >= 4, not ragged) with `special`
  * written in, outputs poisoned. With several query tokens, what the special
- * writes into q goes into every token's (NAN_IN_Q: token 0's only). Returns 0 on success, 1 when the special
- * does not apply to c (-1e38 in f16), -1 when out of memory. */
+ * writes into q goes into every token's (NAN_IN_Q: token 0's only). Returns
+ * 0 on success, 1 when the special does not apply to c (-1e38 in f16), -1
+ * when out of memory. */
 int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special);
 
 /* Bound on ||out - ref|| / ||ref|| for an output dtype. */
@@ -171,11 +172,11 @@ double fdt_error_bound(fd_dtype out_dtype);
 fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths);
 
 /* The arguments of one part of a dense problem's cache, tokens
- * [start, start + count), for fd_merge_states tests (one query token): k and v sliced (pointer
- * arithmetic alone, host or device), seq_lens at part_lens (int32 [batch],
- * filled by fdt_part_lengths; host or device), out [batch, 1, q_heads,
- * head_dim] contiguous at `out` in out_dtype, lse [batch, 1, q_heads] at
- * `lse`. */
+ * [start, start + count), for fd_merge_states tests (one query token): k
+ * and v sliced (pointer arithmetic alone, host or device), seq_lens at
+ * part_lens (int32 [batch], filled by fdt_part_lengths; host or device),
+ * out [batch, 1, q_heads, head_dim] contiguous at `out` in out_dtype, lse
+ * [batch, 1, q_heads] at `lse`. */
 fd_decode_args fdt_part_args(const fd_decode_args *whole, int64_t start, int64_t count, int32_t *part_lens, void *out,
                              fd_dtype out_dtype, float *lse);
 /* How many of each sequence's tokens (lens[b]) fall in [start, start + count). */
