@@ -111,7 +111,7 @@ struct MergeParams {
   int32_t q_heads = 0;
   int32_t group_size = 1;
   int32_t kv_rows = 1;  // q_len * group_size
-  int32_t groups = 1;  // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  int32_t groups = 1;   // set at launch: split groups per row (kernels/merge_kernel.cuh)
   OutputParams output;
 };
 

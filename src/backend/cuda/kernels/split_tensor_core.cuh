@@ -171,9 +171,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // at a mask's or window's edge) skips the per-key tests.
   float block_max[2] = {negative_infinity(), negative_infinity()};
   [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
-  [[maybe_unused]] const bool inside =
-      kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
-      warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
+  [[maybe_unused]] const bool inside = kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
+                                       warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
@@ -293,7 +292,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
     RowScoring scoring[2] = {};
     if constexpr (kVariants) {
       for (int r = 0; r < 2; ++r) {
-        scoring[r] = row_scoring(p, begin, end, range.length, query_row(first_row + group_row + 8 * r, p.group_size, kv_head));
+        scoring[r] =
+            row_scoring(p, begin, end, range.length, query_row(first_row + group_row + 8 * r, p.group_size, kv_head));
       }
     }
 

@@ -94,7 +94,7 @@ __device__ inline float natural_lse(float m, float l) {
 template <class OutT, int N>
 __device__ __forceinline__ void write_output(const OutputParams &o, int64_t b, int token, int q_head, int first_d,
                                              const float (&acc)[N], float m, float l, bool with_lse) {
-  float scale = 1.0f;            // of acc, when a sink moves the max
+  float scale = 1.0f;     // of acc, when a sink moves the max
   float sink_lse = 0.0f;  // the LSE of a row that saw no key: exactly the sink
   bool sink_only = false;
   if (o.sinks != nullptr) {
