@@ -13,7 +13,7 @@ fail() { echo "rust_package: $*"; exit 1; }
 cd "$crate"
 cmp -s LICENSE "$root/LICENSE" || fail "$crate/LICENSE differs from the repository's LICENSE (copy it)"
 list=$("$cargo" package --offline --allow-dirty --list)
-for file in Cargo.toml Cargo.lock README.md LICENSE src/lib.rs tests/cpu.rs examples/decode.rs; do
+for file in Cargo.toml Cargo.lock README.md LICENSE src/lib.rs tests/cpu.rs tests/common/mod.rs examples/decode.rs; do
   grep -qx "$file" <<< "$list" || fail "the crate lacks $file"
 done
 output=$("$cargo" package --offline --no-verify --allow-dirty 2>&1) || { echo "$output"; fail "cargo package failed"; }
