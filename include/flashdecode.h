@@ -221,7 +221,14 @@ typedef enum fd_dtype {
   FD_DTYPE_F32 = 0,  /**< IEEE binary32. */
   FD_DTYPE_F16 = 1,  /**< IEEE binary16 (half). */
   FD_DTYPE_BF16 = 2, /**< bfloat16: the upper 16 bits of a binary32. */
-  FD_DTYPE_I32 = 3   /**< int32, for sequence lengths and block tables. */
+  FD_DTYPE_I32 = 3,  /**< int32, for sequence lengths and block tables. */
+  FD_DTYPE_E4M3 = 4, /**< Since 0.3: OCP fp8 E4M3 (`__nv_fp8_e4m3`, `float8_e4m3fn`), for K/V caches: 1 sign,
+                          4 exponent (bias 7) and 3 mantissa bits; no infinity, S.1111.111 is NaN, 448 is
+                          the largest finite value. */
+  FD_DTYPE_E5M2 = 5, /**< Since 0.3: OCP fp8 E5M2 (`__nv_fp8_e5m2`, `float8_e5m2`), for K/V caches: 1 sign,
+                          5 exponent (bias 15) and 2 mantissa bits, IEEE-style infinities and NaNs; 57344 is
+                          the largest finite value. */
+  FD_DTYPE_I8 = 6    /**< Since 0.3: int8 (two's complement), for K/V caches: the value is the integer. */
 } fd_dtype;
 
 /** @brief Largest number of dimensions of an #fd_tensor. */
@@ -239,8 +246,9 @@ typedef enum fd_dtype {
  * from `data` to the end of its furthest element, must span at most
  * PTRDIFF_MAX and end inside the address space (#FD_ERROR_INVALID_STRIDE
  * otherwise, e.g. for a stride of INT64_MAX: no memory block is larger).
- * Data must be aligned to its element size (2 bytes for f16 and bf16, 4
- * for f32 and i32; #FD_ERROR_INVALID_ARGUMENT otherwise).
+ * Data must be aligned to its element size (1 byte for the 8-bit types, 2
+ * for f16 and bf16, 4 for f32 and i32; #FD_ERROR_INVALID_ARGUMENT
+ * otherwise).
  *
  * What may share memory:
  * - Inputs (`q`, `k`, `v`, `seq_lens`, `block_table`) may overlap each
@@ -460,7 +468,8 @@ typedef enum fd_attention_mask {
  * - `block_table`: optional, `[batch, max_pages]`, #FD_DTYPE_I32: page
  *          indices into the pool; a sequence's capacity is max_pages * page_size.
  *
- * q, k and v share one dtype of F32, F16 or BF16. Query head h attends to KV
+ * q is F32, F16 or BF16; k and v share q's dtype, or one 8-bit cache dtype
+ * (see "Quantized caches" below). Query head h attends to KV
  * head h / (q_heads / kv_heads) (grouped-query attention; MQA when kv_heads
  * is 1). Scores, the softmax state and the accumulation are float32 whatever
  * the storage type; with 16-bit inputs and a 16-bit output the CUDA backend
@@ -539,6 +548,28 @@ typedef enum fd_attention_mask {
  * every cache layout, dtype, GQA ratio, split and merge mode, with batch
  * invariance and under CUDA graph capture (slopes and sinks are read on the
  * device at run time, so a graph replays with their current values).
+ *
+ * Quantized caches (since 0.3). k and v may both be #FD_DTYPE_E4M3,
+ * #FD_DTYPE_E5M2 or #FD_DTYPE_I8 (the same one) with q and out as
+ * always. Each cache element stands for `stored value * scale`, with its
+ * scale from the optional f32 tensors `k_scale` and `v_scale`, whose shape
+ * follows the cache without head_dim: `[batch, kv_capacity, kv_heads]`
+ * for a dense cache, `[num_pages, page_size, kv_heads]` for a paged one.
+ * A stride of 0 broadcasts, so one mechanism covers a per-tensor scale
+ * (every stride 0, as vLLM and FlashInfer use), per KV head (strides
+ * `{0, 0, 1}`) and per token and head (a full tensor, as int8 caches use).
+ * An absent scale is 1. Scales are read on the device at run time, like
+ * the lengths, so a captured graph replays with their current values, and
+ * only the scales of tokens a query sees are read. Scales may be zero or
+ * any finite value; the non-finite rules above apply to the dequantized
+ * values (an fp8 NaN, or an E5M2 infinity, is such a value). Both backends
+ * decode the formats exactly (subnormals included) and compute in float32;
+ * the CUDA backend's tensor-core kernels round the dequantized values to
+ * q's 16-bit type before the tensor cores multiply them, so for an F16 q
+ * they must lie within its range (they are, for a cache quantized from
+ * F16 keys and values). Scales on a 16- or 32-bit cache are
+ * #FD_ERROR_INVALID_DTYPE. fd_append_kv() writes new tokens into such a
+ * cache.
  */
 typedef struct fd_decode_args {
   size_t struct_size;     /**< sizeof(fd_decode_args) as the caller compiled it; set by fd_decode_args_init().
@@ -571,6 +602,10 @@ typedef struct fd_decode_args {
   fd_tensor sinks;        /**< Since 0.3: optional attention-sink logits, `[q_heads]`, #FD_DTYPE_F32, in the
                                memory of the other inputs: `exp(sink[h])` joins each softmax denominator
                                (nothing joins the numerator; the LSE includes it). */
+  fd_tensor k_scale;      /**< Since 0.3: optional dequantization scales of an 8-bit @p k, #FD_DTYPE_F32,
+                               `[batch, kv_capacity, kv_heads]` (dense) or `[num_pages, page_size, kv_heads]`
+                               (paged), strides of 0 broadcast (see "Quantized caches" above). */
+  fd_tensor v_scale;      /**< Since 0.3: optional dequantization scales of an 8-bit @p v, as @p k_scale. */
 } fd_decode_args;
 
 /**
@@ -654,6 +689,85 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
  *         invalidate the capture); #FD_ERROR_CUDA if waiting fails.
  */
 FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream);
+
+/**
+ * @brief Since 0.3: what fd_append_kv() reads and writes. Initialise with
+ *        `fd_append_args_init(&args, sizeof args)`, then fill in the tensors.
+ *
+ * - `k_new`, `v_new`: `[batch, new_len, kv_heads, head_dim]`, F32, F16 or
+ *   BF16 (the two may differ): this step's keys and values, new_len >= 0.
+ * - `k`, `v`: the cache, exactly as fd_decode() takes it (dense
+ *   `[batch, kv_capacity, kv_heads, head_dim]`, or a page pool with
+ *   @p block_table), of any cache dtype (F32, F16, BF16, E4M3, E5M2, I8;
+ *   k and v alike). Written.
+ * - `k_scale`, `v_scale`: optional, as in #fd_decode_args (8-bit caches only).
+ * - `seq_lens`: optional `[batch]` I32: each sequence's length *with* the
+ *   new tokens (the seq_lens of the fd_decode() of the same step), clamped
+ *   to [0, kv_capacity]; absent: kv_capacity.
+ * - `block_table`: optional `[batch, max_pages]` I32, as in fd_decode().
+ *
+ * New token i of sequence b, of length L, goes to position `L - new_len + i`;
+ * tokens whose position is negative (L < new_len) are not written. On a
+ * paged cache the position's page is `block_table[b][pos / page_size]`; a
+ * page outside [0, num_pages) is not written (nothing outside the pool is
+ * ever touched), and where two sequences' tables name the same page, each
+ * writes only the slots its own positions select. Nothing else of the cache
+ * changes.
+ *
+ * Each element is converted to the cache dtype from `x = new / scale`,
+ * computed in float32 (x = new without a scale): F32, F16 and BF16 round to
+ * nearest even (IEEE overflow to infinity); E4M3 and E5M2 round to nearest
+ * even and saturate to their largest finite value (+-448, +-57344), NaN
+ * stays NaN (0x7F or 0xFF); I8 rounds to nearest even, clamps to [-127, 127]
+ * and stores 0 for NaN. With per-token scales, write this step's scales
+ * first: fd_append_kv() reads the scale of each position it writes.
+ */
+typedef struct fd_append_args {
+  size_t struct_size;    /**< sizeof(fd_append_args) as the caller compiled it; set by fd_append_args_init(). */
+  fd_tensor k_new;       /**< New keys, `[batch, new_len, kv_heads, head_dim]`. */
+  fd_tensor v_new;       /**< New values, same shape as @p k_new. */
+  fd_tensor k;           /**< Key cache (dense or page pool), written. */
+  fd_tensor v;           /**< Value cache, same shape and dtype as @p k, written. */
+  fd_tensor k_scale;     /**< Optional scales of an 8-bit @p k (see "Quantized caches" at #fd_decode_args). */
+  fd_tensor v_scale;     /**< Optional scales of an 8-bit @p v. */
+  fd_tensor seq_lens;    /**< Optional lengths including the new tokens (data NULL: full capacity). */
+  fd_tensor block_table; /**< Optional paged-cache block table (data NULL: dense cache). */
+} fd_append_args;
+
+/**
+ * @brief Since 0.3: fills the caller's append-args struct with defaults (all
+ *        tensors absent) and sets its struct_size.
+ *
+ * Writes exactly @p struct_size bytes, like fd_options_init().
+ *
+ * @param args The struct to fill, or NULL to only query the size.
+ * @param struct_size sizeof(*args) as the caller compiled it; nothing is
+ *        written if it is smaller than sizeof(size_t).
+ * @return sizeof(fd_append_args) of this library.
+ */
+FD_API size_t fd_append_args_init(fd_append_args *args, size_t struct_size);
+
+/**
+ * @brief Since 0.3: writes this step's new keys and values into the cache,
+ *        converting (quantizing) them to its dtype (see #fd_append_args).
+ *
+ * Asynchronous on the CUDA backend like fd_decode(): it never allocates nor
+ * synchronises, reads lengths, block tables and scales on the device at run
+ * time, and may be captured into a CUDA graph. An engine appends, then
+ * decodes with the same seq_lens. The tensors' memory rules are those of
+ * fd_decode() with the cache as the output: no two elements of k (or of v)
+ * may share memory, and the bytes of k and v must not overlap an input's.
+ * k and v may share one allocation (pages that interleave K and V) but
+ * must not share an element: that is not checked, and the result would
+ * be either one's values.
+ *
+ * @param handle A live handle.
+ * @param args The tensors; see #fd_append_args.
+ * @param stream CUDA stream to enqueue on (NULL: the legacy default stream of the handle's device).
+ * @return #FD_SUCCESS or the status of the first problem found (nothing is
+ *         written then); see fd_last_error_message().
+ */
+FD_API fd_status fd_append_kv(fd_handle *handle, const fd_append_args *args, fd_cuda_stream stream);
 
 /** @} */
 

@@ -420,6 +420,22 @@ FD_API fd_status fd_merge_states(fd_handle *handle, const fd_merge_args *args, f
   });
 }
 
+FD_API size_t fd_append_args_init(fd_append_args *args, size_t struct_size) {
+  fd_append_args defaults;
+  std::memset(&defaults, 0, sizeof defaults);
+  defaults.struct_size = sizeof defaults;
+  return fd::init_sized(args, struct_size, defaults);
+}
+
+FD_API fd_status fd_append_kv(fd_handle *handle, const fd_append_args *args, fd_cuda_stream stream) {
+  return fd::guarded([&] {
+    const fd::LockedHandle<fd_handle> locked(handle);
+    const fd::AppendProblem problem = fd::validate_append_args(args);
+    if (problem.batch == 0 || problem.new_len == 0) return;  // nothing to write
+    (*locked).backend->append_kv(problem, stream);
+  });
+}
+
 FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream) {
   return fd::guarded([&] {
     const fd::LockedHandle<fd_handle> locked(handle);

@@ -74,6 +74,10 @@ class Backend {
   // allocation.
   virtual void merge_states(const MergeProblem &problem, fd_cuda_stream stream) = 0;
 
+  // Runs (or enqueues) one validated fd_append_kv: no workspace, no
+  // allocation; never writes outside the cache's pages.
+  virtual void append_kv(const AppendProblem &problem, fd_cuda_stream stream) = 0;
+
   // What decode(problem, plan, ...) would enqueue, without enqueueing it
   // (never called for an empty batch, which fd_decode does not pass on).
   virtual LaunchSummary describe(const Problem &problem, const Plan &plan) const = 0;

@@ -10,13 +10,19 @@ bool is_known_dtype(const fd_dtype &dtype) {
     case FD_DTYPE_F32:
     case FD_DTYPE_F16:
     case FD_DTYPE_BF16:
-    case FD_DTYPE_I32: return true;
+    case FD_DTYPE_I32:
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return true;
     default: return false;
   }
 }
 
 size_t dtype_bytes(const fd_dtype &dtype) {
   switch (raw_enum_value(dtype)) {
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return 1;
     case FD_DTYPE_F16:
     case FD_DTYPE_BF16: return 2;
     case FD_DTYPE_F32:
@@ -26,12 +32,24 @@ size_t dtype_bytes(const fd_dtype &dtype) {
   fail(FD_ERROR_INTERNAL, "no element size for dtype %d", raw_enum_value(dtype));
 }
 
+bool is_quantized_dtype(const fd_dtype &dtype) {
+  switch (raw_enum_value(dtype)) {
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return true;
+    default: return false;
+  }
+}
+
 const char *dtype_name(const fd_dtype &dtype) {
   switch (raw_enum_value(dtype)) {
     case FD_DTYPE_F32: return "f32";
     case FD_DTYPE_F16: return "f16";
     case FD_DTYPE_BF16: return "bf16";
     case FD_DTYPE_I32: return "i32";
+    case FD_DTYPE_E4M3: return "e4m3";
+    case FD_DTYPE_E5M2: return "e5m2";
+    case FD_DTYPE_I8: return "i8";
     default: return "unknown";
   }
 }

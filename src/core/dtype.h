@@ -16,6 +16,10 @@ bool is_known_dtype(const fd_dtype &dtype);
 // a size here: every caller has validated its dtype first.
 size_t dtype_bytes(const fd_dtype &dtype);
 
+// Whether dtype is an 8-bit cache dtype (e4m3, e5m2, i8), whose elements
+// stand for stored value x scale.
+bool is_quantized_dtype(const fd_dtype &dtype);
+
 // "f16", "bf16", ...; "unknown" for any other value.
 const char *dtype_name(const fd_dtype &dtype);
 

@@ -20,10 +20,12 @@ struct StridedView {
 };
 
 struct Problem {
-  // Per tensor role. In this version k and v share q's dtype, and out is
-  // q's dtype or f32 (validate_decode_args); backends check what they take.
+  // Per tensor role. k and v share q's dtype or one 8-bit dtype (then
+  // kv_quantized), and out is q's dtype or f32 (validate_decode_args);
+  // backends check what they take.
   fd_dtype q_dtype = FD_DTYPE_F32;
   fd_dtype kv_dtype = FD_DTYPE_F32;  // of k and v
+  bool kv_quantized = false;         // e4m3, e5m2 or i8: elements are stored value x scale
   fd_dtype out_dtype = FD_DTYPE_F32;
 
   int64_t batch = 0;
@@ -65,6 +67,13 @@ struct Problem {
   StridedView alibi_slopes, sinks;  // [q_heads] f32
   bool has_alibi = false;
   bool has_sinks = false;
+
+  // Dequantization scales of an 8-bit cache, f32, the cache's shape without
+  // head_dim (dense [batch, capacity, kv_heads], paged [page, slot,
+  // kv_heads]); strides of 0 broadcast. Absent: 1.
+  StridedView k_scale, v_scale;
+  bool has_k_scale = false;
+  bool has_v_scale = false;
 
   bool batch_invariant() const { return requested_split_tokens > 0; }
   // Query rows that share one KV head: q_len tokens x the GQA group.
@@ -124,6 +133,24 @@ struct MergeProblem {
 
 // Checks fd_merge_args as validate_decode_args checks fd_decode_args.
 MergeProblem validate_merge_args(const fd_merge_args *args);
+
+// fd_append_kv after validation: k_new/v_new [batch, new_len, kv_heads,
+// head_dim] go into the cache k/v (as in Problem, of any cache dtype) at
+// positions len - new_len + i (flashdecode.h, fd_append_args).
+struct AppendProblem {
+  fd_dtype k_new_dtype = FD_DTYPE_F32, v_new_dtype = FD_DTYPE_F32;
+  fd_dtype kv_dtype = FD_DTYPE_F32;  // of the cache k and v
+  bool kv_quantized = false;
+  int64_t batch = 0, new_len = 0, kv_heads = 0, head_dim = 0;
+  int64_t kv_capacity = 0;
+  bool paged = false;
+  int64_t page_size = 0, num_pages = 0, max_pages = 0;
+  StridedView k_new, v_new, k, v, k_scale, v_scale, seq_lens, block_table;
+  bool has_k_scale = false, has_v_scale = false, has_seq_lens = false;
+};
+
+// Checks fd_append_args as validate_decode_args checks fd_decode_args.
+AppendProblem validate_append_args(const fd_append_args *args);
 
 // Checks seq_lens and block_table values (FD_CHECK_CONTENTS), for backends
 // whose tensors live in host memory. Throws fd::Error naming the element at

@@ -261,6 +261,8 @@ void require_outputs_apart_from_inputs(const Problem &p) {
   if (p.paged) require_input_apart(outputs, p.block_table, 2, FD_DTYPE_I32, "block_table", false, false);
   if (p.has_alibi) require_input_apart(outputs, p.alibi_slopes, 1, FD_DTYPE_F32, "alibi_slopes", false, false);
   if (p.has_sinks) require_input_apart(outputs, p.sinks, 1, FD_DTYPE_F32, "sinks", false, false);
+  if (p.has_k_scale) require_input_apart(outputs, p.k_scale, 3, FD_DTYPE_F32, "k_scale", false, false);
+  if (p.has_v_scale) require_input_apart(outputs, p.v_scale, 3, FD_DTYPE_F32, "v_scale", false, false);
 }
 
 const char *const kQueryDims[] = {"batch", "q_len", "q_heads", "head_dim"};
@@ -270,6 +272,7 @@ const char *const kLseDims[] = {"batch", "q_len", "q_heads"};
 const char *const kSeqLensDims[] = {"batch"};
 const char *const kBlockTableDims[] = {"batch", "max_pages"};
 const char *const kPerHeadDims[] = {"q_heads"};
+const char *const kNewTokenDims[] = {"batch", "new_len", "kv_heads", "head_dim"};
 
 // An optional per-query-head f32 vector (alibi_slopes, sinks).
 bool check_per_head(const fd_tensor &t, const char *name, int64_t q_heads, StridedView *view) {
@@ -278,6 +281,85 @@ bool check_per_head(const fd_tensor &t, const char *name, int64_t q_heads, Strid
   require_dtype(t, name, FD_DTYPE_F32);
   require_extent(*view, 0, q_heads, name, "q_heads", "q");
   return true;
+}
+
+// The cache's capacity from a dense k or a page pool and its block table,
+// and the optional lengths: the same for fd_decode and fd_append_kv
+// (Problem, AppendProblem). p.k, p.batch and p.paged are set; batch_from
+// names the tensor p.batch comes from.
+template <class P>
+void check_cache_extent(const fd_tensor &args_block_table, const fd_tensor &args_seq_lens, const char *batch_from,
+                        P &p) {
+  if (p.paged) {
+    p.block_table = check_tensor(args_block_table, "block_table", 2, kBlockTableDims, false);
+    require_dtype(args_block_table, "block_table", FD_DTYPE_I32);
+    require_extent(p.block_table, 0, p.batch, "block_table", "batch", batch_from);
+    p.num_pages = p.k.shape[0];
+    p.page_size = p.k.shape[1];
+    p.max_pages = p.block_table.shape[1];
+    if (p.page_size < 1) {
+      fail(FD_ERROR_INVALID_LENGTH, "k: page_size must be at least 1, got %lld", static_cast<long long>(p.page_size));
+    }
+    if (p.max_pages > FD_MAX_KV_LEN / p.page_size) {
+      fail(FD_ERROR_INVALID_LENGTH, "block_table: max_pages (%lld) * page_size (%lld) exceeds %d tokens",
+           static_cast<long long>(p.max_pages), static_cast<long long>(p.page_size), FD_MAX_KV_LEN);
+    }
+    p.kv_capacity = p.max_pages * p.page_size;
+    // Entries a sequence uses are clamped into the pool (flashdecode.h,
+    // "Lengths and block tables"): there must be a page to clamp to.
+    if (p.num_pages == 0 && p.max_pages > 0) {
+      fail(FD_ERROR_INVALID_SHAPE, "k: the page pool is empty (num_pages 0) but block_table has %lld columns",
+           static_cast<long long>(p.max_pages));
+    }
+  } else {
+    p.kv_capacity = p.k.shape[1];
+    if (p.kv_capacity > FD_MAX_KV_LEN) {
+      fail(FD_ERROR_INVALID_LENGTH, "k: kv_capacity must be at most %d, got %lld", FD_MAX_KV_LEN,
+           static_cast<long long>(p.kv_capacity));
+    }
+  }
+
+  if (args_seq_lens.data != nullptr) {
+    p.seq_lens = check_tensor(args_seq_lens, "seq_lens", 1, kSeqLensDims, false);
+    require_dtype(args_seq_lens, "seq_lens", FD_DTYPE_I32);
+    require_extent(p.seq_lens, 0, p.batch, "seq_lens", "batch", batch_from);
+    p.has_seq_lens = true;
+  }
+}
+
+const char *const kDenseScaleDims[] = {"batch", "kv_capacity", "kv_heads"};
+const char *const kPagedScaleDims[] = {"num_pages", "page_size", "kv_heads"};
+
+// An optional scale tensor of an 8-bit cache: f32, the cache's first three
+// dimensions (any strides: 0 broadcasts).
+template <class P>
+bool check_scale(const fd_tensor &t, const char *name, const P &p, StridedView *view) {
+  if (t.data == nullptr) return false;
+  const char *const *dims = p.paged ? kPagedScaleDims : kDenseScaleDims;
+  *view = check_tensor(t, name, 3, dims, false);
+  require_dtype(t, name, FD_DTYPE_F32);
+  if (!p.kv_quantized) {
+    fail(FD_ERROR_INVALID_DTYPE, "%s: scales apply to 8-bit caches only, and k and v are %s", name,
+         dtype_name(p.kv_dtype));
+  }
+  for (int d = 0; d < 3; ++d) require_extent(*view, d, p.k.shape[d], name, dims[d], "k");
+  return true;
+}
+
+template <class P>
+void check_scales(const fd_tensor &k_scale, const fd_tensor &v_scale, P &p) {
+  p.has_k_scale = check_scale(k_scale, "k_scale", p, &p.k_scale);
+  p.has_v_scale = check_scale(v_scale, "v_scale", p, &p.v_scale);
+}
+
+// k and v of one cache dtype: q's (fd_decode), or any float type (append),
+// or one 8-bit type.
+template <class P>
+void check_cache_dtypes(const fd_tensor &k, const fd_tensor &v, P &p) {
+  if (!is_quantized_dtype(k.dtype)) require_float_dtype(k, "k");
+  require_dtype(v, "v", k.dtype);
+  p.kv_dtype = k.dtype;
+  p.kv_quantized = is_quantized_dtype(k.dtype);
 }
 
 // Reads the caller's args struct (fd_decode_args, fd_merge_args), honouring
@@ -308,9 +390,11 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
 
   require_float_dtype(args.q, "q");
   p.q_dtype = args.q.dtype;
-  require_dtype(args.k, "k", p.q_dtype);
-  require_dtype(args.v, "v", p.q_dtype);
-  p.kv_dtype = args.k.dtype;
+  if (!is_quantized_dtype(args.k.dtype) && args.k.dtype != p.q_dtype) {
+    fail(FD_ERROR_INVALID_DTYPE, "k: dtype must be %s (that of q) or an 8-bit cache dtype (e4m3, e5m2, i8), got %s",
+         dtype_name(p.q_dtype), dtype_name(args.k.dtype));
+  }
+  check_cache_dtypes(args.k, args.v, p);
   if (args.out.dtype != p.q_dtype && args.out.dtype != FD_DTYPE_F32) {
     fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q) or f32, got %s", dtype_name(p.q_dtype),
          dtype_name(args.out.dtype));
@@ -357,43 +441,10 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
   for (int d = 0; d < 4; ++d) require_extent(p.out, d, p.q.shape[d], "out", kQueryDims[d], "q");
   require_no_overlap(p.out, 4, "out");
+  p.paged = paged;
 
-  if (paged) {
-    p.block_table = check_tensor(args.block_table, "block_table", 2, kBlockTableDims, false);
-    require_dtype(args.block_table, "block_table", FD_DTYPE_I32);
-    require_extent(p.block_table, 0, p.batch, "block_table", "batch", "q");
-    p.paged = true;
-    p.num_pages = p.k.shape[0];
-    p.page_size = p.k.shape[1];
-    p.max_pages = p.block_table.shape[1];
-    if (p.page_size < 1) {
-      fail(FD_ERROR_INVALID_LENGTH, "k: page_size must be at least 1, got %lld", static_cast<long long>(p.page_size));
-    }
-    if (p.max_pages > FD_MAX_KV_LEN / p.page_size) {
-      fail(FD_ERROR_INVALID_LENGTH, "block_table: max_pages (%lld) * page_size (%lld) exceeds %d tokens",
-           static_cast<long long>(p.max_pages), static_cast<long long>(p.page_size), FD_MAX_KV_LEN);
-    }
-    p.kv_capacity = p.max_pages * p.page_size;
-    // Entries a sequence uses are clamped into the pool (flashdecode.h,
-    // "Lengths and block tables"): there must be a page to clamp to.
-    if (p.num_pages == 0 && p.max_pages > 0) {
-      fail(FD_ERROR_INVALID_SHAPE, "k: the page pool is empty (num_pages 0) but block_table has %lld columns",
-           static_cast<long long>(p.max_pages));
-    }
-  } else {
-    p.kv_capacity = p.k.shape[1];
-    if (p.kv_capacity > FD_MAX_KV_LEN) {
-      fail(FD_ERROR_INVALID_LENGTH, "k: kv_capacity must be at most %d, got %lld", FD_MAX_KV_LEN,
-           static_cast<long long>(p.kv_capacity));
-    }
-  }
-
-  if (args.seq_lens.data != nullptr) {
-    p.seq_lens = check_tensor(args.seq_lens, "seq_lens", 1, kSeqLensDims, false);
-    require_dtype(args.seq_lens, "seq_lens", FD_DTYPE_I32);
-    require_extent(p.seq_lens, 0, p.batch, "seq_lens", "batch", "q");
-    p.has_seq_lens = true;
-  }
+  check_cache_extent(args.block_table, args.seq_lens, "q", p);
+  check_scales(args.k_scale, args.v_scale, p);
   if (args.lse.data != nullptr) {
     p.lse = check_tensor(args.lse, "lse", 3, kLseDims, false);
     require_dtype(args.lse, "lse", FD_DTYPE_F32);
@@ -454,6 +505,81 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   // Positions are below 2^31: a larger window is no window at all, and the
   // clamp keeps every position difference in 32 bits.
   p.window = args.window_left < FD_MAX_KV_LEN ? args.window_left : 0;
+  return p;
+}
+
+AppendProblem validate_append_args(const fd_append_args *caller_args) {
+  const fd_append_args args = read_args(caller_args, offsetof(fd_append_args, block_table) + sizeof(fd_tensor),
+                                        fd_append_args_init, "fd_append_args");
+  AppendProblem p;
+  p.paged = args.block_table.data != nullptr;
+  const char *const *cache_dims = p.paged ? kPagedCacheDims : kDenseCacheDims;
+  p.k_new = check_tensor(args.k_new, "k_new", 4, kNewTokenDims, true);
+  p.v_new = check_tensor(args.v_new, "v_new", 4, kNewTokenDims, true);
+  p.k = check_tensor(args.k, "k", 4, cache_dims, true);
+  p.v = check_tensor(args.v, "v", 4, cache_dims, true);
+  require_float_dtype(args.k_new, "k_new");
+  require_float_dtype(args.v_new, "v_new");
+  p.k_new_dtype = args.k_new.dtype;
+  p.v_new_dtype = args.v_new.dtype;
+  check_cache_dtypes(args.k, args.v, p);
+
+  p.batch = p.k_new.shape[0];
+  p.new_len = p.k_new.shape[1];
+  p.kv_heads = p.k.shape[2];
+  p.head_dim = p.k.shape[3];
+  if (p.batch > FD_MAX_BATCH) {
+    fail(FD_ERROR_INVALID_SHAPE, "k_new: batch must be at most %d, got %lld", FD_MAX_BATCH,
+         static_cast<long long>(p.batch));
+  }
+  if (p.new_len > FD_MAX_KV_LEN) {
+    fail(FD_ERROR_INVALID_SHAPE, "k_new: new_len must be at most %d, got %lld", FD_MAX_KV_LEN,
+         static_cast<long long>(p.new_len));
+  }
+  if (p.head_dim < 1 || p.head_dim > FD_MAX_HEAD_DIM) {
+    fail(FD_ERROR_INVALID_HEAD_DIM, "k: head_dim must be in [1, %d], got %lld", FD_MAX_HEAD_DIM,
+         static_cast<long long>(p.head_dim));
+  }
+  if (p.kv_heads < 1 || p.kv_heads > FD_MAX_HEADS) {
+    fail(FD_ERROR_INVALID_HEAD_COUNT, "k: kv_heads must be in [1, %d], got %lld", FD_MAX_HEADS,
+         static_cast<long long>(p.kv_heads));
+  }
+  if (!p.paged) require_extent(p.k, 0, p.batch, "k", "batch", "k_new");
+  for (int d = 0; d < 4; ++d) require_extent(p.v, d, p.k.shape[d], "v", cache_dims[d], "k");
+  require_extent(p.k_new, 2, p.kv_heads, "k_new", "kv_heads", "k");
+  require_extent(p.k_new, 3, p.head_dim, "k_new", "head_dim", "k");
+  for (int d = 0; d < 4; ++d) require_extent(p.v_new, d, p.k_new.shape[d], "v_new", kNewTokenDims[d], "k_new");
+  require_no_overlap(p.k, 4, "k");
+  require_no_overlap(p.v, 4, "v");
+
+  check_cache_extent(args.block_table, args.seq_lens, "k_new", p);
+  check_scales(args.k_scale, args.v_scale, p);
+
+  // The cache is the output: its bytes stay apart from every input's. k and
+  // v may interleave in one allocation (flashdecode.h, fd_append_kv).
+  const struct {
+    const StridedView *view;
+    int ndim;
+    fd_dtype dtype;
+    const char *name;
+    bool present;
+  } inputs[] = {{&p.k_new, 4, p.k_new_dtype, "k_new", true},
+                {&p.v_new, 4, p.v_new_dtype, "v_new", true},
+                {&p.k_scale, 3, FD_DTYPE_F32, "k_scale", p.has_k_scale},
+                {&p.v_scale, 3, FD_DTYPE_F32, "v_scale", p.has_v_scale},
+                {&p.seq_lens, 1, FD_DTYPE_I32, "seq_lens", p.has_seq_lens},
+                {&p.block_table, 2, FD_DTYPE_I32, "block_table", p.paged}};
+  const struct {
+    const StridedView *view;
+    const char *name;
+  } caches[] = {{&p.k, "k"}, {&p.v, "v"}};
+  for (const auto &cache : caches) {
+    const ByteRange cache_bytes = byte_range(*cache.view, 4, dtype_bytes(p.kv_dtype));
+    for (const auto &input : inputs) {
+      if (!input.present) continue;
+      require_apart(cache_bytes, cache.name, byte_range(*input.view, input.ndim, dtype_bytes(input.dtype)), input.name);
+    }
+  }
   return p;
 }
 

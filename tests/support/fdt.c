@@ -24,7 +24,18 @@ int64_t fdt_int(fdt_rng *rng, int64_t lo, int64_t hi_inclusive) {
 }
 
 /* ---- dtype conversion ---------------------------------------------------- */
-size_t fdt_dtype_size(fd_dtype dtype) { return dtype == FD_DTYPE_F32 || dtype == FD_DTYPE_I32 ? 4 : 2; }
+size_t fdt_dtype_size(fd_dtype dtype) {
+  switch (dtype) {
+    case FD_DTYPE_F32:
+    case FD_DTYPE_I32: return 4;
+    case FD_DTYPE_F16:
+    case FD_DTYPE_BF16: return 2;
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return 1;
+  }
+  return 0;
+}
 
 const char *fdt_dtype_name(fd_dtype dtype) {
   switch (dtype) {
@@ -32,6 +43,9 @@ const char *fdt_dtype_name(fd_dtype dtype) {
     case FD_DTYPE_F16: return "f16";
     case FD_DTYPE_BF16: return "bf16";
     case FD_DTYPE_I32: return "i32";
+    case FD_DTYPE_E4M3: return "e4m3";
+    case FD_DTYPE_E5M2: return "e5m2";
+    case FD_DTYPE_I8: return "i8";
   }
   return "?";
 }
@@ -56,8 +70,56 @@ double fdt_round_to(fd_dtype dtype, double x) {
     case FD_DTYPE_F16: return round_float_format(x, 10, -14, 65504.0);
     case FD_DTYPE_BF16: return round_float_format((double)(float)x, 7, -126, 3.3895313892515355e38);
     case FD_DTYPE_I32: return x;
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return fdt_fp8_value(dtype, fdt_quantize(dtype, x));
   }
   return x;
+}
+
+/* Rounds to the 8-bit format, ties to even, saturating (fp8: to the largest
+ * finite value, NaN stays NaN; int8: to [-127, 127], NaN gives 0), and
+ * returns the stored byte. */
+uint8_t fdt_quantize(fd_dtype dtype, double x) {
+  if (dtype == FD_DTYPE_I8) {
+    if (isnan(x)) return 0;
+    double r = nearbyint(x);
+    if (r > 127.0) r = 127.0;
+    if (r < -127.0) r = -127.0;
+    return (uint8_t)(int8_t)r;
+  }
+  const int e4m3 = dtype == FD_DTYPE_E4M3;
+  const int mantissa_bits = e4m3 ? 3 : 2;
+  const int bias = e4m3 ? 7 : 15;
+  const double max_value = e4m3 ? 448.0 : 57344.0;
+  const uint8_t sign = signbit(x) ? 0x80u : 0;
+  if (isnan(x)) return 0x7fu;
+  double r = round_float_format(fabs(x), mantissa_bits, 1 - bias, INFINITY);
+  if (r > max_value) r = max_value;
+  if (r == 0.0) return sign;
+  int exponent;
+  const double f = frexp(r, &exponent); /* r = f * 2^exponent, 0.5 <= f < 1 */
+  exponent -= 1;
+  if (exponent < 1 - bias) { /* subnormal: r = m * 2^(1 - bias - mantissa_bits) */
+    return (uint8_t)(sign | (uint8_t)(r / ldexp(1.0, 1 - bias - mantissa_bits)));
+  }
+  const unsigned mantissa = (unsigned)((f * 2.0 - 1.0) * (double)(1 << mantissa_bits));
+  return (uint8_t)(sign | (unsigned)(exponent + bias) << mantissa_bits | mantissa);
+}
+
+/* The value of an 8-bit element (fp8 decoded exactly, int8 as an integer). */
+double fdt_fp8_value(fd_dtype dtype, uint8_t bits) {
+  if (dtype == FD_DTYPE_I8) return (double)(int8_t)bits;
+  const int e4m3 = dtype == FD_DTYPE_E4M3;
+  const int mantissa_bits = e4m3 ? 3 : 2;
+  const int bias = e4m3 ? 7 : 15;
+  const double sign = (bits & 0x80u) ? -1.0 : 1.0;
+  const int exponent = (bits & 0x7fu) >> mantissa_bits;
+  const int mantissa = bits & ((1 << mantissa_bits) - 1);
+  if (e4m3 && (bits & 0x7fu) == 0x7fu) return NAN;
+  if (!e4m3 && exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
+  if (exponent == 0) return sign * ldexp((double)mantissa, 1 - bias - mantissa_bits);
+  return sign * ldexp(1.0 + (double)mantissa / (double)(1 << mantissa_bits), exponent - bias);
 }
 
 static uint16_t half_bits(double x) {
@@ -94,6 +156,9 @@ void fdt_store(fd_dtype dtype, void *base, int64_t index, double x) {
       break;
     }
     case FD_DTYPE_I32: ((int32_t *)base)[index] = (int32_t)x; break;
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: ((uint8_t *)base)[index] = fdt_quantize(dtype, x); break;
   }
 }
 
@@ -108,6 +173,9 @@ double fdt_load(fd_dtype dtype, const void *base, int64_t index) {
       return f;
     }
     case FD_DTYPE_I32: return ((const int32_t *)base)[index];
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return fdt_fp8_value(dtype, ((const uint8_t *)base)[index]);
   }
   return NAN;
 }

@@ -39,6 +39,10 @@ const char *fdt_dtype_name(fd_dtype dtype);
 double fdt_round_to(fd_dtype dtype, double x); /* value after storing in dtype */
 void fdt_store(fd_dtype dtype, void *base, int64_t index, double x);
 double fdt_load(fd_dtype dtype, const void *base, int64_t index);
+/* 8-bit cache types: the stored byte of x (round to nearest even,
+ * saturating) and the exact value of a byte. */
+uint8_t fdt_quantize(fd_dtype dtype, double x);
+double fdt_fp8_value(fd_dtype dtype, uint8_t bits);
 
 /* ---- problems ------------------------------------------------------------- */
 /* A tensor descriptor over `data` with the given extents and element strides. */

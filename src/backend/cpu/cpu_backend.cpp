@@ -281,6 +281,9 @@ class CpuBackend final : public Backend {
 
   fd_backend kind() const override { return FD_BACKEND_CPU; }
   void check_supported(const Problem &) const override {}
+  void append_kv(const AppendProblem &, fd_cuda_stream) override {
+    fail(FD_ERROR_UNSUPPORTED, "fd_append_kv: not implemented by the CPU backend yet");
+  }
   bool checks_contents() const override { return check_contents_; }
   // Host memory: the contents are read where they are used, and reported
   // before anything is written.

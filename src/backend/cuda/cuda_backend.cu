@@ -313,6 +313,10 @@ class CudaBackend final : public Backend {
                "fd_decode: kernel launch");
   }
 
+  void append_kv(const AppendProblem &, fd_cuda_stream) override {
+    fail(FD_ERROR_UNSUPPORTED, "fd_append_kv: not implemented by the CUDA backend yet");
+  }
+
   void merge_states(const MergeProblem &p, fd_cuda_stream stream) override {
     if (p.head_dim > cuda::kMaxHeadDim) {
       fail(FD_ERROR_INVALID_HEAD_DIM, "out: head_dim %lld is more than the CUDA backend's %d",
