@@ -431,7 +431,7 @@ FD_API fd_status fd_append_kv(fd_handle *handle, const fd_append_args *args, fd_
   return fd::guarded([&] {
     const fd::LockedHandle<fd_handle> locked(handle);
     const fd::AppendProblem problem = fd::validate_append_args(args);
-    if (problem.batch == 0 || problem.new_len == 0) return;  // nothing to write
+    if (problem.batch == 0 || problem.new_len == 0 || problem.kv_capacity == 0) return;  // nothing to write
     (*locked).backend->append_kv(problem, stream);
   });
 }

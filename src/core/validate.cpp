@@ -554,6 +554,18 @@ AppendProblem validate_append_args(const fd_append_args *caller_args) {
 
   check_cache_extent(args.block_table, args.seq_lens, "k_new", p);
   check_scales(args.k_scale, args.v_scale, p);
+  // Only the last kv_capacity new tokens can land in the cache; the
+  // elements written must be countable in 64 bits (broadcast inputs and
+  // shared pages could otherwise describe more).
+  int64_t elements = 0;
+  const int64_t landing = std::min(p.new_len, p.kv_capacity);
+  if (__builtin_mul_overflow(p.batch, landing, &elements) ||
+      __builtin_mul_overflow(elements, p.kv_heads * p.head_dim, &elements)) {
+    fail(FD_ERROR_INVALID_SHAPE,
+         "k_new: batch (%lld) x new tokens that fit the cache (%lld) x kv_heads x head_dim "
+         "overflows 64 bits",
+         static_cast<long long>(p.batch), static_cast<long long>(landing));
+  }
 
   // The cache is the output: its bytes stay apart from every input's. k and
   // v may interleave in one allocation (flashdecode.h, fd_append_kv).

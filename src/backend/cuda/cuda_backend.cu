@@ -66,6 +66,18 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
     s.v_strides[d] = p.v.strides[d];
   }
   s.kv_aligned = launch.aligned;
+  if (p.kv_quantized) {
+    s.kv_format = static_cast<int32_t>(p.kv_dtype);
+    const auto scale = [&](bool has, const StridedView &view, const float *&data, int64_t(&strides)[3],
+                           bool &per_token) {
+      if (!has) return;
+      data = static_cast<const float *>(view.data);
+      for (int d = 0; d < 3; ++d) strides[d] = view.shape[d] > 1 ? view.strides[d] : 0;
+      per_token = strides[1] != 0 || (p.paged && strides[0] != 0);
+    };
+    scale(p.has_k_scale, p.k_scale, s.k_scale, s.k_scale_strides, s.k_scale_per_token);
+    scale(p.has_v_scale, p.v_scale, s.v_scale, s.v_scale_strides, s.v_scale_per_token);
+  }
   if (p.has_seq_lens) {
     s.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
     s.seq_lens_stride = p.seq_lens.strides[0];
@@ -236,7 +248,9 @@ class CudaBackend final : public Backend {
     }
     // The CUDA-core kernel runs every problem the others cannot: it must
     // take the dtypes.
-    if (p.q_dtype != p.kv_dtype || !cuda::split_variant_takes(cuda::SplitVariant::cuda_core, p.kv_dtype)) {
+    const cuda::SplitVariant fallback =
+        p.kv_quantized ? cuda::SplitVariant::cuda_core_8bit : cuda::SplitVariant::cuda_core;
+    if ((!p.kv_quantized && p.q_dtype != p.kv_dtype) || !cuda::split_variant_takes(fallback, p.kv_dtype)) {
       fail(FD_ERROR_UNSUPPORTED, "k: a %s cache with %s queries is not supported by the CUDA backend",
            dtype_name(p.kv_dtype), dtype_name(p.q_dtype));
     }
@@ -307,14 +321,55 @@ class CudaBackend final : public Backend {
       check_cuda(cuda::launch_check_contents(check_params(p, device_report_), reinterpret_cast<cudaStream_t>(stream)),
                  "fd_decode: content-check kernel launch");
     }
-    check_cuda(cuda::launch_decode(launch.variant, p.kv_dtype, p.out_dtype, split,
+    check_cuda(cuda::launch_decode(launch.variant, p.q_dtype, p.kv_dtype, p.out_dtype, split,
                                    launch.merge == FD_MERGE_SEPARATE ? &merge : nullptr, programmatic_,
                                    reinterpret_cast<cudaStream_t>(stream)),
                "fd_decode: kernel launch");
   }
 
-  void append_kv(const AppendProblem &, fd_cuda_stream) override {
-    fail(FD_ERROR_UNSUPPORTED, "fd_append_kv: not implemented by the CUDA backend yet");
+  void append_kv(const AppendProblem &p, fd_cuda_stream stream) override {
+    cuda::AppendParams a;
+    a.k_new = p.k_new.data;
+    a.v_new = p.v_new.data;
+    a.k_new_dtype = static_cast<int32_t>(p.k_new_dtype);
+    a.v_new_dtype = static_cast<int32_t>(p.v_new_dtype);
+    a.k = p.k.data;
+    a.v = p.v.data;
+    a.cache_dtype = static_cast<int32_t>(p.kv_dtype);
+    // Extents of 1 may carry any stride: 0 keeps the offsets small.
+    const auto strides = [](const StridedView &view, int64_t(&out)[3]) {
+      for (int d = 0; d < 3; ++d) out[d] = view.shape[d] > 1 ? view.strides[d] : 0;
+    };
+    strides(p.k_new, a.k_new_strides);
+    strides(p.v_new, a.v_new_strides);
+    strides(p.k, a.k_strides);
+    strides(p.v, a.v_strides);
+    if (p.has_k_scale) {
+      a.k_scale = static_cast<const float *>(p.k_scale.data);
+      strides(p.k_scale, a.k_scale_strides);
+    }
+    if (p.has_v_scale) {
+      a.v_scale = static_cast<const float *>(p.v_scale.data);
+      strides(p.v_scale, a.v_scale_strides);
+    }
+    if (p.has_seq_lens) {
+      a.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
+      a.seq_lens_stride = p.seq_lens.strides[0];
+    }
+    if (p.paged) {
+      a.block_table = static_cast<const int32_t *>(p.block_table.data);
+      a.block_table_strides[0] = p.block_table.strides[0];
+      a.block_table_strides[1] = p.block_table.strides[1];
+      a.page_size = p.page_size;
+      a.num_pages = p.num_pages;
+    }
+    a.batch = p.batch;
+    a.new_len = p.new_len;
+    a.kv_capacity = p.kv_capacity;
+    a.kv_heads = static_cast<int32_t>(p.kv_heads);
+    a.head_dim = static_cast<int32_t>(p.head_dim);
+    DeviceGuard guard(device_, primary_context_);
+    check_cuda(cuda::launch_append_kv(a, reinterpret_cast<cudaStream_t>(stream)), "fd_append_kv: kernel launch");
   }
 
   void merge_states(const MergeProblem &p, fd_cuda_stream stream) override {

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/kernels/append_kv.cuh"
 #include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/kernels/merge_states.cuh"
@@ -22,7 +23,10 @@ namespace cuda {
 // A kernel family: a kernel template, the storage types it is built for,
 // whether it has a cluster-merge instantiation, and the shared memory a
 // block must be able to opt into for the family to be used at all.
+// T is the storage type of q (and, but for the 8-bit families, of K/V);
+// kQuantized families read 8-bit caches of any of the three formats.
 struct CudaCoreFamily {
+  static constexpr bool kQuantized = false;
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
@@ -39,6 +43,7 @@ struct CudaCoreFamily {
 // sm_80's 164 KiB, where nobody has timed them against the standard tiles.
 template <bool kWide>
 struct TensorCoreFamily {
+  static constexpr bool kQuantized = false;
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = true;
@@ -47,6 +52,34 @@ struct TensorCoreFamily {
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, kWide>;
     static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster, kVariants>;
+  };
+};
+
+// 8-bit caches: the CUDA-core kernel for any q type, the tensor cores for
+// 16-bit q (standard tiles, no cluster merge).
+struct CudaCoreQuantizedFamily {
+  static constexpr bool kQuantized = true;
+  template <class T>
+  static constexpr bool kTakes = true;
+  static constexpr bool kHasClusters = false;
+  static constexpr int kMinSmemOptin = 0;
+  template <class T, int kBucket, bool kCluster, bool kVariants>
+  struct Kernel {
+    using Traits = SplitTraits<uint8_t, kBucket>;
+    static constexpr auto function = split_kernel<T, kBucket, kVariants, true>;
+  };
+};
+
+struct TensorCoreQuantizedFamily {
+  static constexpr bool kQuantized = true;
+  template <class T>
+  static constexpr bool kTakes = sizeof(T) == 2;
+  static constexpr bool kHasClusters = false;
+  static constexpr int kMinSmemOptin = 0;
+  template <class T, int kBucket, bool kCluster, bool kVariants>
+  struct Kernel {
+    using Traits = MmaTraits<T, kBucket, false, true>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, kVariants, true>;
   };
 };
 
@@ -76,10 +109,15 @@ auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
 }
 
 // Calls body(Family::Kernel<T, bucket, cluster, variants>{}) for the storage
-// type T of dtype.
+// type T of q_dtype, K/V being kv_dtype: q's type, or 8-bit for the
+// quantized families.
 template <class Family, class Body>
-auto with_kernel(fd_dtype dtype, int bucket, bool cluster, bool variants, Body &&body) {
-  switch (dtype) {
+auto with_kernel(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, bool cluster, bool variants, Body &&body) {
+  if (is_quantized_dtype(kv_dtype) != Family::kQuantized || (!Family::kQuantized && q_dtype != kv_dtype)) {
+    fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel of this family for %s K/V with %s q", dtype_name(kv_dtype),
+         dtype_name(q_dtype));
+  }
+  switch (q_dtype) {
     case FD_DTYPE_F32:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
         return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, variants, body);
@@ -97,11 +135,19 @@ auto with_kernel(fd_dtype dtype, int bucket, bool cluster, bool variants, Body &
       break;
     default: break;
   }
-  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for dtype %d", static_cast<int>(dtype));
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for q dtype %d", static_cast<int>(q_dtype));
 }
+
+// The q dtype whose kernel stands for a K/V dtype's in the tables (shape,
+// occupancy): q's own, or for 8-bit caches f16 (every q type's kernel of
+// these families has the same shape).
+fd_dtype representative_q(fd_dtype kv_dtype) { return is_quantized_dtype(kv_dtype) ? FD_DTYPE_F16 : kv_dtype; }
+
+constexpr fd_dtype kStorageDtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
 
 template <class Family>
 bool family_takes(fd_dtype dtype) {
+  if (Family::kQuantized) return is_quantized_dtype(dtype);
   switch (dtype) {
     case FD_DTYPE_F32: return Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>;
     case FD_DTYPE_F16: return Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>;
@@ -228,8 +274,21 @@ SplitKernelShape shape_of() {
 
 template <class Family>
 SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
-  return with_kernel<Family>(dtype, bucket, false, false,
+  return with_kernel<Family>(representative_q(dtype), dtype, bucket, false, false,
                              [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
+}
+
+// Whether the family has a kernel for q of q_dtype with K/V of kv_dtype.
+template <class Family>
+bool family_takes_q(fd_dtype q_dtype, fd_dtype kv_dtype) {
+  if (!family_takes<Family>(kv_dtype)) return false;
+  if (!Family::kQuantized) return q_dtype == kv_dtype;
+  switch (q_dtype) {
+    case FD_DTYPE_F32: return Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>;
+    case FD_DTYPE_F16: return Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>;
+    case FD_DTYPE_BF16: return Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>;
+    default: return false;
+  }
 }
 
 // Prepares the family's kernels for one dtype and bucket: resident CTAs and
@@ -241,26 +300,32 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
                                     family_shape<Family>(dtype, bucket).smem_bytes > device.smem_optin)) {
     return cudaSuccess;
   }
-  cudaError_t err =
-      with_kernel<Family>(dtype, bucket, false, false, [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
-  // The variants' kernel has the plain one's shape; its occupancy is not
-  // planned with (plain plans stay as they were), only its attributes set.
-  int variant_ctas = 0;
-  if (err == cudaSuccess) {
-    err = with_kernel<Family>(dtype, bucket, false, true,
-                              [&](auto kernel) { return prepare<decltype(kernel)>(variant_ctas); });
+  const fd_dtype q_dtype = representative_q(dtype);
+  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, false,
+                                        [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
+  // The variants' kernel has the plain one's shape, and so do the other q
+  // types' kernels of an 8-bit family: their occupancy is not planned with
+  // (plain plans stay as they were), only their attributes set.
+  int other_ctas = 0;
+  for (fd_dtype q : kStorageDtypes) {
+    if (!family_takes_q<Family>(q, dtype)) continue;
+    for (int variants = 0; variants < 2 && err == cudaSuccess; ++variants) {
+      if (q == q_dtype && variants == 0) continue;
+      err = with_kernel<Family>(q, dtype, bucket, false, variants == 1,
+                                [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
+    }
   }
   if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {
-    err = with_kernel<Family>(dtype, bucket, true, false,
+    err = with_kernel<Family>(q_dtype, dtype, bucket, true, false,
                               [&](auto kernel) { return prepare_clusters<decltype(kernel)>(clusters); });
   }
   return err;
 }
 
 template <class Family>
-cudaError_t launch_family(fd_dtype dtype, int bucket, const SplitParams &split, bool programmatic,
+cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &split, bool programmatic,
                           cudaStream_t stream) {
-  return with_kernel<Family>(dtype, bucket, split.cluster_merge, split.variant_scores,
+  return with_kernel<Family>(q_dtype, kv_dtype, bucket, split.cluster_merge, split.variant_scores,
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }
 
@@ -271,7 +336,8 @@ struct SplitVariantRow {
   bool (*takes)(fd_dtype);
   SplitKernelShape (*shape)(fd_dtype, int bucket);
   cudaError_t (*prepare)(fd_dtype, int bucket, const DeviceLimits &, int &ctas, int (&clusters)[kMaxClusterSplits + 1]);
-  cudaError_t (*launch)(fd_dtype, int bucket, const SplitParams &, bool programmatic, cudaStream_t);
+  cudaError_t (*launch)(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &, bool programmatic,
+                        cudaStream_t);
 };
 
 template <class Family>
@@ -290,6 +356,10 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
     row<TensorCoreFamily<false>>(SplitVariant::tensor_core, "tensor-core-64", "tensor-core-128", "tensor-core-256"),
     row<TensorCoreFamily<true>>(SplitVariant::tensor_core_wide, "tensor-core-wide-64", "tensor-core-wide-128",
                                 "tensor-core-wide-256"),
+    row<CudaCoreQuantizedFamily>(SplitVariant::cuda_core_8bit, "cuda-core-8bit-64", "cuda-core-8bit-128",
+                                 "cuda-core-8bit-256"),
+    row<TensorCoreQuantizedFamily>(SplitVariant::tensor_core_8bit, "tensor-core-8bit-64", "tensor-core-8bit-128",
+                                   "tensor-core-8bit-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {
@@ -300,7 +370,8 @@ const SplitVariantRow &row_of(SplitVariant variant) {
   return kSplitVariants[index];
 }
 
-constexpr fd_dtype kStorageDtypes[kDtypeSlotCount] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+// One K/V dtype per table slot (dtype_slot): the 8-bit formats share one.
+constexpr fd_dtype kCacheDtypes[kDtypeSlotCount] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_E4M3};
 
 template <class OutT>
 struct MergeKernel;
@@ -380,7 +451,7 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   device.cluster_launch = cluster_launch != 0;
   *occupancy = KernelOccupancy{};
   for (const SplitVariantRow &variant : kSplitVariants) {
-    for (fd_dtype dtype : kStorageDtypes) {
+    for (fd_dtype dtype : kCacheDtypes) {
       if (!variant.takes(dtype)) continue;
       for (int bucket : kBuckets) {
         const int d = dtype_slot(dtype);
@@ -467,15 +538,25 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
   return cudaGetLastError();
 }
 
+cudaError_t launch_append_kv(const AppendParams &append, cudaStream_t stream) {
+  const int64_t groups = (append.head_dim + kAppendElements - 1) / kAppendElements;
+  const int64_t landing = append.new_len < append.kv_capacity ? append.new_len : append.kv_capacity;
+  const int64_t threads = append.batch * landing * append.kv_heads * groups;
+  const int64_t blocks = (threads + kAppendThreads - 1) / kAppendThreads;
+  append_kv_kernel<<<static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)), kAppendThreads,
+                     0, stream>>>(append);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {
   check_contents_kernel<<<1, kCheckThreads, 0, stream>>>(check);
   return cudaGetLastError();
 }
 
-cudaError_t launch_decode(SplitVariant variant, fd_dtype kv_dtype, fd_dtype out_dtype, const SplitParams &split,
-                          const MergeParams *merge, bool programmatic, cudaStream_t stream) {
+cudaError_t launch_decode(SplitVariant variant, fd_dtype q_dtype, fd_dtype kv_dtype, fd_dtype out_dtype,
+                          const SplitParams &split, const MergeParams *merge, bool programmatic, cudaStream_t stream) {
   const cudaError_t err =
-      row_of(variant).launch(kv_dtype, head_dim_bucket(split.head_dim), split, programmatic, stream);
+      row_of(variant).launch(q_dtype, kv_dtype, head_dim_bucket(split.head_dim), split, programmatic, stream);
   if (err != cudaSuccess || merge == nullptr) return err;
   return with_merge_kernel(out_dtype, [&](auto kernel) {
     return launch_merge<typename decltype(kernel)::Out>(*merge, programmatic, stream);

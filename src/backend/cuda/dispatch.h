@@ -27,7 +27,8 @@ cudaError_t probe_kernel_image();
 // may be launched with programmatic stream serialization.
 cudaError_t merge_supports_programmatic_launch(bool *supported);
 
-// Enqueues the split kernel of `variant` for K/V of kv_dtype and, when merge
+// Enqueues the split kernel of `variant` for q of q_dtype and K/V of
+// kv_dtype (q's, or an 8-bit cache for the 8-bit variants) and, when merge
 // is not null, the merge kernel writing out_dtype; with programmatic set (see
 // merge_supports_programmatic_launch), each may be scheduled while the kernel
 // before it on the stream finishes (it waits for it before touching memory).
@@ -36,11 +37,14 @@ cudaError_t merge_supports_programmatic_launch(bool *supported);
 // fd_merge_states: one kernel for the output dtype (fails closed on another).
 cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream);
 
+// fd_append_kv: one kernel for every dtype (they are runtime values).
+cudaError_t launch_append_kv(const AppendParams &append, cudaStream_t stream);
+
 // FD_CHECK_CONTENTS: the check kernel, enqueued ahead of a decode.
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream);
 
-cudaError_t launch_decode(SplitVariant variant, fd_dtype kv_dtype, fd_dtype out_dtype, const SplitParams &split,
-                          const MergeParams *merge, bool programmatic, cudaStream_t stream);
+cudaError_t launch_decode(SplitVariant variant, fd_dtype q_dtype, fd_dtype kv_dtype, fd_dtype out_dtype,
+                          const SplitParams &split, const MergeParams *merge, bool programmatic, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fd

@@ -42,6 +42,19 @@ struct SplitParams {
   int64_t k_strides[3] = {0, 0, 0};
   int64_t v_strides[3] = {0, 0, 0};
   bool kv_aligned = false;  // every K/V row starts on 16 bytes: cp.async path; else plain loads
+  // 8-bit caches (the kernels built with kQuantized read these): the format
+  // (FD_DTYPE_E4M3, FD_DTYPE_E5M2 or FD_DTYPE_I8) and each cache's scales,
+  // by [batch or page, token or slot, kv_head] strides (null: 1). A scale
+  // that does not vary along a sequence's tokens (no token stride, and no
+  // page stride for a paged cache) is read once per sequence and KV head;
+  // otherwise every token's scale is copied with its row (*_per_token).
+  int32_t kv_format = 0;
+  const float *k_scale = nullptr;
+  const float *v_scale = nullptr;
+  int64_t k_scale_strides[3] = {0, 0, 0};
+  int64_t v_scale_strides[3] = {0, 0, 0};
+  bool k_scale_per_token = false;
+  bool v_scale_per_token = false;
 
   const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
   int64_t seq_lens_stride = 0;
@@ -173,6 +186,37 @@ struct MergeStatesParamsFor {
   MergeStateView states[kStates];
 };
 using MergeStatesParams = MergeStatesParamsFor<FD_MAX_MERGE_STATES>;
+
+// fd_append_kv: new rows (b, i, h) of k_new/v_new [batch, new_len,
+// kv_heads, head_dim] go to position len_b - new_len + i of the cache
+// (kernels/append_kv.cuh). Dtypes are fd_dtype values.
+struct AppendParams {
+  const void *k_new = nullptr;
+  const void *v_new = nullptr;
+  int32_t k_new_dtype = 0, v_new_dtype = 0;
+  int64_t k_new_strides[3] = {0, 0, 0};  // batch, new token, kv_head (head_dim is contiguous)
+  int64_t v_new_strides[3] = {0, 0, 0};
+  void *k = nullptr;
+  void *v = nullptr;
+  int32_t cache_dtype = 0;
+  int64_t k_strides[3] = {0, 0, 0};  // dense [batch, token, kv_head] or paged [page, slot, kv_head]
+  int64_t v_strides[3] = {0, 0, 0};
+  const float *k_scale = nullptr;  // null: 1
+  const float *v_scale = nullptr;
+  int64_t k_scale_strides[3] = {0, 0, 0};
+  int64_t v_scale_strides[3] = {0, 0, 0};
+  const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
+  int64_t seq_lens_stride = 0;
+  const int32_t *block_table = nullptr;  // null: dense cache
+  int64_t block_table_strides[2] = {0, 0};
+  int64_t page_size = 1;
+  int64_t num_pages = 0;
+  int64_t batch = 0;
+  int64_t new_len = 0;
+  int64_t kv_capacity = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+};
 
 constexpr int kMinHeadDim = 16;
 constexpr int kMaxHeadDim = 256;

@@ -67,9 +67,21 @@ HeadTiling tile_heads(int64_t kv_rows, int rows) {
 // Whether the tensor cores can run a problem: 16-bit K/V with q and out of
 // the same type. P is rounded to 16 bits before P V, which a float output's
 // 1e-5 bound would not absorb, so float outputs stay on the CUDA cores.
+// 8-bit caches are dequantized into 16-bit tiles of q's type: the same
+// rule with q's dtype in place of K/V's.
 bool tensor_cores_take(const Problem &p) {
+  // Their rows are read in whole 16-byte chunks: head_dim a multiple of 16.
+  if (p.kv_quantized) {
+    return p.out_dtype == p.q_dtype && (p.q_dtype == FD_DTYPE_F16 || p.q_dtype == FD_DTYPE_BF16) &&
+           p.head_dim % 16 == 0 && split_variant_takes(SplitVariant::tensor_core_8bit, p.kv_dtype);
+  }
   return p.q_dtype == p.kv_dtype && p.out_dtype == p.kv_dtype &&
          split_variant_takes(SplitVariant::tensor_core, p.kv_dtype);
+}
+
+// The variant that runs whatever the others cannot, for the cache's dtype.
+SplitVariant fallback_variant(const Problem &p) {
+  return p.kv_quantized ? SplitVariant::cuda_core_8bit : SplitVariant::cuda_core;
 }
 
 bool mha_bucket_128(const Problem &p) { return p.rows_per_kv_head() == 1 && p.head_dim > 64 && p.head_dim <= 128; }
@@ -145,7 +157,13 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
 // caches measured slower with them ("Wide tensor-core tiles").
 VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device) {
   VariantChoice choice;
+  choice.variant = fallback_variant(p);
   if (!tensor_cores_take(p)) return choice;
+  // 8-bit caches: one tensor-core kernel, standard tiles, for every shape.
+  if (p.kv_quantized) {
+    choice.variant = SplitVariant::tensor_core_8bit;
+    return choice;
+  }
   choice.variant = SplitVariant::tensor_core;
   if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
@@ -248,7 +266,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   launch.variant = split_variant_at(plan.kernel_variant);
   const size_t element_bytes = dtype_bytes(p.kv_dtype);
   launch.aligned = rows_aligned(p.k, element_bytes) && rows_aligned(p.v, element_bytes);
-  if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = SplitVariant::cuda_core;
+  if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = fallback_variant(p);
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
   launch.variant_scores = needs_variant_scores(p);

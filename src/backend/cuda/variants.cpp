@@ -11,6 +11,9 @@ int dtype_slot(const fd_dtype &dtype) {
     case FD_DTYPE_F32: return 0;
     case FD_DTYPE_F16: return 1;
     case FD_DTYPE_BF16: return 2;
+    case FD_DTYPE_E4M3:
+    case FD_DTYPE_E5M2:
+    case FD_DTYPE_I8: return 3;
     default: break;
   }
   fail(FD_ERROR_INTERNAL, "CUDA backend: no kernel table slot for dtype %d", raw_enum_value(dtype));

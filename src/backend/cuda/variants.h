@@ -20,8 +20,10 @@ enum class SplitVariant : uint8_t {
   cuda_core,         // any dtype, any alignment: the fallback that runs every problem
   tensor_core,       // 16-bit K/V and out, 16-byte aligned rows, standard tiles
   tensor_core_wide,  // the same with wide tiles (GPUs with 200+ KiB of shared memory a block)
+  cuda_core_8bit,    // 8-bit K/V (e4m3, e5m2, i8) with any q: the fallback for them
+  tensor_core_8bit,  // 8-bit K/V, 16-bit q and out, 16-byte aligned rows, dequantized into 16-bit tiles
 };
-constexpr int kSplitVariantCount = 3;
+constexpr int kSplitVariantCount = 5;
 
 // The variant at a table index (Plan::variant), failing closed
 // (FD_ERROR_INTERNAL) on an index no variant has.
@@ -30,7 +32,7 @@ inline int index_of(SplitVariant variant) { return static_cast<int>(variant); }
 
 // Storage dtypes the kernels are built for, as table slots: a dtype without
 // a slot fails closed (FD_ERROR_INTERNAL) wherever a table is indexed.
-constexpr int kDtypeSlotCount = 3;  // f32, f16, bf16
+constexpr int kDtypeSlotCount = 4;  // f32, f16, bf16, and the 8-bit caches (one slot)
 int dtype_slot(const fd_dtype &dtype);
 
 // Head dims are rounded up to a bucket that fixes a kernel's row width.

@@ -20,12 +20,14 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kernels/fused_merge.cuh"
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
 #include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/quantized.cuh"
 #include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
@@ -33,6 +35,8 @@
 namespace fd {
 namespace cuda {
 
+// T: the K/V storage type (uint8_t for 8-bit caches, whose stages end with
+// the tile's per-token scales: K's, then V's).
 template <class T, int Bucket>
 struct SplitTraits {
   static constexpr int kBucket = Bucket;
@@ -43,7 +47,9 @@ struct SplitTraits {
   static constexpr int kTokensPerStep = (sizeof(T) == 4 && kBucket == 256) ? 2 : 4;
   static constexpr int kTileTokens = kRows * kTokensPerStep;
   static constexpr int kRowBytes = kBucket * static_cast<int>(sizeof(T));
-  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;
+  static constexpr bool kScales = sizeof(T) == 1;
+  static constexpr int kScaleOffset = 2 * kTileTokens * kRowBytes;
+  static constexpr int kStageBytes = kScaleOffset + (kScales ? 2 * kTileTokens * 4 : 0);
   static constexpr int kStages = 3;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // After the pipeline drains, the same memory holds every row's state for
@@ -77,25 +83,37 @@ __device__ void load_query(const SplitParams &p, int64_t b, QueryRow row, int la
 // (the shuffles need the whole warp); tokens at or past `end` are masked, and
 // with kVariants the row's scoring decides (tile_key: the tile's first token
 // relative to the split).
+// 8-bit caches (T = uint8_t, kv_format): per-token scales come from the
+// stage (with_*_scales), others were folded into q and are applied to the
+// result by the caller.
 template <class T, class Traits, bool kVariants>
 __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector], SoftmaxState &state, int lane,
                             int first_token, int steps, int64_t tile_begin, int64_t end, int tile_key,
-                            const RowScoring &scoring) {
+                            const RowScoring &scoring, int kv_format, bool with_k_scales, bool with_v_scales) {
   const T *k_rows = reinterpret_cast<const T *>(stage);
   const T *v_rows = reinterpret_cast<const T *>(stage + Traits::kTileTokens * Traits::kRowBytes);
+  [[maybe_unused]] const float *k_scales = reinterpret_cast<const float *>(stage + Traits::kScaleOffset);
+  [[maybe_unused]] const float *v_scales = k_scales + Traits::kTileTokens;
   for (int step = 0; step < steps; ++step) {
     const int t0 = first_token + step * Traits::kTokensPerStep;
     float score[Traits::kTokensPerStep];
 #pragma unroll
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float k[kVector];
-      Element<T>::to_float8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
+      if constexpr (Traits::kScales) {
+        dequantize8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, kv_format, k);
+      } else {
+        Element<T>::to_float8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
+      }
       float dot = 0.0f;
 #pragma unroll
       for (int j = 0; j < kVector; ++j) dot = fmaf(q[j], k[j], dot);
 #pragma unroll
       for (int offset = Traits::kLanes / 2; offset > 0; offset /= 2) {
         dot += __shfl_xor_sync(0xffffffffu, dot, offset, Traits::kLanes);
+      }
+      if constexpr (Traits::kScales) {
+        if (with_k_scales) dot *= k_scales[t0 + i];
       }
       if constexpr (kVariants) {
         score[i] = scoring.score(dot, tile_key + t0 + i);
@@ -110,18 +128,27 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
 #pragma unroll
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float v[kVector];
-      Element<T>::to_float8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
-      state.add(state.weight(score[i]), v);  // masked tokens: weight 0, and their V is zero-filled
+      if constexpr (Traits::kScales) {
+        dequantize8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, kv_format, v);
+        const float weight = state.weight(score[i]);
+        state.add_scaled(weight, with_v_scales ? weight * v_scales[t0 + i] : weight, v);
+      } else {
+        Element<T>::to_float8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
+        state.add(state.weight(score[i]), v);  // masked tokens: weight 0, and their V is zero-filled
+      }
     }
   }
 }
 
 // kVariants: scores go through the attention variants (RowScoring); a
-// template parameter so that plain decode keeps its code.
-template <class T, int kBucket, bool kVariants>
-__global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits<T, kBucket>::kMinBlocks)
+// template parameter so that plain decode keeps its code. kQuantized: K/V
+// are an 8-bit cache (T is q's type).
+template <class T, int kBucket, bool kVariants, bool kQuantized = false>
+__global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uint8_t, T>, kBucket>::kThreads,
+                                  SplitTraits<std::conditional_t<kQuantized, uint8_t, T>, kBucket>::kMinBlocks)
     split_kernel(const SplitParams p) {
-  using Traits = SplitTraits<T, kBucket>;
+  using KV = std::conditional_t<kQuantized, uint8_t, T>;
+  using Traits = SplitTraits<KV, kBucket>;
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
@@ -157,13 +184,22 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
     load_query<T>(p, b, query, lane, head_real && lane_real, q);
     SoftmaxState state;
     state.reset();
+    // 8-bit caches: scales that do not vary by token fold into q (K) and
+    // the result (V).
+    float value_scale = 1.0f;
+    if constexpr (kQuantized) {
+      const bool paged = p.block_table != nullptr;
+      const float key_scale = sequence_scale(p.k_scale, p.k_scale_strides, p.k_scale_per_token, paged, b, kv_head);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) q[i] *= key_scale;
+      value_scale = sequence_scale(p.v_scale, p.v_scale_strides, p.v_scale_per_token, paged, b, kv_head);
+    }
 
     if (begin < end) {  // the same for the whole CTA
       const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;
       auto load = [&](int64_t tile) {
-        load_kv_tile<T, Traits::kThreads, Traits::kTileTokens, Traits::kRowBytes>(
-            p, smem + (tile % Traits::kStages) * Traits::kStageBytes, b, kv_head, begin + tile * Traits::kTileTokens,
-            end);
+        load_kv_tile<KV, Traits>(p, smem + (tile % Traits::kStages) * Traits::kStageBytes, b, kv_head,
+                                 begin + tile * Traits::kTileTokens, end);
       };
 #pragma unroll
       for (int s = 0; s < Traits::kStages - 1; ++s) {
@@ -176,14 +212,19 @@ __global__ void __launch_bounds__(SplitTraits<T, kBucket>::kThreads, SplitTraits
         FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
         if (tile + Traits::kStages - 1 < tiles) load(tile + Traits::kStages - 1);  // into tile - 1's stage
         cp_async_commit();
-        attend_tile<T, Traits, kVariants>(smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane,
-                                          token_group * tokens_per_group, heads_per_cta,
-                                          begin + tile * Traits::kTileTokens, end,
-                                          static_cast<int>(tile * Traits::kTileTokens), scoring);
+        attend_tile<KV, Traits, kVariants>(
+            smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane, token_group * tokens_per_group,
+            heads_per_cta, begin + tile * Traits::kTileTokens, end, static_cast<int>(tile * Traits::kTileTokens),
+            scoring, p.kv_format, p.k_scale_per_token, p.v_scale_per_token);
       }
       cp_async_wait<0>();
       __syncthreads();  // the pipeline memory is free for the combine below
       FD_TIMELINE_MARK(timeline, 3);
+    }
+
+    if constexpr (kQuantized) {
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) state.acc[i] *= value_scale;
     }
 
     // Merge the token groups of each head slot, in group order.

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kernels/cluster_merge.cuh"
 #include "backend/cuda/kernels/fused_merge.cuh"
@@ -42,6 +43,7 @@
 #include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/load.cuh"
 #include "backend/cuda/prims/mma.cuh"
+#include "backend/cuda/prims/quantized.cuh"
 #include "backend/cuda/prims/query_rows.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
@@ -56,37 +58,61 @@ namespace cuda {
 // buckets 64, 128, 256), one CTA per multiprocessor: it streams long splits
 // faster and loses where the grid cannot be sized to the multiprocessors
 // (docs/performance.md, "Wide tensor-core tiles"; policy.cpp picks).
-template <class T, int Bucket, bool Wide = false>
+//
+// Quantized: K/V are an 8-bit cache (T is q's 16-bit type, which the tensor
+// cores compute in). Its tiles travel as raw bytes, four stages deep (half
+// the bytes per tile), rows padded by 16 bytes so that the 8 rows of an
+// ldmatrix fall on different banks; fragments are dequantized in registers
+// (quant_key_fragments, quant_value_fragments). The stage ends with the
+// tile's per-token scales, K's then V's.
+constexpr int kDStepsOf(int bucket) { return bucket / 16; }
+
+template <class T, int Bucket, bool Wide = false, bool Quantized = false>
 struct MmaTraits {
-  static constexpr int kElementBytes = static_cast<int>(sizeof(T));
+  static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
   static constexpr bool kWide = Wide;
-  static constexpr int kHeads = kMmaHeads;                            // head slots: the MMA's M
-  static constexpr int kRows = kHeads;                                // head slots of a CTA (SplitKernelShape::rows)
-  static constexpr int kTokenGroups = Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
-  static constexpr int kDSplits = 2;  // warps along head_dim for P V (S is computed by each)
+  static constexpr bool kQuantized = Quantized;
+  static constexpr int kHeads = kMmaHeads;  // head slots: the MMA's M
+  static constexpr int kRows = kHeads;      // head slots of a CTA (SplitKernelShape::rows)
+  // 8-bit caches up to head_dim 128: every warp takes its own tokens (no
+  // d split, whose warps would each dequantize and score the same keys:
+  // these kernels are bound by instructions, not bytes).
+  static constexpr bool kTokenWarps = Quantized && Bucket <= 128;
+  static constexpr int kTokenGroups = kTokenWarps ? 8 : Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
+  static constexpr int kDSplits = kTokenWarps ? 1 : 2;  // warps along head_dim for P V (S is computed by each)
   static constexpr int kWarps = kTokenGroups * kDSplits;
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
   // Tokens per warp per tile.
   static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64)
-  static constexpr int kRowBytes = Bucket * kElementBytes;
-  static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;    // 8, 16, 32 for 16-bit elements
-  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // 32 KiB (wide: 64 KiB) for 16-bit elements
-  static constexpr int kStages = 2;
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;             // 128, 64, 32 (wide: 256, 128, 64)
+  static constexpr int kRowBytes = Bucket * kElementBytes;                   // K/V bytes of a row
+  static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
+  static constexpr int kQueryRowBytes = Bucket * static_cast<int>(sizeof(T));
+  static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32 for 16-bit elements
+  static constexpr bool kScales = Quantized;                     // per-token scales after K and V (TileLoader)
+  static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
+  // 32 KiB (wide: 64 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
+  static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
+  static constexpr int kStages = Quantized && !kTokenWarps ? 4 : 2;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
   // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
   // spans at most kTileTokens + 1 pages), after the pipeline.
-  static constexpr int kTableSlots = 4;
+  static constexpr int kTableSlots = Quantized ? 8 : 4;
   static constexpr int kTableSlotEntries = kTileTokens + 4;
   static constexpr int kTableBytes = kTableSlots * kTableSlotEntries * 4;
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
   static constexpr int kClusterPartialBytes = ClusterPartial<kHeads, Bucket>::kFloats * 4;
-  static constexpr int kSmemBytes =
-      kPipelineBytes + kTableBytes > kCombineBytes ? kPipelineBytes + kTableBytes : kCombineBytes;
+  // 8-bit caches: the query's MMA fragments wait in shared memory, in lane
+  // order (one 16-byte load per lane and k-step), not in 4 x kDSteps
+  // registers: the dequantization needs them.
+  static constexpr int kQueryFragmentOffset = kPipelineBytes + kTableBytes;
+  static constexpr int kQueryFragmentBytes = Quantized ? kDStepsOf(Bucket) * 32 * 16 : 0;
+  static constexpr int kLoopBytes = kQueryFragmentOffset + kQueryFragmentBytes;
+  static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   static constexpr int kSTiles = kWarpTokens / 8;                // n-tiles of S per warp
   static constexpr int kDSteps = Bucket / 16;                    // k-steps of S
   static constexpr int kDWidth = Bucket / kDSplits;              // output columns per warp
@@ -105,25 +131,92 @@ struct MmaTraits {
   static constexpr float kProbabilityShift = 15.0f;
   static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
   static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
-  static_assert(kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
-  static_assert(kHeads * kRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
+  static_assert(Quantized || kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
+  static_assert(kHeads * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
   static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
   static_assert(kTableSlots > kStages, "a slot is refilled only after its tile's copies were issued");
-  static_assert(kElementBytes == 2, "the MMA (prims/mma.cuh) takes 16-bit K, V and P");
+  static_assert(sizeof(T) == 2, "the MMA (prims/mma.cuh) takes 16-bit Q, K, V and P");
+  static_assert(!Quantized || (kOTiles % 4 == 0 && kDSteps % 4 == 0), "8-bit fragments come in fours");
+  // A 16-byte chunk of a stage row (TileLoader): swizzled for 16-bit rows
+  // (ldmatrix reads 8 rows of a column), padded rows for 8-bit ones.
+  __device__ static int stage_offset(int row, int chunk) {
+    return Quantized ? row * kRowStride + chunk * kChunkBytes : swizzled<kRowBytes>(row, chunk);
+  }
 };
+
+// S for an 8-bit K: the fragments of n-tile n (8 tokens from stage row
+// `row`) for k-steps 4*j4 .. 4*j4 + 3, from one ldmatrix. Its matrix m is
+// the 8 rows' bytes [16 (4 j4 + m), +16), and lane (g, q) receives token g's
+// bytes 4q .. 4q + 3: the B operand of a k-step whose k indices 2q, 2q + 1,
+// 2q + 8, 2q + 9 are those four d. The query fragments follow the same order
+// of d (quant_query_fragments); a dot product does not depend on it.
+template <class T, class Traits, int kFormat>
+__device__ __forceinline__ void quant_key_fragments(const unsigned char *k_tile, int row, int j4, uint32_t (&b)[4][2]) {
+  const int lane = threadIdx.x % 32;
+  uint32_t raw[4];
+  ldmatrix_x4(raw, k_tile + (row + (lane & 7)) * Traits::kRowStride + (4 * j4 + (lane >> 3)) * kChunkBytes);
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    b[s][0] = dequantize_pair_as<T, kFormat>(raw[s], 0);
+    b[s][1] = dequantize_pair_as<T, kFormat>(raw[s], 1);
+  }
+}
+
+// P V for an 8-bit V: the B fragments of four n-tiles of O (32 columns from
+// byte column d0) for the k-step of 16 tokens at stage row `row`, from one
+// transposing ldmatrix. Its matrix m covers tokens 8 (m & 1) .. +8 and bytes
+// d0 + 16 (m >> 1) .. +16; lane (g, q) receives, as b16 elements, tokens 2q
+// and 2q + 1 of byte columns 2g and 2g + 1. Their even bytes form the
+// fragment of an n-tile whose column g is d 2g, the odd bytes that of d
+// 2g + 1: so n-tile 2h + e (h: which 16 bytes, e: even or odd) holds columns
+// d0 + 16 h + 2 n + e, and accumulator pair (c0, c1) of lane q the columns
+// 4q + e and 4q + 2 + e (write_quant_columns undoes this). With per-token
+// scales (value_scales: the tile's, or null), each value is scaled in float
+// and rounded once.
+template <class T, class Traits, int kFormat>
+__device__ __forceinline__ void quant_value_fragments(const unsigned char *v_tile, int row, int d0,
+                                                      const float *value_scales, uint32_t (&b)[4][2]) {
+  const int lane = threadIdx.x % 32;
+  uint32_t raw[4];
+  ldmatrix_x4_trans(
+      raw, v_tile + (row + ((lane >> 3) & 1) * 8 + (lane & 7)) * Traits::kRowStride + d0 + (lane >> 4) * kChunkBytes);
+  float2 scale[2] = {make_float2(1.0f, 1.0f), make_float2(1.0f, 1.0f)};
+  if (value_scales != nullptr) {
+    const int q2 = (lane & 3) * 2;
+    scale[0] = *reinterpret_cast<const float2 *>(value_scales + row + q2);
+    scale[1] = *reinterpret_cast<const float2 *>(value_scales + row + 8 + q2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {  // tokens 2q, 2q + 1 (matrix 2h), then 8 + 2q, 8 + 2q + 1 (matrix 2h + 1)
+      const uint32_t by_column = __byte_perm(raw[2 * h + t], 0u, 0x3120u);  // even columns low, odd high
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        b[2 * h + e][t] = value_scales != nullptr ? dequantize_pair_scaled<T, kFormat>(by_column, e, scale[t])
+                                                  : dequantize_pair_as<T, kFormat>(by_column, e);
+      }
+    }
+  }
+}
 
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
 // token warp_begin): S on tensor cores, online softmax, O += P V.
 // With kVariants the thread's two rows score their keys (RowScoring; warp_key
 // is warp_begin relative to the split) instead of the plain end mask.
-template <class T, class Traits, bool kVariants>
+// 8-bit caches (Traits::kQuantized): fragments are dequantized from the raw
+// stage (kFormat: SplitParams::kv_format); with per-token scales,
+// key_scales and value_scales point at the stage's.
+template <class T, class Traits, bool kVariants, int kFormat = 0>
 __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int row0, int d_part, int64_t warp_begin,
                                                 int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
-                                                float q_scale, int warp_key, const RowScoring (&scoring)[2]) {
+                                                float q_scale, int warp_key, const RowScoring (&scoring)[2],
+                                                const uint4 *query_fragments, const float *key_scales,
+                                                const float *value_scales) {
   const unsigned char *k_tile = stage;
-  const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowBytes;
+  const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowStride;
   const int lane = threadIdx.x % 32;
   const int matrix = lane >> 3;  // which 8x8 matrix of an x4 ldmatrix this lane addresses
   const int r8 = lane & 7;
@@ -145,15 +238,32 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       for (int e = 0; e < 4; ++e) s_chain[c][n][e] = 0.0f;
     }
   }
+  if constexpr (Traits::kQuantized) {
 #pragma unroll
-  for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+    for (int j4 = 0; j4 < Traits::kDSteps / 4; ++j4) {
 #pragma unroll
-    for (int j = 0; j < Traits::kSTiles / 2; ++j) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb,
-                  k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
-      Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
-      Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
+      for (int n = 0; n < Traits::kSTiles; ++n) {
+        uint32_t kb[4][2];
+        quant_key_fragments<T, Traits, kFormat>(k_tile, row0 + n * 8, j4, kb);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint4 f = query_fragments[(4 * j4 + s) * 32 + lane];
+          const uint32_t a[4] = {f.x, f.y, f.z, f.w};
+          Mma<T>::run(s_chain[(4 * j4 + s) % kChains][n], a, kb[s][0], kb[s][1]);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+#pragma unroll
+      for (int j = 0; j < Traits::kSTiles / 2; ++j) {
+        uint32_t kb[4];
+        ldmatrix_x4(
+            kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
+        Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
+        Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
+      }
     }
   }
   auto &s = s_chain[0];  // float[kSTiles][4]
@@ -163,6 +273,17 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] += s_chain[c][n][e];
+    }
+  }
+  // 8-bit caches with per-token key scales: q . (k x scale) = (q . k) x scale.
+  if (key_scales != nullptr) {
+#pragma unroll
+    for (int n = 0; n < Traits::kSTiles; ++n) {
+      const float2 scale = *reinterpret_cast<const float2 *>(key_scales + row0 + n * 8 + quad_lane * 2);
+      s[n][0] *= scale.x;
+      s[n][1] *= scale.y;
+      s[n][2] *= scale.x;
+      s[n][3] *= scale.y;
     }
   }
 
@@ -230,14 +351,25 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]),
                            Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                            Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+    if constexpr (Traits::kQuantized) {
 #pragma unroll
-    for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb,
-                        v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
-                                                             d_part * (Traits::kDWidth / 8) + c * 2 + (matrix >> 1)));
-      Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
-      Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+      for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
+        uint32_t vb[4][2];
+        quant_value_fragments<T, Traits, kFormat>(v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32,
+                                                  value_scales, vb);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) Mma<T>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb,
+                          v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
+                                                               d_part * (Traits::kDWidth / 8) + c * 2 + (matrix >> 1)));
+        Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
+        Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+      }
     }
   }
 }
@@ -247,10 +379,13 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // A template parameter rather than a runtime flag, whose branches cost the
 // other launches time (docs/performance.md, "Kernel variants as template
 // parameters"). kVariants: scores go through the attention variants.
-template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants>
-__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTraits<T, kBucket, kWide>::kMinBlocks)
+// kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type).
+template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants, bool kQuantized = false>
+__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThreads,
+                                  MmaTraits<T, kBucket, kWide, kQuantized>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<T, kBucket, kWide>;
+  using Traits = MmaTraits<T, kBucket, kWide, kQuantized>;
+  static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
@@ -299,11 +434,12 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
 
     // The query tile [16 row slots, bucket] goes through the last pipeline
     // stage (first written by the main loop, after a barrier) into registers.
-    for (int i = threadIdx.x; i < Traits::kHeads * Traits::kChunksPerRow; i += Traits::kThreads) {
-      const int row = i / Traits::kChunksPerRow;
-      const int column = i % Traits::kChunksPerRow;
-      using Word = typename RawElement<Traits::kElementBytes>::type;
-      constexpr int kWords = kChunkBytes / Traits::kElementBytes;
+    constexpr int kQueryChunks = Traits::kQueryRowBytes / kChunkBytes;
+    for (int i = threadIdx.x; i < Traits::kHeads * kQueryChunks; i += Traits::kThreads) {
+      const int row = i / kQueryChunks;
+      const int column = i % kQueryChunks;
+      using Word = typename RawElement<sizeof(T)>::type;
+      constexpr int kWords = kChunkBytes / sizeof(T);
       Word words[kWords] = {};
       if (row < heads_here && column * kWords < p.head_dim) {
         const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
@@ -312,14 +448,37 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
 #pragma unroll
         for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
       }
-      *reinterpret_cast<uint4 *>(q_stage + swizzled<Traits::kRowBytes>(row, column)) =
+      *reinterpret_cast<uint4 *>(q_stage + swizzled<Traits::kQueryRowBytes>(row, column)) =
           *reinterpret_cast<const uint4 *>(words);
     }
     __syncthreads();
-    uint32_t qf[Traits::kDSteps][4];
+    // 16-bit caches: the query fragments in registers. 8-bit: in shared
+    // memory (Traits::kQueryFragmentOffset), written by warp 0, where the
+    // k indices 2q, 2q + 1, 2q + 8, 2q + 9 of a k-step are its d 4q .. 4q + 3
+    // (as in quant_key_fragments).
+    uint32_t qf[Traits::kDSteps][4];  // unused by 8-bit caches
+    uint4 *const query_fragments = reinterpret_cast<uint4 *>(smem + Traits::kQueryFragmentOffset);
+    if constexpr (kQuantized) {
+      if (warp == 0) {
 #pragma unroll
-    for (int kk = 0; kk < Traits::kDSteps; ++kk) {
-      ldmatrix_x4(qf[kk], q_stage + swizzled<Traits::kRowBytes>((matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+        for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+          const int d = kk * 16 + quad_lane * 4;
+          uint32_t f[4];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint2 pairs = *reinterpret_cast<const uint2 *>(
+                q_stage + swizzled<Traits::kQueryRowBytes>(group_row + 8 * r, d / 8) + (d % 8) * 2);
+            f[r] = pairs.x;
+            f[2 + r] = pairs.y;
+          }
+          query_fragments[kk * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+        ldmatrix_x4(qf[kk], q_stage + swizzled<Traits::kRowBytes>((matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+      }
     }
     __syncthreads();  // every warp has its query fragments: the last stage takes a tile
     if (Traits::kStages - 1 < tiles) {
@@ -334,6 +493,16 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
     float m[2] = {negative_infinity(), negative_infinity()};
     float l[2] = {0.0f, 0.0f};
 
+    // 8-bit caches: scales that do not vary by token fold into q's scale
+    // (K) and the accumulator (V); per-token ones come with each tile.
+    float q_scale = p.q_scale;
+    [[maybe_unused]] float value_scale = 1.0f;
+    if constexpr (kQuantized) {
+      const bool paged = p.block_table != nullptr;
+      q_scale *= sequence_scale(p.k_scale, p.k_scale_strides, p.k_scale_per_token, paged, b, kv_head);
+      value_scale = sequence_scale(p.v_scale, p.v_scale_strides, p.v_scale_per_token, paged, b, kv_head);
+    }
+
     int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       cp_async_wait<Traits::kStages - 1>();  // this thread's copies of `tile` have landed
@@ -341,9 +510,27 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
       if (warp_begin < end) {  // warp-uniform
-        attend_tile_mma<T, Traits, kVariants>(smem + stage * Traits::kStageBytes, token_group * Traits::kWarpTokens,
-                                              d_part, warp_begin, end, qf, o, m, l, p.q_scale,
-                                              static_cast<int>(warp_begin - begin), scoring);
+        const unsigned char *loaded = smem + stage * Traits::kStageBytes;
+        const float *tile_scales = reinterpret_cast<const float *>(loaded + Traits::kScaleOffset);
+        const float *key_scales = kQuantized && p.k_scale_per_token ? tile_scales : nullptr;
+        const float *value_scales = kQuantized && p.v_scale_per_token ? tile_scales + Traits::kTileTokens : nullptr;
+        const auto attend = [&](auto format) {
+          attend_tile_mma<T, Traits, kVariants, decltype(format)::value>(
+              loaded, token_group * Traits::kWarpTokens, d_part, warp_begin, end, qf, o, m, l, q_scale,
+              static_cast<int>(warp_begin - begin), scoring, query_fragments, key_scales, value_scales);
+        };
+        // The 8-bit format is chosen once a tile, not once an element.
+        if constexpr (kQuantized) {
+          if (p.kv_format == FD_DTYPE_E5M2) {
+            attend(std::integral_constant<int, FD_DTYPE_E5M2>{});
+          } else if (p.kv_format == FD_DTYPE_I8) {
+            attend(std::integral_constant<int, FD_DTYPE_I8>{});
+          } else {
+            attend(std::integral_constant<int, FD_DTYPE_E4M3>{});
+          }
+        } else {
+          attend(std::integral_constant<int, 0>{});
+        }
       }
       __syncthreads();  // everyone is done with this stage: it takes tile + kStages
       if (tile + Traits::kStages < tiles) {
@@ -378,16 +565,35 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide>::kThreads, MmaTra
       part_l[token_group * Traits::kHeads + group_row] = l[0];
       part_l[token_group * Traits::kHeads + group_row + 8] = l[1];
     }
+    if constexpr (kQuantized) {
+      // The n-tiles' columns as quant_value_fragments ordered them: of each
+      // 16, tiles 2h and 2h + 1 hold this lane's 4q .. 4q + 3.
+      static_assert((2 * Traits::kTokenGroups + 2) * Traits::kHeads * 4 % 16 == 0, "part_o holds float4 stores");
 #pragma unroll
-    for (int t = 0; t < Traits::kOTiles; ++t) {
-      const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
-      if (row_real[0]) {
-        *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
-            make_float2(o[t][0], o[t][1]);
+      for (int t = 0; t < Traits::kOTiles; t += 2) {
+        const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 4;
+        if (row_real[0]) {
+          *reinterpret_cast<float4 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) = make_float4(
+              o[t][0] * value_scale, o[t + 1][0] * value_scale, o[t][1] * value_scale, o[t + 1][1] * value_scale);
+        }
+        if (row_real[1]) {
+          *reinterpret_cast<float4 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
+              make_float4(o[t][2] * value_scale, o[t + 1][2] * value_scale, o[t][3] * value_scale,
+                          o[t + 1][3] * value_scale);
+        }
       }
-      if (row_real[1]) {
-        *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
-            make_float2(o[t][2], o[t][3]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < Traits::kOTiles; ++t) {
+        const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
+        if (row_real[0]) {
+          *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
+              make_float2(o[t][0], o[t][1]);
+        }
+        if (row_real[1]) {
+          *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
+              make_float2(o[t][2], o[t][3]);
+        }
       }
     }
     __syncthreads();

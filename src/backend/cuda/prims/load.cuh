@@ -75,6 +75,14 @@ __device__ inline void cp_async_kv_chunk(void *smem, const void *gmem, bool vali
 #endif
 }
 
+// Asynchronous 4-byte copy (a per-token scale), global -> shared; with
+// valid false it writes 0 and reads nothing.
+__device__ inline void cp_async_scale(float *smem, const float *gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most `pending` of this thread's committed groups are in flight.
@@ -94,6 +102,16 @@ __device__ inline void copy_chunk_unaligned(void *smem, const void *gmem, bool v
 #pragma unroll
   for (int i = 0; i < kWords; ++i) words[i] = valid ? __ldg(static_cast<const Word *>(gmem) + i) : Word(0);
   *static_cast<uint4 *>(smem) = *reinterpret_cast<const uint4 *>(words);
+}
+
+// The first `count` bytes of a chunk, zeros after: the last chunk of an
+// 8-bit row whose head_dim is not a multiple of 16 (what follows it belongs
+// to another row, or to no allocation at all).
+__device__ inline void copy_chunk_partial(void *smem, const void *gmem, int count) {
+  uint8_t bytes[kChunkBytes];
+#pragma unroll
+  for (int i = 0; i < kChunkBytes; ++i) bytes[i] = i < count ? __ldg(static_cast<const uint8_t *>(gmem) + i) : 0;
+  *static_cast<uint4 *>(smem) = *reinterpret_cast<const uint4 *>(bytes);
 }
 
 // Element offsets of one token's K and V rows.
@@ -136,7 +154,11 @@ __device__ __forceinline__ int32_t pool_page(const SplitParams &p, int32_t entry
 // [batch, token, head] strides; a paged one looks the page up in the block
 // table and uses [page, slot, head] strides. 64-bit throughout: offsets pass
 // 2^31 elements in large caches.
-__device__ inline KvRowOffsets kv_row_offsets(const SplitParams &p, int64_t b, int64_t token, int kv_head) {
+struct KvRowLocation {
+  int64_t outer;  // sequence (dense) or pool page (paged)
+  int64_t slot;   // token (dense) or slot in the page
+};
+__device__ inline KvRowLocation kv_row_location(const SplitParams &p, int64_t b, int64_t token) {
   int64_t outer, slot;
   if (p.block_table == nullptr) {
     outer = b;
@@ -147,17 +169,27 @@ __device__ inline KvRowOffsets kv_row_offsets(const SplitParams &p, int64_t b, i
     outer = pool_page(p, __ldg(p.block_table + b * p.block_table_strides[0] + page * p.block_table_strides[1]));
     slot = token32 - page * p.page_size;
   }
-  return {outer * p.k_strides[0] + slot * p.k_strides[1] + kv_head * p.k_strides[2],
-          outer * p.v_strides[0] + slot * p.v_strides[1] + kv_head * p.v_strides[2]};
+  return {outer, slot};
+}
+
+__device__ inline KvRowOffsets kv_row_offsets(const KvRowLocation &at, const int64_t (&k_strides)[3],
+                                              const int64_t (&v_strides)[3], int kv_head) {
+  return {at.outer * k_strides[0] + at.slot * k_strides[1] + kv_head * k_strides[2],
+          at.outer * v_strides[0] + at.slot * v_strides[1] + kv_head * v_strides[2]};
 }
 
 // Issues the copies of one tile: tokens [tile_begin, tile_begin + kTileTokens)
-// of sequence b, KV head kv_head, into `stage` (K rows, then V rows). Tokens
-// at or past `end` are zero-filled. Every thread of the CTA takes part; with
-// the cp.async path the copies complete at a later cp_async_wait.
-template <class T, int kThreads, int kTileTokens, int kRowBytes>
+// of sequence b, KV head kv_head, into `stage` (K rows, then V rows, then
+// with Traits::kScales each token's K and V scales where they vary by
+// token). Tokens at or past `end` are zero-filled. Every thread of the CTA
+// takes part; with the cp.async path the copies complete at a later
+// cp_async_wait.
+template <class T, class Traits>
 __device__ void load_kv_tile(const SplitParams &p, unsigned char *stage, int64_t b, int kv_head, int64_t tile_begin,
                              int64_t end) {
+  constexpr int kThreads = Traits::kThreads;
+  constexpr int kTileTokens = Traits::kTileTokens;
+  constexpr int kRowBytes = Traits::kRowBytes;
   constexpr int kChunksPerRow = kRowBytes / kChunkBytes;
   static_assert(kThreads % kChunksPerRow == 0, "a thread keeps one chunk column");
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;
@@ -165,7 +197,9 @@ __device__ void load_kv_tile(const SplitParams &p, unsigned char *stage, int64_t
 
   const int column = threadIdx.x % kChunksPerRow;
   const int first_row = threadIdx.x / kChunksPerRow;
-  const bool column_valid = column * kChunkBytes < p.head_dim * static_cast<int>(sizeof(T));
+  const int row_bytes = p.head_dim * static_cast<int>(sizeof(T));
+  const bool column_valid = column * kChunkBytes < row_bytes;
+  const int column_bytes = min(kChunkBytes, row_bytes - column * kChunkBytes);  // < 16: 8-bit rows only
   const unsigned char *k_base = static_cast<const unsigned char *>(p.k) + column * kChunkBytes;
   const unsigned char *v_base = static_cast<const unsigned char *>(p.v) + column * kChunkBytes;
   unsigned char *k_stage = stage + column * kChunkBytes;
@@ -179,12 +213,29 @@ __device__ void load_kv_tile(const SplitParams &p, unsigned char *stage, int64_t
     // which exists, though nothing is read from it.
     const void *k_src = p.k;
     const void *v_src = p.v;
+    const bool in_sequence = token < end;
+    KvRowLocation at = {0, 0};
+    if (valid || (Traits::kScales && column == 0 && in_sequence)) at = kv_row_location(p, b, token);
     if (valid) {
-      const KvRowOffsets offsets = kv_row_offsets(p, b, token, kv_head);
+      const KvRowOffsets offsets = kv_row_offsets(at, p.k_strides, p.v_strides, kv_head);
       k_src = k_base + offsets.k * static_cast<int64_t>(sizeof(T));
       v_src = v_base + offsets.v * static_cast<int64_t>(sizeof(T));
     }
-    if (p.kv_aligned) {
+    if constexpr (Traits::kScales) {
+      float *scales = reinterpret_cast<float *>(stage + Traits::kScaleOffset);
+      if (column == 0 && p.k_scale_per_token) {
+        const int64_t offset = kv_row_offsets(at, p.k_scale_strides, p.k_scale_strides, kv_head).k;
+        cp_async_scale(scales + row, in_sequence ? p.k_scale + offset : p.k_scale, in_sequence);
+      }
+      if (column == 0 && p.v_scale_per_token) {
+        const int64_t offset = kv_row_offsets(at, p.v_scale_strides, p.v_scale_strides, kv_head).v;
+        cp_async_scale(scales + kTileTokens + row, in_sequence ? p.v_scale + offset : p.v_scale, in_sequence);
+      }
+    }
+    if (valid && column_bytes < kChunkBytes) {
+      copy_chunk_partial(k_stage + row * kRowBytes, k_src, column_bytes);
+      copy_chunk_partial(v_stage + row * kRowBytes, v_src, column_bytes);
+    } else if (p.kv_aligned) {
       cp_async_chunk(k_stage + row * kRowBytes, k_src, valid);
       cp_async_chunk(v_stage + row * kRowBytes, v_src, valid);
     } else {
@@ -228,6 +279,10 @@ struct TileLoader {
   int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
   int32_t pass_pages, pass_slots;
   uint64_t l2_policy;  // kv_stream_policy()
+  // Per-token scales (Traits::kScales, SplitParams::*_scale_per_token):
+  // the threads of column 0 copy each of their rows' scales into the
+  // stage's scale area (Traits::kScaleOffset: K's, then V's).
+  int64_t k_scale_base, v_scale_base;  // dense: this sequence and head; paged: this head
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
@@ -253,12 +308,27 @@ struct TileLoader {
     }
     k_base = static_cast<const unsigned char *>(p.k) + k_offset * Traits::kElementBytes + column * kChunkBytes;
     v_base = static_cast<const unsigned char *>(p.v) + v_offset * Traits::kElementBytes + column * kChunkBytes;
+    k_scale_base = kv_head * p.k_scale_strides[2] + (p.block_table == nullptr ? b * p.k_scale_strides[0] : 0);
+    v_scale_base = kv_head * p.v_scale_strides[2] + (p.block_table == nullptr ? b * p.v_scale_strides[0] : 0);
+  }
+
+  // The scales of row `row` of the stage (valid: in the sequence) at scale
+  // offsets k_at, v_at (elements), where this thread copies scales.
+  __device__ __forceinline__ void copy_scales(unsigned char *stage, int row, bool valid, int64_t k_at,
+                                              int64_t v_at) const {
+    if constexpr (Traits::kScales) {
+      float *scales = reinterpret_cast<float *>(stage + Traits::kScaleOffset);
+      if (column == 0 && p.k_scale_per_token) cp_async_scale(scales + row, valid ? p.k_scale + k_at : p.k_scale, valid);
+      if (column == 0 && p.v_scale_per_token) {
+        cp_async_scale(scales + Traits::kTileTokens + row, valid ? p.v_scale + v_at : p.v_scale, valid);
+      }
+    }
   }
 
   // Tile `tile` of a split that starts at token `begin`.
   __device__ __forceinline__ void load(unsigned char *stage, int64_t begin, int64_t tile, int64_t end) const {
     const int64_t tile_begin = begin + tile * Traits::kTileTokens;
-    unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowBytes;
+    unsigned char *v_stage = stage + Traits::kTileTokens * Traits::kRowStride;
     const int64_t first_token = tile_begin + first_row;
     const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
     if (p.block_table == nullptr) {
@@ -269,10 +339,14 @@ struct TileLoader {
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
         const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        const int row = first_row + i * Traits::kRowsPerPass;
+        const int offset = Traits::stage_offset(row, column);
         // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
         cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
         cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
+        const int64_t token = first_token + i * Traits::kRowsPerPass;
+        copy_scales(stage, row, i * Traits::kRowsPerPass < remaining, k_scale_base + token * p.k_scale_strides[1],
+                    v_scale_base + token * p.v_scale_strides[1]);
         k_src += k_step;
         v_src += v_step;
       }
@@ -304,7 +378,8 @@ struct TileLoader {
 #pragma unroll
       for (int i = 0; i < Traits::kPasses; ++i) {
         const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int offset = swizzled<Traits::kRowBytes>(first_row + i * Traits::kRowsPerPass, column);
+        const int row = first_row + i * Traits::kRowsPerPass;
+        const int offset = Traits::stage_offset(row, column);
         const void *k_src = p.k;
         const void *v_src = p.v;
         if (valid) {
@@ -313,6 +388,9 @@ struct TileLoader {
         }
         cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
         cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
+        copy_scales(stage, row, i * Traits::kRowsPerPass < remaining,
+                    k_scale_base + pages[i] * p.k_scale_strides[0] + slots[i] * p.k_scale_strides[1],
+                    v_scale_base + pages[i] * p.v_scale_strides[0] + slots[i] * p.v_scale_strides[1]);
       }
       if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
     }

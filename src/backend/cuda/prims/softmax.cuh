@@ -58,6 +58,14 @@ struct SoftmaxState {
   // exp2(score - m): 0 for a masked (-inf) score.
   __device__ float weight(float score) const { return exp2f(score - m); }
 
+  // add for an 8-bit cache's per-token value scale: the weight p joins l,
+  // p x scale multiplies v.
+  __device__ void add_scaled(float p, float p_scaled, const float (&v)[kVector]) {
+    l += p;
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) acc[i] = fmaf(p_scaled, v[i], acc[i]);
+  }
+
   __device__ void add(float p, const float (&v)[kVector]) {
     l += p;
 #pragma unroll
