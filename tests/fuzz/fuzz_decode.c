@@ -216,6 +216,8 @@ typedef struct fuzz_case {
   int64_t batch, q_heads, kv_heads, head_dim, capacity, page_size, max_pages, num_pages;
   int paged, with_lens, with_lse;
   buffer q, k, v, out, lse, seq_lens, block_table, alibi_slopes, sinks;
+  fd_dtype kv_dtype; /* c->dtype, or an 8-bit cache dtype (quantize_case) */
+  buffer k_scale, v_scale;
   int64_t *lens; /* [batch], as stored (read back) */
   /* The variants, as the library reads them (add_variants). */
   int64_t q_len, window;
@@ -241,6 +243,8 @@ static void free_case(fuzz_case *c) {
   free(c->block_table.bytes);
   free(c->alibi_slopes.bytes);
   free(c->sinks.bytes);
+  free(c->k_scale.bytes);
+  free(c->v_scale.bytes);
   free(c->lens);
 }
 
@@ -255,6 +259,104 @@ static int64_t kv_at(const fuzz_case *c, const fd_tensor *t, int64_t b, int64_t 
 
 static void add_specials(input *in, fuzz_case *c, fdt_rng *rng);
 static void add_variants(input *in, fuzz_case *c, fdt_rng *rng);
+
+/* Scale of (sequence b, token j, KV head g) of k or v: 1 without a scale tensor. */
+static double scale_at(const fuzz_case *c, const fd_tensor *t, const buffer *s, int64_t b, int64_t j, int64_t g) {
+  if (t->data == NULL) return 1.0;
+  if (!c->paged) return fdt_load(FD_DTYPE_F32, s->bytes, at(t, b, j, g, 0));
+  const int64_t page =
+      (int64_t)fdt_load(FD_DTYPE_I32, c->block_table.bytes, at(&c->call.args.block_table, b, j / c->page_size, 0, 0));
+  return fdt_load(FD_DTYPE_F32, s->bytes, at(t, page, j % c->page_size, g, 0));
+}
+
+/* The value the library must see at element (b, j, g, d) of k or v: the
+ * stored value, times its scale on an 8-bit cache. */
+static double kv_value(const fuzz_case *c, int is_v, int64_t b, int64_t j, int64_t g, int64_t d) {
+  const fd_decode_args *a = &c->call.args;
+  const fd_tensor *t = is_v ? &a->v : &a->k;
+  const double x = fdt_load(c->kv_dtype, is_v ? c->v.bytes : c->k.bytes, kv_at(c, t, b, j, g, d));
+  if (!fdt_is_quantized(c->kv_dtype)) return x;
+  return x * scale_at(c, is_v ? &a->v_scale : &a->k_scale, is_v ? &c->v_scale : &c->k_scale, b, j, g);
+}
+
+/* Turns a valid problem's cache into an 8-bit one (same strides, padding
+ * 0xff: NaN in e4m3 and e5m2) with scales: none, per tensor, per KV head or
+ * per token and head (zeros among them); each valid element is the old
+ * value divided by its scale, quantized (specials included: NaN stays NaN,
+ * infinities saturate). */
+static void quantize_case(input *in, fuzz_case *c, fdt_rng *rng) {
+  static const fd_dtype kinds[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+  fd_decode_args *a = &c->call.args;
+  if (a->struct_size < sizeof(fd_decode_args)) return; /* an older caller's struct has no scales */
+  /* Plain data only: the specials' magnitudes, saturated, would leave the
+   * range check_numerics' latitude is made for. */
+  for (int64_t b = 0; b < c->batch; ++b)
+    for (int64_t j = 0; j < c->lens[b]; ++j)
+      for (int64_t g = 0; g < c->kv_heads; ++g)
+        for (int64_t d = 0; d < c->head_dim; ++d) {
+          const double x = fdt_load(c->dtype, c->k.bytes, kv_at(c, &a->k, b, j, g, d));
+          const double y = fdt_load(c->dtype, c->v.bytes, kv_at(c, &a->v, b, j, g, d));
+          if (!(fabs(x) <= 2.0) || !(fabs(y) <= 1.0)) return;
+        }
+  for (int64_t b = 0; b < c->batch; ++b)
+    for (int64_t t = 0; t < c->q_len; ++t)
+      for (int64_t h = 0; h < c->q_heads; ++h)
+        for (int64_t d = 0; d < c->head_dim; ++d)
+          if (!(fabs(fdt_load(c->dtype, c->q.bytes, at(&a->q, b, t, h, d))) <= 2.0)) return;
+  const fd_dtype old = c->dtype, kv = kinds[take(in, 3)];
+  const unsigned mode = take(in, 4);
+  const int64_t shape[3] = {a->k.shape[0], a->k.shape[1], a->k.shape[2]};
+  int64_t strides[3] = {0, 0, 0}, elements = 1;
+  if (mode == 2) {
+    strides[2] = 1;
+    elements = shape[2];
+  } else if (mode == 3) {
+    strides[0] = shape[1] * shape[2];
+    strides[1] = shape[2];
+    strides[2] = 1;
+    elements = shape[0] * shape[1] * shape[2];
+  }
+  buffer *scales[2] = {&c->k_scale, &c->v_scale};
+  fd_tensor *scale_tensors[2] = {&a->k_scale, &a->v_scale};
+  for (int i = 0; i < 2 && mode > 0; ++i) {
+    buffer_alloc(scales[i], elements, sizeof(float), 0xff); /* NaN where never read */
+    *scale_tensors[i] = fdt_tensor(scales[i]->bytes, FD_DTYPE_F32, 3, shape, strides);
+    for (int64_t e = 0; e < elements; ++e) {
+      const float value = fdt_int(rng, 0, 9) == 0 ? 0.0f : (float)fdt_uniform(rng, 0.01, 4.0);
+      if (mode < 3 || fdt_int(rng, 0, 3) != 0) ((float *)scales[i]->bytes)[e] = value;
+    }
+  }
+  c->kv_dtype = kv;
+  buffer *caches[2] = {&c->k, &c->v};
+  fd_tensor *cache_tensors[2] = {&a->k, &a->v};
+  for (int i = 0; i < 2; ++i) {
+    buffer q;
+    buffer_alloc(&q, caches[i]->elements, 1, 0xff);
+    for (int64_t b = 0; b < c->batch; ++b)
+      for (int64_t j = 0; j < c->lens[b]; ++j)
+        for (int64_t g = 0; g < c->kv_heads; ++g) {
+          /* A per-token scale left NaN above is read now: give it a value. */
+          if (mode == 3) {
+            const int64_t outer = c->paged ? (int64_t)fdt_load(FD_DTYPE_I32, c->block_table.bytes,
+                                                               at(&a->block_table, b, j / c->page_size, 0, 0))
+                                           : b;
+            const int64_t inner = c->paged ? j % c->page_size : j;
+            float *slot = (float *)scales[i]->bytes + outer * strides[0] + inner * strides[1] + g;
+            if (isnan(*slot)) *slot = 0.5f;
+          }
+          const double s = scale_at(c, scale_tensors[i], scales[i], b, j, g);
+          for (int64_t d = 0; d < c->head_dim; ++d) {
+            const int64_t offset = kv_at(c, cache_tensors[i], b, j, g, d);
+            const double x = fdt_load(old, caches[i]->bytes, offset);
+            q.bytes[offset] = fdt_quantize(kv, s != 0.0 ? x / s : x);
+          }
+        }
+    free(caches[i]->bytes);
+    *caches[i] = q;
+    cache_tensors[i]->data = q.bytes;
+    cache_tensors[i]->dtype = kv;
+  }
+}
 
 /* Draws the valid problem, with real data in exactly sized buffers. */
 static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
@@ -289,6 +391,7 @@ static void make_problem(input *in, fuzz_case *c, fdt_rng *rng) {
   }
   const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, N = c->capacity;
   const size_t es = fdt_dtype_size(c->dtype);
+  c->kv_dtype = c->dtype;
   fd_decode_args_init(&c->call.args, sizeof c->call.args);
   fd_decode_args *a = &c->call.args;
 
@@ -1087,8 +1190,8 @@ static void check_numerics(const fuzz_case *c) {
       for (int64_t g = 0; g < Hkv; ++g)
         for (int64_t d = 0; d < D; ++d) {
           const int64_t i = ((b * N + j) * Hkv + g) * D + d;
-          p.ref_k[i] = fdt_load(c->dtype, c->k.bytes, kv_at(c, &a->k, b, j, g, d));
-          v[i] = fdt_load(c->dtype, c->v.bytes, kv_at(c, &a->v, b, j, g, d));
+          p.ref_k[i] = kv_value(c, 0, b, j, g, d);
+          v[i] = kv_value(c, 1, b, j, g, d);
         }
   /* The reference; without v's NaNs (for elements where only masked keys
    * have them); and the magnitude, from |v| without NaNs. */
@@ -1200,6 +1303,8 @@ static void describe_case(const fuzz_case *c, unsigned threads, unsigned workspa
     const fd_tensor *t = tensor_at(&copy, i);
     if (t->data || i < 4) describe_tensor(&cursor, &left, tensor_names[i], t);
   }
+  if (copy.k_scale.data) describe_tensor(&cursor, &left, "k_scale", &copy.k_scale);
+  if (copy.v_scale.data) describe_tensor(&cursor, &left, "v_scale", &copy.v_scale);
   if (c->with_lens && c->batch > 0) {
     n = snprintf(cursor, left, "  lens:");
     for (int64_t b = 0; b < c->batch && n > 0 && (size_t)n < left; ++b) {
@@ -1242,6 +1347,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.expect = FD_SUCCESS;
     c.mutation = NULL;
   }
+  /* Valid inputs only (the mutations assume the float cache): an 8-bit cache
+   * in one in six, from bytes no older input used. */
+  if (c.mutation == NULL && take(&in, 6) == 1) quantize_case(&in, &c, &rng);
   describe_case(&c, threads, workspace_mode);
   if (verbose) fprintf(stderr, "fuzz_decode: input of %zu bytes\n%s\n", size, problem_text);
   const fd_decode_args *args = &c.call.args;
@@ -1298,7 +1406,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
 
   /* The decode, with poisoned outputs and inputs kept to compare. */
-  const buffer *inputs[] = {&c.q, &c.k, &c.v, &c.seq_lens, &c.block_table, &c.alibi_slopes, &c.sinks};
+  const buffer *inputs[] = {&c.q,     &c.k,       &c.v,      &c.seq_lens, &c.block_table, &c.alibi_slopes,
+                            &c.sinks, &c.k_scale, &c.v_scale};
   enum { INPUTS = sizeof inputs / sizeof inputs[0] };
   unsigned char *kept[INPUTS];
   for (int i = 0; i < INPUTS; ++i) kept[i] = buffer_copy(inputs[i]);

@@ -404,6 +404,245 @@ static int make_variant_cases(fdt_case *cases, int quick) {
   return count;
 }
 
+static void graph_replay_case(fdt_case c, const char *what);
+
+/* ---- quantized caches ------------------------------------------------------- */
+/* Every 8-bit cache dtype x q dtype x scale mode x dense / paged (the quick
+ * run takes the dense and paged of one q dtype per pair), ragged, with
+ * padding of NaN and saturating bytes; run_case checks them against the
+ * float64 reference and the CPU backend. */
+enum { kQuantizedCases = 72 };
+
+static int make_quantized_cases(fdt_case *cases, int quick) {
+  static const fd_dtype kv_dtypes[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+  static const fd_dtype q_dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
+  static const fdt_layout dense[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED};
+  static const fdt_layout pools[] = {FDT_PAGED_NHD, FDT_PAGED_HND};
+  static const int64_t heads[][2] = {{32, 8}, {8, 1}, {16, 16}, {12, 2}};
+  static const int64_t head_dims[] = {64, 128, 256, 128};
+  int n = 0;
+  for (int kd = 0; kd < 3; ++kd) {
+    for (int qd = 0; qd < 3; ++qd) {
+      for (int mode = 0; mode < 4; ++mode) {
+        if (quick && qd != (kd + mode) % 3) continue;
+        for (int paged = 0; paged < 2; ++paged) {
+          const int i = ((kd * 3 + qd) * 4 + mode) * 2 + paged;
+          fdt_rng rng = {0x8b170000ull + g_seed + (uint64_t)i};
+          fdt_case *c = &cases[n++];
+          memset(c, 0, sizeof *c);
+          c->kv_dtype = kv_dtypes[kd];
+          c->dtype = q_dtypes[qd];
+          c->out_dtype = fdt_int(&rng, 0, 3) == 0 ? FD_DTYPE_F32 : c->dtype;
+          c->scale_mode = (fdt_scale_mode)mode;
+          c->layout = paged ? pools[fdt_int(&rng, 0, 1)] : dense[fdt_int(&rng, 0, 2)];
+          c->page_size = paged ? (fdt_int(&rng, 0, 1) ? 16 : 7) : 0;
+          const int64_t *hk = heads[fdt_int(&rng, 0, 3)];
+          c->q_heads = hk[0];
+          c->kv_heads = hk[1];
+          c->head_dim = head_dims[fdt_int(&rng, 0, 3)];
+          c->kv_len = quick ? 300 : fdt_int(&rng, 1, 3000);
+          c->batch = fdt_int(&rng, 1, 7);
+          c->ragged = 1;
+          c->with_lse = 1;
+          c->q_len = fdt_int(&rng, 0, 3) == 0 ? fdt_int(&rng, 2, 8) : 1;
+          c->window = fdt_int(&rng, 0, 4) == 0 ? c->kv_len / 3 + 1 : 0;
+          c->sinks = fdt_int(&rng, 0, 4) == 0;
+          c->num_splits = fdt_int(&rng, 0, 2) == 0 ? 3 : 0;
+          c->seed = g_seed + 12000 + (uint64_t)i;
+          while (c->batch * fdt_q_len(c) * c->q_heads * c->kv_len * c->head_dim > ((int64_t)24 << 20)) {
+            if (c->batch > 1) c->batch = (c->batch + 1) / 2;
+            else c->kv_len /= 2;
+          }
+        }
+      }
+    }
+  }
+  return n;
+}
+
+/* A host buffer's copy on the device. */
+static void *device_copy(const void *host, size_t bytes) {
+  void *d = NULL;
+  CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+  if (bytes) CUDA_CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* fd_append_kv on the device against the CPU backend's on the same inputs,
+ * bit for bit over the whole cache buffers (bytes outside the written
+ * slots included): every cache dtype (F32, F16, BF16, E4M3, E5M2, I8) from
+ * every new dtype, a ragged paged pool (HND pages) whose block table has a
+ * page shared by two sequences and entries outside the pool, positions
+ * before the sequence, per-token scales (among them 0, tiny and huge ones)
+ * for the 8-bit caches, and new values over every magnitude with NaN,
+ * infinities, -0 and ties; then a dense cache with per-head scales. */
+static void test_append_matches_cpu(void **state) {
+  (void)state;
+  enum { kBatch = 6, kPages = 10, kP = 8, kMaxPages = 3, kH = 4, kD = 128, kNew = 5 };
+  static const fd_dtype caches[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8,
+                                    FD_DTYPE_F32,  FD_DTYPE_F16,  FD_DTYPE_BF16};
+  static const fd_dtype news[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  const int32_t table[kBatch][kMaxPages] = {{2, 5, 0}, {5, 1, -1}, {-1, 3, 4}, {4, 0, 0}, {1, 1, kPages}, {9, 8, 7}};
+  const int32_t lens[kBatch] = {12, 19, 14, 2, 100, 24};
+  static const double specials[] = {0.0,   -0.0,    INFINITY, -INFINITY, NAN,    448.0,
+                                    464.0, 57344.0, 61440.0,  127.5,     -126.5, 2.5,
+                                    1e30,  1e-30,   65520.0,  3.4e38,    1e-40,  0.0625 * 1.0625};
+  for (int dense = 0; dense < 2; ++dense) {
+    for (int cd = 0; cd < 6; ++cd) {
+      for (int nd = 0; nd < 3; ++nd) {
+        const fd_dtype cdt = caches[cd], ndt = news[nd];
+        const int quantized = fdt_is_quantized(cdt);
+        const size_t es = fdt_dtype_size(cdt), nes = fdt_dtype_size(ndt);
+        const int64_t cache_elems = dense ? kBatch * kMaxPages * kP * kH * kD : kPages * kP * kH * kD;
+        const int64_t scale_elems = dense ? kH : kPages * kP * kH;
+        const int64_t new_elems = kBatch * kNew * kH * kD;
+        unsigned char *k = malloc((size_t)cache_elems * es), *v = malloc((size_t)cache_elems * es);
+        unsigned char *k_cpu = malloc((size_t)cache_elems * es), *v_cpu = malloc((size_t)cache_elems * es);
+        void *k_new = malloc((size_t)new_elems * nes), *v_new = malloc((size_t)new_elems * nes);
+        float *k_scale = malloc((size_t)scale_elems * sizeof(float)),
+              *v_scale = malloc((size_t)scale_elems * sizeof(float));
+        assert_true(k && v && k_cpu && v_cpu && k_new && v_new && k_scale && v_scale);
+        fdt_rng rng = {g_seed * 31 + (uint64_t)(dense * 64 + cd * 8 + nd)};
+        for (int64_t i = 0; i < cache_elems * (int64_t)es; ++i) {
+          k[i] = (unsigned char)fdt_next(&rng);
+          v[i] = (unsigned char)fdt_next(&rng);
+        }
+        for (int64_t i = 0; i < scale_elems; ++i) {
+          const int64_t kind = fdt_int(&rng, 0, 15);
+          k_scale[i] = kind == 0   ? 0.0f
+                       : kind == 1 ? 1e-30f
+                       : kind == 2 ? 1e30f
+                                   : (float)pow(2.0, fdt_uniform(&rng, -12.0, 12.0));
+          v_scale[i] = (float)fdt_uniform(&rng, 0.001, 2.0);
+        }
+        for (int64_t i = 0; i < new_elems; ++i) {
+          const double x = fdt_int(&rng, 0, 7) == 0
+                               ? specials[fdt_int(&rng, 0, sizeof specials / sizeof specials[0] - 1)]
+                               : fdt_uniform(&rng, -1.0, 1.0) * pow(2.0, fdt_uniform(&rng, -30, 20));
+          fdt_store(ndt, k_new, i, x);
+          fdt_store(ndt, v_new, i, -x * 0.75);
+        }
+        memcpy(k_cpu, k, (size_t)cache_elems * es);
+        memcpy(v_cpu, v, (size_t)cache_elems * es);
+
+        fd_append_args a;
+        fd_append_args_init(&a, sizeof a);
+        const int64_t new_shape[4] = {kBatch, kNew, kH, kD}, new_strides[4] = {kNew * kH * kD, kH * kD, kD, 1};
+        const int64_t lens_shape[1] = {kBatch}, lens_strides[1] = {1};
+        a.k_new = fdt_tensor(k_new, ndt, 4, new_shape, new_strides);
+        a.v_new = fdt_tensor(v_new, ndt, 4, new_shape, new_strides);
+        if (dense) {
+          const int64_t shape[4] = {kBatch, kMaxPages * kP, kH, kD};
+          const int64_t strides[4] = {kMaxPages * kP * kH * kD, kH * kD, kD, 1};
+          const int64_t scale_shape[3] = {kBatch, kMaxPages * kP, kH}, scale_strides[3] = {0, 0, 1};
+          a.k = fdt_tensor(k_cpu, cdt, 4, shape, strides);
+          a.v = fdt_tensor(v_cpu, cdt, 4, shape, strides);
+          if (quantized) {
+            a.k_scale = fdt_tensor(k_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+            a.v_scale = fdt_tensor(v_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+          }
+        } else {
+          const int64_t shape[4] = {kPages, kP, kH, kD}, strides[4] = {kH * kP * kD, kD, kP * kD, 1};
+          const int64_t scale_shape[3] = {kPages, kP, kH}, scale_strides[3] = {kP * kH, kH, 1};
+          const int64_t bt_shape[2] = {kBatch, kMaxPages}, bt_strides[2] = {kMaxPages, 1};
+          a.k = fdt_tensor(k_cpu, cdt, 4, shape, strides);
+          a.v = fdt_tensor(v_cpu, cdt, 4, shape, strides);
+          if (quantized) {
+            a.k_scale = fdt_tensor(k_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+            a.v_scale = fdt_tensor(v_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+          }
+          a.block_table = fdt_tensor((void *)table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
+        }
+        a.seq_lens = fdt_tensor((void *)lens, FD_DTYPE_I32, 1, lens_shape, lens_strides);
+        if (fd_append_kv(g_cpu, &a, NULL) != FD_SUCCESS) fail_msg("CPU fd_append_kv: %s", last_message());
+
+        /* The same on the device, from the untouched host caches. */
+        fd_append_args da = a;
+        void *dk = device_copy(k, (size_t)cache_elems * es), *dv = device_copy(v, (size_t)cache_elems * es);
+        void *dk_new = device_copy(k_new, (size_t)new_elems * nes),
+             *dv_new = device_copy(v_new, (size_t)new_elems * nes);
+        void *dk_scale = device_copy(k_scale, (size_t)scale_elems * sizeof(float));
+        void *dv_scale = device_copy(v_scale, (size_t)scale_elems * sizeof(float));
+        void *dlens = device_copy(lens, sizeof lens), *dtable = device_copy(table, sizeof table);
+        da.k.data = dk;
+        da.v.data = dv;
+        da.k_new.data = dk_new;
+        da.v_new.data = dv_new;
+        if (quantized) {
+          da.k_scale.data = dk_scale;
+          da.v_scale.data = dv_scale;
+        }
+        da.seq_lens.data = dlens;
+        if (!dense) da.block_table.data = dtable;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const fd_status status = fd_append_kv(g_cuda, &da, (fd_cuda_stream)g_stream);
+        CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        if (status == FD_SUCCESS) {
+          CUDA_CHECK(cudaMemcpy(k, dk, (size_t)cache_elems * es, cudaMemcpyDeviceToHost));
+          CUDA_CHECK(cudaMemcpy(v, dv, (size_t)cache_elems * es, cudaMemcpyDeviceToHost));
+        }
+        void *device[] = {dk, dv, dk_new, dv_new, dk_scale, dv_scale, dlens, dtable};
+        for (size_t i = 0; i < sizeof device / sizeof device[0]; ++i) CUDA_CHECK(cudaFree(device[i]));
+        /* Bit for bit, except that a NaN in an F32/F16/BF16 cache may have any
+         * payload (flashdecode.h does not fix it; 8-bit NaN is always 0x7F). */
+        int64_t first_bad = -1;
+        int which = 0;
+        for (int64_t e = 0; status == FD_SUCCESS && e < cache_elems && first_bad < 0; ++e) {
+          for (int w = 0; w < 2 && first_bad < 0; ++w) {
+            const unsigned char *got = w ? v : k, *want = w ? v_cpu : k_cpu;
+            if (memcmp(got + e * (int64_t)es, want + e * (int64_t)es, es) == 0) continue;
+            if (!quantized && isnan(fdt_load(cdt, got, e)) && isnan(fdt_load(cdt, want, e))) continue;
+            first_bad = e * (int64_t)es;
+            which = w;
+          }
+        }
+        print_message("append %s %s <- %s: %s\n", dense ? "dense" : "paged", fdt_dtype_name(cdt), fdt_dtype_name(ndt),
+                      status != FD_SUCCESS ? "failed"
+                      : first_bad < 0      ? "bit-identical"
+                                           : "DIFFERS");
+        char detail[160] = "";
+        if (first_bad >= 0) {
+          const int64_t e = first_bad / (int64_t)es;
+          snprintf(detail, sizeof detail, "%s element %lld: cuda %g, cpu %g", which ? "v" : "k", (long long)e,
+                   fdt_load(cdt, which ? v : k, e), fdt_load(cdt, which ? v_cpu : k_cpu, e));
+        }
+        free(k);
+        free(v);
+        free(k_cpu);
+        free(v_cpu);
+        free(k_new);
+        free(v_new);
+        free(k_scale);
+        free(v_scale);
+        if (status != FD_SUCCESS) fail_msg("CUDA fd_append_kv: %s: %s", fd_status_string(status), last_message());
+        if (first_bad >= 0)
+          fail_msg("append %s %s <- %s: %s", dense ? "dense" : "paged", fdt_dtype_name(cdt), fdt_dtype_name(ndt),
+                   detail);
+      }
+    }
+  }
+}
+
+/* A captured decode of a paged e4m3 cache with per-token scales, replayed
+ * with new data, lengths, block table and scales (read at run time). */
+static void test_quantized_graph_replay(void **state) {
+  (void)state;
+  fdt_case c = dense_case(FD_DTYPE_F16, 12, 32, 8, 128, g_quick ? 400 : 3000, g_seed + 800);
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  c.kv_dtype = FD_DTYPE_E4M3;
+  c.scale_mode = FDT_SCALE_TOKEN;
+  graph_replay_case(c, "e4m3, token scales, paged");
+  c.layout = FDT_BHND;
+  c.dtype = c.out_dtype = FD_DTYPE_BF16;
+  c.kv_dtype = FD_DTYPE_I8;
+  c.scale_mode = FDT_SCALE_HEAD;
+  c.seed = g_seed + 810;
+  graph_replay_case(c, "i8, head scales, dense");
+}
+
 /* Same inputs and plan, bitwise-identical outputs (manual and automatic splits). */
 static void test_deterministic(void **state) {
   (void)state;
@@ -1660,7 +1899,7 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + kVariantCases + 32];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + kVariantCases + kQuantizedCases + 32];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
@@ -1681,6 +1920,15 @@ int main(void) {
     snprintf(variant_names[i], sizeof variant_names[i], "variant_case_%03d", i);
     tests[n++] = (struct CMUnitTest){variant_names[i], run_case, NULL, NULL, &variant_cases[i]};
   }
+  static fdt_case quantized_cases[kQuantizedCases];
+  static char quantized_names[kQuantizedCases][32];
+  const int quantized_count = make_quantized_cases(quantized_cases, g_quick);
+  for (int i = 0; i < quantized_count; ++i) {
+    snprintf(quantized_names[i], sizeof quantized_names[i], "quantized_case_%02d", i);
+    tests[n++] = (struct CMUnitTest){quantized_names[i], run_case, NULL, NULL, &quantized_cases[i]};
+  }
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_matches_cpu);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_quantized_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_variants_graph_replay);

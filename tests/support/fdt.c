@@ -122,6 +122,19 @@ double fdt_fp8_value(fd_dtype dtype, uint8_t bits) {
   return sign * ldexp(1.0 + (double)mantissa / (double)(1 << mantissa_bits), exponent - bias);
 }
 
+int fdt_is_quantized(fd_dtype dtype) {
+  return dtype == FD_DTYPE_E4M3 || dtype == FD_DTYPE_E5M2 || dtype == FD_DTYPE_I8;
+}
+
+fd_dtype fdt_kv_dtype(const fdt_case *c) { return fdt_is_quantized(c->kv_dtype) ? c->kv_dtype : c->dtype; }
+
+uint8_t fdt_pad_byte(fd_dtype dtype, int64_t i) {
+  static const uint8_t e4m3[4] = {0x7f, 0xff, 0x7e, 0xfe}, e5m2[4] = {0x7c, 0xfc, 0x7f, 0x7b},
+                       i8[4] = {0x7f, 0x80, 0x81, 0x7f};
+  const uint8_t *pattern = dtype == FD_DTYPE_E4M3 ? e4m3 : dtype == FD_DTYPE_E5M2 ? e5m2 : i8;
+  return pattern[i & 3];
+}
+
 static uint16_t half_bits(double x) {
   const double r = fdt_round_to(FD_DTYPE_F16, x);
   uint16_t sign = signbit(r) ? 0x8000u : 0;
@@ -178,6 +191,16 @@ double fdt_load(fd_dtype dtype, const void *base, int64_t index) {
     case FD_DTYPE_I8: return fdt_fp8_value(dtype, ((const uint8_t *)base)[index]);
   }
   return NAN;
+}
+
+void fdt_append_store(fd_dtype cache_dtype, void *base, int64_t index, double value, const float *scale) {
+  float x = (float)value;
+  if (scale) x = x / *scale; /* float32 division, as the library computes it */
+  if (fdt_is_quantized(cache_dtype)) {
+    ((uint8_t *)base)[index] = fdt_quantize(cache_dtype, (double)x);
+  } else {
+    fdt_store(cache_dtype, base, index, (double)x);
+  }
 }
 
 /* ---- problems ------------------------------------------------------------- */
@@ -283,14 +306,109 @@ void fdt_reference(fdt_problem *p) {
   free(scores);
 }
 
+/* The scale of a quantized cache's element before any data: 1 for fp8 (values
+ * O(1) are in range), 1/127 of the value range for int8. */
+static double base_scale(fd_dtype dtype, double range) { return dtype == FD_DTYPE_I8 ? range / 127.0 : 1.0; }
+
+static double draw_scale(fdt_rng *rng, const fdt_case *c, double range) {
+  const double base = base_scale(c->kv_dtype, range);
+  if (!c->wide_scales) return (double)(float)(base * fdt_uniform(rng, 0.5, 2.0));
+  if (fdt_int(rng, 0, 7) == 0) return 0.0;
+  return (double)(float)(base * pow(2.0, fdt_uniform(rng, -12.0, 12.0)));
+}
+
+/* Quantizes the drawn ref_k / ref_v of an 8-bit problem: per logical row
+ * (sequence, token, KV head) a scale by c->scale_mode, the stored bytes
+ * fdt_quantize(value / scale) and the reference value stored x scale. */
+static int quantize_problem(fdt_problem *p, uint8_t **kq, uint8_t **vq, double **ks, double **vs) {
+  const fdt_case *c = &p->c;
+  const int64_t B = c->batch, N = c->kv_len, Hkv = c->kv_heads, D = c->head_dim;
+  fdt_rng rng = {c->seed * 0x9e3779b97f4a7c15ull + 0x51ed2701u};
+  *kq = malloc((size_t)(B * N * Hkv * D) + 1);
+  *vq = malloc((size_t)(B * N * Hkv * D) + 1);
+  *ks = malloc((size_t)(B * N * Hkv) * sizeof(double) + 1);
+  *vs = malloc((size_t)(B * N * Hkv) * sizeof(double) + 1);
+  if (!*kq || !*vq || !*ks || !*vs) return -1;
+  for (int pass = 0; pass < 2; ++pass) {
+    double *scales = pass == 0 ? *ks : *vs, *ref = pass == 0 ? p->ref_k : p->ref_v;
+    uint8_t *bytes = pass == 0 ? *kq : *vq;
+    const double range = pass == 0 ? 2.0 : 1.0; /* k in [-2, 2], v in [-1, 1] */
+    double head_scale[FD_MAX_HEADS];
+    const double tensor_scale = draw_scale(&rng, c, range);
+    for (int64_t g = 0; g < Hkv; ++g) head_scale[g] = draw_scale(&rng, c, range);
+    for (int64_t row = 0; row < B * N * Hkv; ++row) {
+      switch (c->scale_mode) {
+        case FDT_SCALE_TENSOR: scales[row] = tensor_scale; break;
+        case FDT_SCALE_HEAD: scales[row] = head_scale[row % Hkv]; break;
+        case FDT_SCALE_TOKEN: scales[row] = draw_scale(&rng, c, range); break;
+        case FDT_SCALE_NONE:
+        default: scales[row] = 1.0; break;
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        const double x = ref[row * D + d];
+        const uint8_t q = fdt_quantize(c->kv_dtype, scales[row] != 0.0 ? x / scales[row] : x);
+        bytes[row * D + d] = q;
+        ref[row * D + d] = fdt_fp8_value(c->kv_dtype, q) * scales[row];
+      }
+    }
+  }
+  return 0;
+}
+
+/* Lays out one scale tensor of an 8-bit problem (k or v's) by c->scale_mode,
+ * the shape of the cache's first three dimensions: per-token scales in the
+ * cache's order (head-major for BHND and paged HND), their padding NaN and
+ * 1e30 in turn. */
+static int lay_out_scales(fdt_problem *p, const double *scales, const int64_t *kv_shape, float **storage, size_t *bytes,
+                          fd_tensor *tensor) {
+  const fdt_case *c = &p->c;
+  const int64_t B = c->batch, N = c->kv_len, Hkv = c->kv_heads;
+  const int paged = is_paged(c->layout);
+  const int64_t outer = kv_shape[0], inner = kv_shape[1], P = c->page_size;
+  const int64_t max_pages = paged ? N / P : 0;
+  int64_t strides[3] = {0, 0, 0}, elems = 1;
+  if (c->scale_mode == FDT_SCALE_HEAD) {
+    const int64_t pitch = c->layout == FDT_BNHD_PADDED ? 2 : 1;
+    strides[2] = pitch;
+    elems = Hkv * pitch;
+  } else if (c->scale_mode == FDT_SCALE_TOKEN) {
+    const int head_major = c->layout == FDT_BHND || c->layout == FDT_PAGED_HND;
+    strides[0] = inner * Hkv;
+    strides[1] = head_major ? 1 : Hkv;
+    strides[2] = head_major ? inner : 1;
+    elems = outer * inner * Hkv;
+  }
+  *bytes = (size_t)elems * sizeof(float);
+  *storage = malloc(*bytes);
+  if (!*storage) return -1;
+  for (int64_t i = 0; i < elems; ++i) (*storage)[i] = (i & 1) ? NAN : 1e30f;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < N; ++j) {
+      /* Broadcast scales are written once; per-token ones for valid tokens only. */
+      if (c->scale_mode == FDT_SCALE_TOKEN && j >= p->lens[b]) continue;
+      const int64_t o = paged ? p->block_table[b * max_pages + j / P] : b, in = paged ? j % P : j;
+      for (int64_t g = 0; g < Hkv; ++g) {
+        (*storage)[o * strides[0] + in * strides[1] + g * strides[2]] = (float)scales[(b * N + j) * Hkv + g];
+      }
+    }
+  }
+  if (c->scale_mode != FDT_SCALE_TOKEN) { /* broadcast: valid whatever the lengths */
+    for (int64_t g = 0; g < Hkv; ++g) (*storage)[g * strides[2]] = (float)scales[g];
+  }
+  const int64_t shape[3] = {kv_shape[0], kv_shape[1], kv_shape[2]};
+  *tensor = fdt_tensor(*storage, FD_DTYPE_F32, 3, shape, strides);
+  return 0;
+}
+
 int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   memset(p, 0, sizeof *p);
   p->c = *case_in;
   fdt_case *c = &p->c;
   fdt_rng rng = {c->seed * 0x2545f4914f6cdd1dull + 1};
   const int64_t B = c->batch, Hq = c->q_heads, Hkv = c->kv_heads, D = c->head_dim, Lq = fdt_q_len(c);
-  const fd_dtype dt = c->dtype;
-  const size_t es = fdt_dtype_size(dt);
+  const fd_dtype dt = c->dtype, kvdt = fdt_kv_dtype(c);
+  const int quantized = fdt_is_quantized(kvdt);
+  const size_t es = fdt_dtype_size(dt), kv_es = fdt_dtype_size(kvdt);
   int64_t max_pages = 0, num_pages = 0, P = c->page_size;
   if (is_paged(c->layout)) {
     max_pages = (c->kv_len + P - 1) / P;
@@ -320,6 +438,11 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     }
     p->lens[b] = len;
   }
+  /* An 8-bit cache: scales and stored bytes per logical element, from a
+   * generator of their own (a float cache draws the same data as before). */
+  uint8_t *kq = NULL, *vq = NULL;
+  double *ks = NULL, *vs = NULL; /* [B, N, Hkv]: the scale of each logical row */
+  if (quantized && quantize_problem(p, &kq, &vq, &ks, &vs) != 0) return -1;
 
   /* q and out: [B, Lq, Hq, D]; the padded layout leaves gaps between heads. */
   const int64_t head_pitch = c->layout == FDT_BNHD_PADDED ? D + 8 : D;
@@ -372,10 +495,16 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
       break;
   }
   /* clang-format on */
-  p->kv_bytes = (size_t)kv_elems * es;
+  p->kv_bytes = (size_t)kv_elems * kv_es;
   p->k = alloc_nan(p->kv_bytes);
   p->v = alloc_nan(p->kv_bytes);
   if (!p->q || !p->out || !p->k || !p->v) return -1;
+  if (quantized) {
+    for (int64_t i = 0; i < kv_elems; ++i) {
+      ((uint8_t *)p->k)[i] = fdt_pad_byte(kvdt, i);
+      ((uint8_t *)p->v)[i] = fdt_pad_byte(kvdt, i + 1);
+    }
+  }
 
   if (is_paged(c->layout)) {
     /* Shuffled assignment of pool pages to (sequence, page) slots. */
@@ -404,6 +533,13 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
           row = base_offset + b * kv_strides[0] + j * kv_strides[1] + g * kv_strides[2];
         }
         const int64_t src = ((b * N + j) * Hkv + g) * D;
+        if (quantized) {
+          for (int64_t d = 0; d < D; ++d) {
+            ((uint8_t *)p->k)[row + d] = kq[src + d];
+            ((uint8_t *)p->v)[row + d] = vq[src + d];
+          }
+          continue;
+        }
         for (int64_t d = 0; d < D; ++d) {
           fdt_store(dt, p->k, row + d, p->ref_k[src + d]);
           fdt_store(dt, p->v, row + d, p->ref_v[src + d]);
@@ -415,12 +551,21 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   fd_decode_args_init(&p->args, sizeof p->args);
   p->args.q = fdt_tensor(p->q, dt, 4, q_shape, q_strides);
   p->args.out = fdt_tensor(p->out, c->out_dtype, 4, q_shape, q_strides);
-  p->args.k = fdt_tensor((char *)p->k + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
-  p->args.v = fdt_tensor((char *)p->v + base_offset * (int64_t)es, dt, 4, kv_shape, kv_strides);
+  p->args.k = fdt_tensor((char *)p->k + base_offset * (int64_t)kv_es, kvdt, 4, kv_shape, kv_strides);
+  p->args.v = fdt_tensor((char *)p->v + base_offset * (int64_t)kv_es, kvdt, 4, kv_shape, kv_strides);
   if (is_paged(c->layout)) {
     const int64_t bt_shape[2] = {B, max_pages}, bt_strides[2] = {max_pages, 1};
     p->args.block_table = fdt_tensor(p->block_table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
   }
+  if (quantized && c->scale_mode != FDT_SCALE_NONE) {
+    const int ok = lay_out_scales(p, ks, kv_shape, &p->k_scale, &p->k_scale_bytes, &p->args.k_scale) == 0 &&
+                   lay_out_scales(p, vs, kv_shape, &p->v_scale, &p->v_scale_bytes, &p->args.v_scale) == 0;
+    if (!ok) return -1;
+  }
+  free(kq);
+  free(vq);
+  free(ks);
+  free(vs);
   if (c->ragged) {
     p->seq_lens_bytes = (size_t)B * sizeof(int32_t);
     p->seq_lens = malloc(p->seq_lens_bytes + 1);
@@ -487,6 +632,8 @@ void fdt_problem_free(fdt_problem *p) {
   free(p->block_table);
   free(p->alibi_slopes);
   free(p->sinks);
+  free(p->k_scale);
+  free(p->v_scale);
   free(p->ref_alibi_slopes);
   free(p->ref_sinks);
   free(p->ref_q);
@@ -625,6 +772,7 @@ static void positive_q(fdt_problem *p, int64_t b, int64_t g, int64_t d) {
 
 int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special) {
   if (c->ragged || c->kv_len < 4 || c->layout == FDT_PAGED_NHD || c->layout == FDT_PAGED_HND) return -1;
+  if (fdt_is_quantized(c->kv_dtype)) return 1;
   if (special == FDT_SPECIAL_OVERFLOWING_KEY && c->dtype == FD_DTYPE_F16) return 1;
   if (fdt_problem_make(p, c) != 0) return -1;
   const int64_t N = c->kv_len, D = c->head_dim, group = c->q_heads / c->kv_heads;
@@ -695,7 +843,12 @@ void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {
     n += snprintf(buffer + n, size - (size_t)n, " softcap=%g", c->softcap);
   if (n >= 0 && (size_t)n < size && c->alibi)
     n += snprintf(buffer + n, size - (size_t)n, " alibi=%s", c->alibi == 1 ? "standard" : "random");
-  if (n >= 0 && (size_t)n < size && c->sinks) snprintf(buffer + n, size - (size_t)n, " sinks");
+  if (n >= 0 && (size_t)n < size && c->sinks) n += snprintf(buffer + n, size - (size_t)n, " sinks");
+  if (n >= 0 && (size_t)n < size && fdt_is_quantized(c->kv_dtype)) {
+    static const char *modes[] = {"none", "tensor", "head", "token"};
+    snprintf(buffer + n, size - (size_t)n, " kv=%s scales=%s%s", fdt_dtype_name(c->kv_dtype),
+             c->scale_mode >= 0 && c->scale_mode <= 3 ? modes[c->scale_mode] : "?", c->wide_scales ? " wide" : "");
+  }
 }
 
 static void *offset_elements(void *data, fd_dtype dtype, int64_t elements) {
@@ -715,6 +868,13 @@ fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len
     a.v.data = offset_elements(a.v.data, a.v.dtype, b * a.v.strides[0]);
     a.k.shape[0] = a.v.shape[0] = 1;
     a.k.shape[1] = a.v.shape[1] = len;
+    fd_tensor *scales[] = {&a.k_scale, &a.v_scale};
+    for (size_t i = 0; i < 2; ++i) {
+      if (scales[i]->data == NULL) continue;
+      scales[i]->data = offset_elements(scales[i]->data, FD_DTYPE_F32, b * scales[i]->strides[0]);
+      scales[i]->shape[0] = 1;
+      scales[i]->shape[1] = len;
+    }
     if (drop_lengths) memset(&a.seq_lens, 0, sizeof a.seq_lens);
   } else {
     const int64_t page_size = a.k.shape[1];
@@ -731,6 +891,12 @@ fd_decode_args fdt_part_args(const fd_decode_args *whole, int64_t start, int64_t
   a.k.data = offset_elements(a.k.data, a.k.dtype, start * a.k.strides[1]);
   a.v.data = offset_elements(a.v.data, a.v.dtype, start * a.v.strides[1]);
   a.k.shape[1] = a.v.shape[1] = count;
+  fd_tensor *scales[] = {&a.k_scale, &a.v_scale};
+  for (size_t i = 0; i < 2; ++i) {
+    if (scales[i]->data == NULL) continue;
+    scales[i]->data = offset_elements(scales[i]->data, FD_DTYPE_F32, start * scales[i]->strides[1]);
+    scales[i]->shape[1] = count;
+  }
   const int64_t batch = a.q.shape[0], heads = a.q.shape[2], dim = a.q.shape[3];
   const int64_t lens_shape[1] = {batch}, lens_strides[1] = {1};
   a.seq_lens = fdt_tensor(part_lens, FD_DTYPE_I32, 1, lens_shape, lens_strides);

@@ -43,6 +43,18 @@ double fdt_load(fd_dtype dtype, const void *base, int64_t index);
  * saturating) and the exact value of a byte. */
 uint8_t fdt_quantize(fd_dtype dtype, double x);
 double fdt_fp8_value(fd_dtype dtype, uint8_t bits);
+/* Whether dtype is an 8-bit cache dtype (E4M3, E5M2, I8). */
+int fdt_is_quantized(fd_dtype dtype);
+/* What fd_append_kv stores for a new element `value` (exact in its dtype)
+ * at element `index` of a cache of `cache_dtype`: x = value / *scale in
+ * float32 (x = value when scale is NULL), then the 8-bit formats by
+ * fdt_quantize, F32/F16/BF16 rounded to nearest even (flashdecode.h,
+ * fd_append_args). */
+void fdt_append_store(fd_dtype cache_dtype, void *base, int64_t index, double value, const float *scale);
+/* The byte that stands for "never read" at element i of an 8-bit cache's
+ * padding: NaN and saturating values in turn (e4m3 0x7F, 0xFF, 0x7E, 0xFE;
+ * e5m2 0x7C, 0xFC, 0x7F, 0x7B; i8 127, -128, -127, 127). */
+uint8_t fdt_pad_byte(fd_dtype dtype, int64_t i);
 
 /* ---- problems ------------------------------------------------------------- */
 /* A tensor descriptor over `data` with the given extents and element strides. */
@@ -55,6 +67,15 @@ typedef enum fdt_layout {
   FDT_PAGED_NHD = 3,   /* page pool [pages, page_size, heads, dim], shuffled block table */
   FDT_PAGED_HND = 4    /* page pool [pages, heads, page_size, dim], shuffled block table */
 } fdt_layout;
+
+/* Scales of an 8-bit cache (flashdecode.h, "Quantized caches"), k and v
+ * alike (each its own values). */
+typedef enum fdt_scale_mode {
+  FDT_SCALE_NONE = 0,   /* no k_scale / v_scale: 1 */
+  FDT_SCALE_TENSOR = 1, /* one scale, every stride 0 */
+  FDT_SCALE_HEAD = 2,   /* per KV head, strides {0, 0, 1} (2 in the padded layout) */
+  FDT_SCALE_TOKEN = 3   /* per token and KV head: a full tensor in the cache's order; padding NaN or 1e30 */
+} fdt_scale_mode;
 
 /* A problem to generate. Zero-initialised fields mean plain decode: one
  * query token, the causal mask, no window, softcap, ALiBi or sinks
@@ -78,7 +99,17 @@ typedef struct fdt_case {
   double softcap;         /* logit_softcap (stored as a float); 0 = none */
   int alibi;              /* 0 none; 1 the standard slopes 2^(-8 (h + 1) / q_heads); 2 random in [0.01, 1] */
   int sinks;              /* 0 none; else random sink logits in [-1, log(kv_len + 1) + 3], around the LSEs */
+  /* Quantized caches. Values are drawn as for a float cache, divided by a
+   * random scale and quantized; the reference reads stored value x scale.
+   * Padding (past each length, spare pages) holds fdt_pad_byte's NaN and
+   * saturating bytes, and its per-token scales NaN or 1e30, so a read shows. */
+  fd_dtype kv_dtype;         /* E4M3, E5M2 or I8: an 8-bit cache; any other value (0 included): the cache is dtype */
+  fdt_scale_mode scale_mode; /* FDT_SCALE_NONE (0): no scales */
+  int wide_scales;           /* scales 2^[-12, 12] times the dtype's base, one in eight 0 (else [0.5, 2] x base) */
 } fdt_case;
+
+/* The cache dtype of c: c->kv_dtype when 8-bit, else c->dtype. */
+fd_dtype fdt_kv_dtype(const fdt_case *c);
 
 /* c->q_len, with 0 taken as 1. */
 int64_t fdt_q_len(const fdt_case *c);
@@ -95,6 +126,8 @@ typedef struct fdt_problem {
   int32_t *seq_lens, *block_table;
   float *alibi_slopes, *sinks; /* [q_heads] f32 (args.alibi_slopes, args.sinks), or NULL */
   size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes, alibi_slopes_bytes, sinks_bytes;
+  float *k_scale, *v_scale; /* storage of args.k_scale / args.v_scale, or NULL */
+  size_t k_scale_bytes, v_scale_bytes;
   double *ref_q; /* [batch, q_len, q_heads, dim] */
   double *ref_k; /* [batch, kv_len, kv_heads, dim] */
   double *ref_v;
@@ -159,8 +192,8 @@ const char *fdt_special_name(fdt_special special);
 /* Makes c's problem (a dense layout, kv_len >= 4, not ragged) with `special`
  * written in, outputs poisoned. With several query tokens, what the special
  * writes into q goes into every token's (NAN_IN_Q: token 0's only). Returns
- * 0 on success, 1 when the special does not apply to c (-1e38 in f16), -1
- * when out of memory. */
+ * 0 on success, 1 when the special does not apply to c (-1e38 in f16, or an
+ * 8-bit cache), -1 when out of memory. */
 int fdt_problem_make_special(fdt_problem *p, const fdt_case *c, fdt_special special);
 
 /* Bound on ||out - ref|| / ||ref|| for an output dtype. */
@@ -171,13 +204,14 @@ double fdt_error_bound(fd_dtype out_dtype);
  * sequence, batch 1, by pointer arithmetic alone (host or device pointers
  * alike), so that it writes its row of the batch's outputs. `len` is its
  * length: the cache's capacity shrinks to it (dense: exactly, and seq_lens
- * is dropped when drop_lengths; paged: whole pages). For batch-invariance
+ * is dropped when drop_lengths; paged: whole pages); k_scale and v_scale
+ * (dense) follow k and v. For batch-invariance
  * tests (flashdecode.h, "Batch invariance"). */
 fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths);
 
 /* The arguments of one part of a dense problem's cache, tokens
  * [start, start + count), for fd_merge_states tests (one query token): k
- * and v sliced (pointer arithmetic alone, host or device), seq_lens at
+ * and v (and their scales) sliced (pointer arithmetic alone, host or device), seq_lens at
  * part_lens (int32 [batch], filled by fdt_part_lengths; host or device),
  * out [batch, 1, q_heads, head_dim] contiguous at `out` in out_dtype, lse
  * [batch, 1, q_heads] at `lse`. */

@@ -32,7 +32,9 @@ int fdt_cuda_upload(const fdt_problem *p, fdt_device_problem *d) {
                  upload((void **)&d->seq_lens, &d->args.seq_lens, p->seq_lens, p->seq_lens_bytes) &&
                  upload((void **)&d->block_table, &d->args.block_table, p->block_table, p->block_table_bytes) &&
                  upload((void **)&d->alibi_slopes, &d->args.alibi_slopes, p->alibi_slopes, p->alibi_slopes_bytes) &&
-                 upload((void **)&d->sinks, &d->args.sinks, p->sinks, p->sinks_bytes);
+                 upload((void **)&d->sinks, &d->args.sinks, p->sinks, p->sinks_bytes) &&
+                 upload((void **)&d->k_scale, &d->args.k_scale, p->k_scale, p->k_scale_bytes) &&
+                 upload((void **)&d->v_scale, &d->args.v_scale, p->v_scale, p->v_scale_bytes);
   /* A pageable host-to-device copy may return before its data lands, and a
    * non-blocking stream does not wait for the legacy stream it ran on. */
   if (!ok || !cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize")) {
@@ -52,7 +54,8 @@ int fdt_cuda_refresh_inputs(const fdt_problem *p, fdt_device_problem *d) {
                  copy_in(d->v, p->v, p->kv_bytes) && copy_in(d->seq_lens, p->seq_lens, p->seq_lens_bytes) &&
                  copy_in(d->block_table, p->block_table, p->block_table_bytes) &&
                  copy_in(d->alibi_slopes, p->alibi_slopes, p->alibi_slopes_bytes) &&
-                 copy_in(d->sinks, p->sinks, p->sinks_bytes) &&
+                 copy_in(d->sinks, p->sinks, p->sinks_bytes) && copy_in(d->k_scale, p->k_scale, p->k_scale_bytes) &&
+                 copy_in(d->v_scale, p->v_scale, p->v_scale_bytes) &&
                  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return ok ? 0 : -1;
 }
@@ -81,5 +84,7 @@ void fdt_cuda_free(fdt_device_problem *d) {
   cudaFree(d->block_table);
   cudaFree(d->alibi_slopes);
   cudaFree(d->sinks);
+  cudaFree(d->k_scale);
+  cudaFree(d->v_scale);
   memset(d, 0, sizeof *d);
 }

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/convert.h"
+#include "backend/cpu/quantize.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/error.h"
 
@@ -33,14 +34,53 @@ int64_t sequence_length(const Problem &p, int64_t b) {
   return clamp_length(static_cast<const int32_t *>(p.seq_lens.data)[b * p.seq_lens.strides[0]], p.kv_capacity);
 }
 
-// Element offset of token `token` of sequence b, KV head h, in a k/v view.
-int64_t cache_offset(const Problem &p, const StridedView &cache, int64_t b, int64_t token, int64_t h) {
-  if (!p.paged) return b * cache.strides[0] + token * cache.strides[1] + h * cache.strides[2];
+// Where token `token` of sequence b lives: (b, token) in a dense cache,
+// (page, slot) in a paged one. The k/v views and their scale views index
+// their first two dimensions alike.
+struct CacheSlot {
+  int64_t outer;  // sequence (dense) or page (paged)
+  int64_t inner;  // token (dense) or slot in the page (paged)
+  int64_t offset(const StridedView &view, int64_t h) const {
+    return outer * view.strides[0] + inner * view.strides[1] + h * view.strides[2];
+  }
+};
+
+CacheSlot cache_slot(const Problem &p, int64_t b, int64_t token) {
+  if (!p.paged) return {b, token};
   const auto *table = static_cast<const int32_t *>(p.block_table.data);
   const int64_t page =
       clamp_page(table[b * p.block_table.strides[0] + (token / p.page_size) * p.block_table.strides[1]], p.num_pages);
-  return page * cache.strides[0] + (token % p.page_size) * cache.strides[1] + h * cache.strides[2];
+  return {page, token % p.page_size};
 }
+
+// Loads K/V rows into float, one policy per kind of cache; split_partials is
+// instantiated per policy so the 16-bit path stays as it was.
+// A cache of q's dtype D: the storage's own conversion.
+template <fd_dtype D>
+struct NativeRows {
+  void load(const StridedView &cache, const StridedView &, bool, CacheSlot slot, int64_t h, float *dst,
+            int64_t n) const {
+    using T = typename Storage<D>::type;
+    Storage<D>::load_row(static_cast<const T *>(cache.data) + slot.offset(cache, h), dst, n);
+  }
+};
+// An 8-bit cache (e4m3, e5m2, i8): a 256-entry table gives each byte's
+// exact value, times the row's scale (1 when absent) in float, as
+// flashdecode.h defines the element (stored value x scale). Only the scales
+// of the rows loaded (tokens a query sees) are read.
+struct QuantizedRows {
+  const float *table;  // byte_table(kv_dtype)
+  void load(const StridedView &cache, const StridedView &scale, bool has_scale, CacheSlot slot, int64_t h, float *dst,
+            int64_t n) const {
+    const uint8_t *src = static_cast<const uint8_t *>(cache.data) + slot.offset(cache, h);
+    if (!has_scale) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+      return;
+    }
+    const float s = static_cast<const float *>(scale.data)[slot.offset(scale, h)];
+    for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]] * s;
+  }
+};
 
 struct Partials {
   float *m;
@@ -93,9 +133,10 @@ inline float per_head(const StridedView &view, int64_t head) {
 // and the softcap and ALiBi slope are scaled by log2(e) to match, which
 // computes the header's natural-unit formulas exactly
 // (c * tanh(s / c) * log2e = c2 * tanh(s2 / c2) with c2 = c * log2e).
-template <fd_dtype D>
-void split_partials(const Problem &p, const Plan &plan, const Partials &out, int64_t b, int64_t kv_head, int32_t split,
-                    std::vector<float> &scratch) {
+// D is q's dtype; Rows loads the K/V rows (NativeRows<D> or QuantizedRows).
+template <fd_dtype D, class Rows>
+void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, const Partials &out, int64_t b,
+                    int64_t kv_head, int32_t split, std::vector<float> &scratch) {
   using T = typename Storage<D>::type;
   const int64_t dim = p.head_dim;
   const int64_t group = p.group_size;
@@ -134,10 +175,9 @@ void split_partials(const Problem &p, const Plan &plan, const Partials &out, int
   for (int64_t block = begin; block < end; block += kTokenBlock) {
     const int64_t count = std::min(kTokenBlock, end - block);
     for (int64_t t = 0; t < count; ++t) {
-      const T *k_src = static_cast<const T *>(p.k.data) + cache_offset(p, p.k, b, block + t, kv_head);
-      const T *v_src = static_cast<const T *>(p.v.data) + cache_offset(p, p.v, b, block + t, kv_head);
-      Storage<D>::load_row(k_src, k_block + t * dim, dim);
-      Storage<D>::load_row(v_src, v_block + t * dim, dim);
+      const CacheSlot slot = cache_slot(p, b, block + t);
+      kv_rows.load(p.k, p.k_scale, p.has_k_scale, slot, kv_head, k_block + t * dim, dim);
+      kv_rows.load(p.v, p.v_scale, p.has_v_scale, slot, kv_head, v_block + t * dim, dim);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t token = r / group;
@@ -275,15 +315,60 @@ void merge_states_row(const MergeProblem &p, int64_t row) {
     static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + t * p.lse.strides[1] + h * p.lse.strides[2]] = merged_lse;
 }
 
+// fd_append_kv's conversion of one element: x = new / scale in float32 (x =
+// new without a scale), then the cache dtype's rounding: F32, F16, BF16 to
+// nearest even (IEEE overflow to infinity), the 8-bit formats as in
+// backend/cpu/quantize.h.
+void store_cache_element(fd_dtype dtype, void *cache, int64_t offset, float x) {
+  switch (dtype) {
+    case FD_DTYPE_F32: Storage<FD_DTYPE_F32>::store(static_cast<float *>(cache) + offset, x); break;
+    case FD_DTYPE_F16: Storage<FD_DTYPE_F16>::store(static_cast<uint16_t *>(cache) + offset, x); break;
+    case FD_DTYPE_BF16: Storage<FD_DTYPE_BF16>::store(static_cast<uint16_t *>(cache) + offset, x); break;
+    default: static_cast<uint8_t *>(cache)[offset] = quantize_byte(dtype, x); break;
+  }
+}
+
+// Writes the rows of new token i of sequence b into one cache (k or v).
+void append_rows(const AppendProblem &p, const StridedView &src, fd_dtype src_dtype, const StridedView &cache,
+                 const StridedView &scale, bool has_scale, int64_t b, int64_t i, CacheSlot slot) {
+  for (int64_t h = 0; h < p.kv_heads; ++h) {
+    const int64_t from = b * src.strides[0] + i * src.strides[1] + h * src.strides[2];
+    const int64_t to = slot.offset(cache, h);
+    const float s = has_scale ? static_cast<const float *>(scale.data)[slot.offset(scale, h)] : 1.0f;
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      float x = load_element(src_dtype, src.data, from + d);
+      if (has_scale) x = x / s;
+      store_cache_element(p.kv_dtype, cache.data, to + d, x);
+    }
+  }
+}
+
+// New token i of sequence b goes to position L - new_len + i; a negative
+// position, or (paged) a block-table entry outside the pool, is not written.
+void append_token(const AppendProblem &p, int64_t b, int64_t i) {
+  int64_t len = p.kv_capacity;
+  if (p.has_seq_lens) {
+    len = clamp_length(static_cast<const int32_t *>(p.seq_lens.data)[b * p.seq_lens.strides[0]], p.kv_capacity);
+  }
+  const int64_t pos = len - p.new_len + i;
+  if (pos < 0) return;
+  CacheSlot slot{b, pos};
+  if (p.paged) {
+    const auto *table = static_cast<const int32_t *>(p.block_table.data);
+    const int64_t page = table[b * p.block_table.strides[0] + (pos / p.page_size) * p.block_table.strides[1]];
+    if (page < 0 || page >= p.num_pages) return;  // no clamping for writes
+    slot = {page, pos % p.page_size};
+  }
+  append_rows(p, p.k_new, p.k_new_dtype, p.k, p.k_scale, p.has_k_scale, b, i, slot);
+  append_rows(p, p.v_new, p.v_new_dtype, p.v, p.v_scale, p.has_v_scale, b, i, slot);
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, bool check_contents) : pool_(num_threads), check_contents_(check_contents) {}
 
   fd_backend kind() const override { return FD_BACKEND_CPU; }
   void check_supported(const Problem &) const override {}
-  void append_kv(const AppendProblem &, fd_cuda_stream) override {
-    fail(FD_ERROR_UNSUPPORTED, "fd_append_kv: not implemented by the CPU backend yet");
-  }
   bool checks_contents() const override { return check_contents_; }
   // Host memory: the contents are read where they are used, and reported
   // before anything is written.
@@ -311,15 +396,32 @@ class CpuBackend final : public Backend {
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream) override {
+    if (p.kv_quantized) {
+      const QuantizedRows rows{byte_table(p.kv_dtype)};
+      if (rows.table == nullptr) fail(FD_ERROR_INTERNAL, "cpu backend: no table for dtype %s", dtype_name(p.kv_dtype));
+      switch (p.q_dtype) {
+        case FD_DTYPE_F32: run<FD_DTYPE_F32>(p, plan, rows, workspace); break;
+        case FD_DTYPE_F16: run<FD_DTYPE_F16>(p, plan, rows, workspace); break;
+        case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, rows, workspace); break;
+        default: fail(FD_ERROR_INTERNAL, "cpu backend: no kernel for q of dtype %s", dtype_name(p.q_dtype));
+      }
+      return;
+    }
     if (p.q_dtype != p.kv_dtype) {
       fail(FD_ERROR_INTERNAL, "cpu backend: q of %s with a cache of %s", dtype_name(p.q_dtype), dtype_name(p.kv_dtype));
     }
     switch (p.kv_dtype) {
-      case FD_DTYPE_F32: run<FD_DTYPE_F32>(p, plan, workspace); break;
-      case FD_DTYPE_F16: run<FD_DTYPE_F16>(p, plan, workspace); break;
-      case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, workspace); break;
+      case FD_DTYPE_F32: run<FD_DTYPE_F32>(p, plan, NativeRows<FD_DTYPE_F32>{}, workspace); break;
+      case FD_DTYPE_F16: run<FD_DTYPE_F16>(p, plan, NativeRows<FD_DTYPE_F16>{}, workspace); break;
+      case FD_DTYPE_BF16: run<FD_DTYPE_BF16>(p, plan, NativeRows<FD_DTYPE_BF16>{}, workspace); break;
       default: fail(FD_ERROR_INTERNAL, "cpu backend: no kernel for dtype %s", dtype_name(p.kv_dtype));
     }
+  }
+
+  // fd_append_kv: a task per (sequence, new token); each writes only its own
+  // position's rows (flashdecode.h, fd_append_args).
+  void append_kv(const AppendProblem &p, fd_cuda_stream) override {
+    pool_.parallel_for(p.batch * p.new_len, [&](int64_t unit) { append_token(p, unit / p.new_len, unit % p.new_len); });
   }
 
   void merge_states(const MergeProblem &p, fd_cuda_stream) override {
@@ -344,8 +446,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  template <fd_dtype D>
-  void run(const Problem &p, const Plan &plan, void *workspace) {
+  template <fd_dtype D, class Rows>
+  void run(const Problem &p, const Plan &plan, const Rows &rows, void *workspace) {
     const Partials partials = partials_of(plan, workspace);
     const int64_t splits = plan.num_splits;
     const int64_t units = p.batch * p.kv_heads * splits;
@@ -354,7 +456,7 @@ class CpuBackend final : public Backend {
       const int64_t kv_head = (unit / splits) % p.kv_heads;
       const int64_t b = unit / (splits * p.kv_heads);
       thread_local std::vector<float> scratch;  // grows once per thread, then reused
-      split_partials<D>(p, plan, partials, b, kv_head, static_cast<int32_t>(split), scratch);
+      split_partials<D>(p, plan, rows, partials, b, kv_head, static_cast<int32_t>(split), scratch);
     });
     const bool out_f32 = p.out_dtype == FD_DTYPE_F32;
     pool_.parallel_for(plan.rows, [&](int64_t row) {

@@ -1,0 +1,840 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Quantized KV caches on the CPU backend (flashdecode.h, "Quantized caches"
+ * and fd_append_args): decode over e4m3, e5m2 and int8 caches with every
+ * scale mode (none, per tensor, per KV head, per token and head), q dtype,
+ * dense and paged layout, ragged lengths and a few variants, against the
+ * float64 reference over stored value x scale, with padding that holds NaN
+ * and saturating bytes and NaN or huge scales (a read shows); scales with
+ * zeros and a wide range; fd_append_kv's rounding of every format against
+ * fdt_quantize (ties, subnormals, saturation, NaN, infinities, -0), into
+ * dense caches and page pools (page boundaries, pages shared by two
+ * sequences, negative positions, entries outside the pool, per-token
+ * scales), with only the new tokens' elements written; append then decode;
+ * and the validation errors of both calls, with nothing written. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdt.h"
+#include "flashdecode.h"
+
+static const char *last_message(void) {
+  static char buffer[512];
+  fd_last_error_message(buffer, sizeof buffer);
+  return buffer;
+}
+
+static const fd_dtype kCacheDtypes[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+static const fd_dtype kFloatDtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+
+/* Decodes p on h and checks it against the reference; nonzero (after
+ * printing why) on a mismatch. */
+static int decode_and_check(fd_handle *h, fdt_problem *p, const char *what) {
+  char description[384], report[256];
+  fdt_case_describe(&p->c, description, sizeof description);
+  const fd_status status = fd_decode(h, &p->args, NULL);
+  if (status != FD_SUCCESS) {
+    print_message("%s: %s: fd_decode failed: %s\n", what, description, last_message());
+    return 1;
+  }
+  const int bad = fdt_check(p, report, sizeof report, NULL, NULL);
+  if (bad) print_message("%s: %s: %s\n", what, description, report);
+  return bad;
+}
+
+static int check_case(fd_handle *h, const fdt_case *c, const char *what) {
+  fdt_problem p;
+  assert_int_equal(fdt_problem_make(&p, c), 0);
+  const int bad = decode_and_check(h, &p, what);
+  fdt_problem_free(&p);
+  return bad;
+}
+
+static fdt_case base_case(fd_dtype kv_dtype, fd_dtype q_dtype, fdt_scale_mode mode, fdt_layout layout) {
+  fdt_case c = {0};
+  c.batch = 5;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.kv_len = 100;
+  c.page_size = 16;
+  c.dtype = q_dtype;
+  c.out_dtype = q_dtype;
+  c.kv_dtype = kv_dtype;
+  c.scale_mode = mode;
+  c.layout = layout;
+  c.ragged = 1;
+  c.with_lse = 1;
+  return c;
+}
+
+/* ---- the test data itself ---------------------------------------------------------- */
+/* fdt's float64 conversions against a few known bytes (the exhaustive
+ * comparison with CUDA's conversions is in tests/gpu), and a generated
+ * problem's cache: 8-bit storage, padding bytes and scales where expected. */
+static void test_fdt_formats(void **state) {
+  (void)state;
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, 448.0), 0x7e);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, 464.0), 0x7e); /* tie: 448 is even, and 480 is NaN */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, 1e9), 0x7e);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, -INFINITY), 0xfe);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, NAN), 0x7f);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, -NAN), 0x7f);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, -0.0), 0x80);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, ldexp(1.0, -9)), 0x01);  /* smallest subnormal */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, ldexp(1.0, -10)), 0x00); /* half of it: ties to even 0 */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, ldexp(3.0, -10)), 0x02); /* 1.5 units: even 2 */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, 1.0625), 0x38);          /* 1 + 1/16: tie to 1.0 */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E4M3, 1.1875), 0x3a);          /* 1 + 3/16: tie to 1.25 */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, 57344.0), 0x7b);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, 61440.0), 0x7b); /* the tie with infinity saturates */
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, INFINITY), 0x7b);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, -INFINITY), 0xfb);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, NAN), 0x7f);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, ldexp(1.0, -16)), 0x01);
+  assert_int_equal(fdt_quantize(FD_DTYPE_E5M2, -1.0), 0xbc);
+  assert_int_equal(fdt_quantize(FD_DTYPE_I8, 2.5), 2);
+  assert_int_equal(fdt_quantize(FD_DTYPE_I8, -3.5), (uint8_t)-4);
+  assert_int_equal(fdt_quantize(FD_DTYPE_I8, 300.0), 127);
+  assert_int_equal(fdt_quantize(FD_DTYPE_I8, -300.0), (uint8_t)-127);
+  assert_int_equal(fdt_quantize(FD_DTYPE_I8, NAN), 0);
+  assert_true(isnan(fdt_fp8_value(FD_DTYPE_E4M3, 0xff)));
+  assert_true(fdt_fp8_value(FD_DTYPE_E4M3, 0x7e) == 448.0);
+  assert_true(fdt_fp8_value(FD_DTYPE_E5M2, 0x7c) == INFINITY);
+  assert_true(isnan(fdt_fp8_value(FD_DTYPE_E5M2, 0x7d)));
+  assert_true(fdt_fp8_value(FD_DTYPE_E5M2, 0x03) == 3.0 * ldexp(1.0, -16));
+  assert_true(fdt_fp8_value(FD_DTYPE_I8, 0x80) == -128.0);
+  /* Every finite byte round-trips. */
+  for (int d = 0; d < 3; ++d) {
+    for (int b = 0; b < 256; ++b) {
+      const double x = fdt_fp8_value(kCacheDtypes[d], (uint8_t)b);
+      if (isnan(x) || isinf(x) || (kCacheDtypes[d] == FD_DTYPE_I8 && b == 0x80)) continue;
+      assert_int_equal(fdt_quantize(kCacheDtypes[d], x), b);
+    }
+  }
+
+  fdt_case c = base_case(FD_DTYPE_E4M3, FD_DTYPE_F16, FDT_SCALE_TOKEN, FDT_BNHD);
+  c.batch = 2;
+  c.seed = 3;
+  fdt_problem p;
+  assert_int_equal(fdt_problem_make(&p, &c), 0);
+  assert_int_equal(p.args.k.dtype, FD_DTYPE_E4M3);
+  assert_int_equal(p.kv_bytes, (size_t)(2 * 100 * 2 * 64));
+  assert_non_null(p.args.k_scale.data);
+  /* Sequence 0 is empty (ragged edge lengths): its first row is padding. */
+  assert_int_equal(p.lens[0], 0);
+  assert_int_equal(((uint8_t *)p.k)[0], fdt_pad_byte(FD_DTYPE_E4M3, 0));
+  const float s = p.k_scale[0];
+  assert_true(isnan(s) || s == 1e30f);
+  fdt_problem_free(&p);
+}
+
+/* ---- decode: every cache dtype x q dtype x scale mode x dense / paged ---------------- */
+static void test_decode_matrix(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0, cases = 0;
+  for (int kd = 0; kd < 3; ++kd) {
+    for (int qd = 0; qd < 3; ++qd) {
+      for (int mode = 0; mode < 4; ++mode) {
+        for (int paged = 0; paged < 2; ++paged) {
+          static const fdt_layout dense[] = {FDT_BNHD, FDT_BHND, FDT_BNHD_PADDED};
+          static const fdt_layout pools[] = {FDT_PAGED_NHD, FDT_PAGED_HND};
+          const int turn = kd + qd + mode;
+          const fdt_layout layout = paged ? pools[turn % 2] : dense[turn % 3];
+          fdt_case c = base_case(kCacheDtypes[kd], kFloatDtypes[qd], (fdt_scale_mode)mode, layout);
+          c.out_dtype = (mode + paged) % 3 == 0 ? FD_DTYPE_F32 : c.dtype;
+          c.num_splits = (int32_t)((kd + mode) % 3) * 2; /* 0 (automatic), 2, 4 */
+          c.page_size = paged ? 7 : 16;
+          c.seed = (uint64_t)(1000 + ((kd * 3 + qd) * 4 + mode) * 2 + paged);
+          failures += check_case(h, &c, "matrix");
+          ++cases;
+        }
+      }
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  print_message("%d decode cases\n", cases);
+  assert_int_equal(failures, 0);
+}
+
+/* ---- decode with variants ------------------------------------------------------------- */
+static void test_decode_variants(void **state) {
+  (void)state;
+  typedef struct variant {
+    const char *name;
+    int64_t q_len, window, q_heads, kv_heads;
+    int sinks, alibi;
+    double softcap;
+  } variant;
+  static const variant variants[] = {
+      {"q_len 4", 4, 0, 8, 2, 0, 0, 0.0},
+      {"MQA", 1, 0, 8, 1, 0, 0, 0.0},
+      {"MHA", 1, 0, 4, 4, 0, 0, 0.0},
+      {"window 9", 1, 9, 8, 2, 0, 0, 0.0},
+      {"q_len 3 window 5", 3, 5, 6, 3, 0, 0, 0.0},
+      {"sinks", 1, 0, 8, 2, 1, 0, 0.0},
+      {"alibi softcap", 2, 0, 8, 2, 0, 1, 5.0},
+      {"everything", 5, 20, 12, 4, 1, 2, 30.0},
+  };
+  fd_handle *h = fdt_cpu_handle(3, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0;
+  for (size_t v = 0; v < sizeof variants / sizeof variants[0]; ++v) {
+    for (int kd = 0; kd < 3; ++kd) {
+      for (int paged = 0; paged < 2; ++paged) {
+        const int qd = (int)(v + (size_t)kd) % 3;
+        fdt_case c = base_case(kCacheDtypes[kd], kFloatDtypes[qd], (fdt_scale_mode)((v + (size_t)paged) % 4),
+                               paged ? FDT_PAGED_HND : FDT_BHND);
+        c.q_len = variants[v].q_len;
+        c.window = variants[v].window;
+        c.q_heads = variants[v].q_heads;
+        c.kv_heads = variants[v].kv_heads;
+        c.sinks = variants[v].sinks;
+        c.alibi = variants[v].alibi;
+        c.softcap = variants[v].softcap;
+        c.page_size = 5;
+        c.num_splits = paged ? 3 : 0;
+        c.seed = 2000 + v * 16 + (uint64_t)(kd * 2 + paged);
+        failures += check_case(h, &c, variants[v].name);
+      }
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
+/* ---- scales: zeros and a wide range ------------------------------------------------------ */
+static void test_decode_wide_scales(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0;
+  for (int kd = 0; kd < 3; ++kd) {
+    for (int mode = 1; mode < 4; ++mode) {
+      for (int paged = 0; paged < 2; ++paged) {
+        fdt_case c = base_case(kCacheDtypes[kd], FD_DTYPE_F32, (fdt_scale_mode)mode, paged ? FDT_PAGED_NHD : FDT_BNHD);
+        c.kv_heads = 4; /* more heads: some per-head scales come out 0 */
+        c.wide_scales = 1;
+        c.seed = 3000 + (uint64_t)((kd * 4 + mode) * 2 + paged);
+        failures += check_case(h, &c, "wide scales");
+      }
+    }
+  }
+  /* Every scale zero: every score 0 and every value 0. */
+  fdt_case c = base_case(FD_DTYPE_E5M2, FD_DTYPE_BF16, FDT_SCALE_TENSOR, FDT_BNHD);
+  c.seed = 3100;
+  fdt_problem p;
+  assert_int_equal(fdt_problem_make(&p, &c), 0);
+  p.k_scale[0] = 0.0f;
+  p.v_scale[0] = 0.0f;
+  for (int64_t i = 0; i < c.batch * c.kv_len * c.kv_heads * c.head_dim; ++i) p.ref_k[i] = p.ref_v[i] = 0.0;
+  fdt_reference(&p);
+  failures += decode_and_check(h, &p, "zero scales");
+  fdt_problem_free(&p);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
+/* ---- batch invariance: a sequence alone gives the same bits ---------------------------- */
+static void test_batch_invariant(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(3, FD_CHECK_NONE);
+  assert_non_null(h);
+  for (int kd = 0; kd < 3; ++kd) {
+    fdt_case c = base_case(kCacheDtypes[kd], FD_DTYPE_F16, FDT_SCALE_TOKEN, kd == 1 ? FDT_PAGED_NHD : FDT_BNHD);
+    c.kv_len = 300;
+    c.out_dtype = FD_DTYPE_F32;
+    c.seed = 4000 + (uint64_t)kd;
+    fdt_problem p;
+    assert_int_equal(fdt_problem_make(&p, &c), 0);
+    p.args.split_tokens = 64;
+    assert_int_equal(fd_decode(h, &p.args, NULL), FD_SUCCESS);
+    assert_int_equal(fdt_check(&p, NULL, 0, NULL, NULL), 0);
+    const size_t row = (size_t)(c.q_heads * c.head_dim) * sizeof(float);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      float solo[8 * 64], solo_lse[8];
+      fd_decode_args a = fdt_solo_args(&p.args, b, p.lens[b], 1);
+      const int64_t out_shape[4] = {1, 1, c.q_heads, c.head_dim};
+      const int64_t out_strides[4] = {c.q_heads * c.head_dim, c.q_heads * c.head_dim, c.head_dim, 1};
+      a.out = fdt_tensor(solo, FD_DTYPE_F32, 4, out_shape, out_strides);
+      const int64_t lse_shape[3] = {1, 1, c.q_heads}, lse_strides[3] = {c.q_heads, c.q_heads, 1};
+      a.lse = fdt_tensor(solo_lse, FD_DTYPE_F32, 3, lse_shape, lse_strides);
+      if (p.lens[b] == 0 && a.block_table.data == NULL) continue; /* a dense cache of capacity 0 */
+      assert_int_equal(fd_decode(h, &a, NULL), FD_SUCCESS);
+      assert_memory_equal(solo, (char *)p.out + (size_t)b * row, row);
+      assert_memory_equal(solo_lse, (float *)p.lse + b * c.q_heads, sizeof solo_lse);
+    }
+    fdt_problem_free(&p);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+/* ---- decode validation -------------------------------------------------------------------- */
+static void expect_decode_error(fd_handle *h, fdt_problem *p, const fd_decode_args *a, fd_status status,
+                                const char *name) {
+  fdt_poison_outputs(p);
+  assert_int_equal(fd_decode(h, a, NULL), status);
+  if (strstr(last_message(), name) == NULL) fail_msg("message \"%s\" does not name %s", last_message(), name);
+  const unsigned char *out = p->out;
+  for (size_t i = 0; i < p->out_bytes; ++i) assert_int_equal(out[i], 0xff);
+}
+
+static void test_decode_validation(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  fdt_case c = base_case(FD_DTYPE_E4M3, FD_DTYPE_F16, FDT_SCALE_TOKEN, FDT_BNHD);
+  c.seed = 5;
+  fdt_problem p;
+  assert_int_equal(fdt_problem_make(&p, &c), 0);
+  fd_decode_args a = p.args;
+  assert_int_equal(fd_decode(h, &a, NULL), FD_SUCCESS);
+  assert_int_equal(fdt_check(&p, NULL, 0, NULL, NULL), 0);
+
+  /* k and v of different 8-bit dtypes, or an 8-bit k with a float v. */
+  a = p.args;
+  a.v.dtype = FD_DTYPE_E5M2;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_DTYPE, "v");
+  a = p.args;
+  a.v.dtype = FD_DTYPE_I8;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_DTYPE, "v");
+  /* Scales of the wrong dtype, rank and shape. */
+  a = p.args;
+  a.k_scale.dtype = FD_DTYPE_F16;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_DTYPE, "k_scale");
+  a = p.args;
+  a.v_scale.ndim = 2;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_SHAPE, "v_scale");
+  a = p.args;
+  a.k_scale.ndim = 4;
+  a.k_scale.shape[3] = c.head_dim;
+  a.k_scale.strides[3] = 1;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_SHAPE, "k_scale");
+  for (int d = 0; d < 3; ++d) {
+    a = p.args;
+    a.k_scale.shape[d] += 1;
+    expect_decode_error(h, &p, &a, FD_ERROR_INVALID_SHAPE, "k_scale");
+  }
+  a = p.args;
+  a.v_scale.strides[1] = -1;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_STRIDE, "v_scale");
+  /* A scale overlapping out. */
+  a = p.args;
+  a.k_scale.data = p.out;
+  a.k_scale.strides[0] = a.k_scale.strides[1] = a.k_scale.strides[2] = 0;
+  expect_decode_error(h, &p, &a, FD_ERROR_INVALID_ARGUMENT, "k_scale");
+  fdt_problem_free(&p);
+
+  /* Scales on a 16-bit cache. */
+  c = base_case(FD_DTYPE_E4M3, FD_DTYPE_F16, FDT_SCALE_TENSOR, FDT_BNHD);
+  c.seed = 6;
+  assert_int_equal(fdt_problem_make(&p, &c), 0);
+  fdt_case c16 = c;
+  c16.kv_dtype = 0;
+  c16.scale_mode = FDT_SCALE_NONE;
+  fdt_problem p16;
+  assert_int_equal(fdt_problem_make(&p16, &c16), 0);
+  a = p16.args;
+  a.k_scale = p.args.k_scale;
+  expect_decode_error(h, &p16, &a, FD_ERROR_INVALID_DTYPE, "k_scale");
+  a = p16.args;
+  a.v_scale = p.args.v_scale;
+  expect_decode_error(h, &p16, &a, FD_ERROR_INVALID_DTYPE, "v_scale");
+  /* A 16-bit cache of another dtype than q. */
+  a = p16.args;
+  a.k.dtype = a.v.dtype = FD_DTYPE_BF16;
+  expect_decode_error(h, &p16, &a, FD_ERROR_INVALID_DTYPE, "k");
+  fdt_problem_free(&p16);
+  fdt_problem_free(&p);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+/* ---- append: one dense cache, values chosen for the formats' edges ------------------------- */
+/* Values around every representable value of a cache dtype (each value,
+ * the midpoints between neighbours and the floats next to them), specials,
+ * and random values over many magnitudes. Returns the count written. */
+static int64_t edge_values(fd_dtype dtype, fdt_rng *rng, double *out, int64_t capacity) {
+  int64_t n = 0;
+#define PUT(x)                        \
+  do {                                \
+    if (n < capacity) out[n++] = (x); \
+  } while (0)
+  static const double specials[] = {0.0,    -0.0,   INFINITY, -INFINITY, NAN,     -NAN,    448.0,   464.0,
+                                    465.0,  -464.0, 480.0,    57344.0,   61440.0, 61439.0, 65504.0, 65520.0,
+                                    1e30,   -1e30,  1e-30,    -1e-30,    127.0,   127.5,   -127.5,  128.0,
+                                    -128.0, -129.0, 0.5,      -0.5,      1.5,     2.5,     -2.5,    3.4e38,
+                                    1e-40,  -1e-45, 6e-8,     3e-8,      1.0 / 3, 65536.0, 1e5,     -1e5};
+  for (size_t i = 0; i < sizeof specials / sizeof specials[0]; ++i) PUT(specials[i]);
+  if (fdt_is_quantized(dtype)) {
+    for (int b = 0; b < 128; ++b) {
+      const double x = fdt_fp8_value(dtype, (uint8_t)b), y = fdt_fp8_value(dtype, (uint8_t)(b + 1));
+      if (isnan(x) || isinf(x)) continue;
+      for (int sign = 0; sign < 2; ++sign) {
+        const double s = sign ? -1.0 : 1.0;
+        PUT(s * x);
+        if (isnan(y) || isinf(y) || b == 127) continue;
+        const float mid = (float)((x + y) / 2);
+        PUT(s * mid);
+        PUT(s * nextafterf(mid, 0.0f));
+        PUT(s * nextafterf(mid, INFINITY));
+      }
+    }
+  }
+  while (n < capacity) {
+    const double magnitude = pow(2.0, fdt_uniform(rng, -30.0, 20.0));
+    PUT(fdt_uniform(rng, -1.0, 1.0) * magnitude);
+  }
+#undef PUT
+  return n;
+}
+
+typedef struct append_fixture {
+  fd_dtype cache_dtype, new_dtype;
+  int64_t tokens, heads, dim; /* dense cache [1, tokens + 2, heads, dim]; new tokens go to 1..tokens */
+  int scaled;                 /* per-token scales */
+} append_fixture;
+
+/* Appends edge values of the cache dtype and checks every byte of both
+ * caches: positions 1..tokens hold fdt_append_store's bytes (NaN-ness only
+ * for a 16-bit NaN), 0 and tokens + 1 their poison. */
+static int check_append_rounding(fd_handle *h, const append_fixture *f, uint64_t seed) {
+  fdt_rng rng = {seed};
+  const int64_t T = f->tokens, H = f->heads, D = f->dim, cap = T + 2;
+  const int64_t count = T * H * D;
+  const size_t es = fdt_dtype_size(f->cache_dtype), new_es = fdt_dtype_size(f->new_dtype);
+  double *values = malloc((size_t)count * sizeof(double));
+  void *k_new = malloc((size_t)count * new_es), *v_new = malloc((size_t)count * new_es);
+  unsigned char *k = malloc((size_t)(cap * H * D) * es), *v = malloc((size_t)(cap * H * D) * es);
+  unsigned char *k_want = malloc((size_t)(cap * H * D) * es), *v_want = malloc((size_t)(cap * H * D) * es);
+  float *k_scale = malloc((size_t)(cap * H) * sizeof(float)), *v_scale = malloc((size_t)(cap * H) * sizeof(float));
+  assert_true(values && k_new && v_new && k && v && k_want && v_want && k_scale && v_scale);
+  edge_values(f->cache_dtype, &rng, values, count);
+  for (int64_t i = 0; i < count; ++i) { /* shuffle, so that edges meet every position */
+    const int64_t j = fdt_int(&rng, 0, i);
+    const double t = values[i];
+    values[i] = values[j];
+    values[j] = t;
+  }
+  for (int64_t i = 0; i < cap * H; ++i) {
+    /* Scales over many magnitudes, and tiny and huge ones (saturation, underflow). */
+    k_scale[i] = i % 4 == 1 ? 1e-6f : i % 4 == 3 ? 1e6f : (float)pow(2.0, fdt_uniform(&rng, -8.0, 8.0)) * 1.37f;
+    v_scale[i] = (float)fdt_uniform(&rng, 0.001, 3.0);
+  }
+  k_scale[1 * H] = 0.0f; /* a zero scale: x = +-inf or NaN */
+  for (int64_t i = 0; i < count; ++i) {
+    fdt_store(f->new_dtype, k_new, i, values[i]);
+    fdt_store(f->new_dtype, v_new, i, -values[count - 1 - i]);
+  }
+  memset(k, 0xa5, (size_t)(cap * H * D) * es);
+  memset(v, 0x5a, (size_t)(cap * H * D) * es);
+  memcpy(k_want, k, (size_t)(cap * H * D) * es);
+  memcpy(v_want, v, (size_t)(cap * H * D) * es);
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t g = 0; g < H; ++g) {
+      const int64_t row = (1 + i) * H + g;
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t src = (i * H + g) * D + d;
+        fdt_append_store(f->cache_dtype, k_want, row * D + d, fdt_load(f->new_dtype, k_new, src),
+                         f->scaled ? &k_scale[row] : NULL);
+        fdt_append_store(f->cache_dtype, v_want, row * D + d, fdt_load(f->new_dtype, v_new, src),
+                         f->scaled ? &v_scale[row] : NULL);
+      }
+    }
+  }
+  fd_append_args a;
+  fd_append_args_init(&a, sizeof a);
+  const int64_t new_shape[4] = {1, T, H, D}, new_strides[4] = {T * H * D, H * D, D, 1};
+  const int64_t cache_shape[4] = {1, cap, H, D}, cache_strides[4] = {cap * H * D, H * D, D, 1};
+  const int64_t scale_shape[3] = {1, cap, H}, scale_strides[3] = {cap * H, H, 1};
+  a.k_new = fdt_tensor(k_new, f->new_dtype, 4, new_shape, new_strides);
+  a.v_new = fdt_tensor(v_new, f->new_dtype, 4, new_shape, new_strides);
+  a.k = fdt_tensor(k, f->cache_dtype, 4, cache_shape, cache_strides);
+  a.v = fdt_tensor(v, f->cache_dtype, 4, cache_shape, cache_strides);
+  if (f->scaled) {
+    a.k_scale = fdt_tensor(k_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+    a.v_scale = fdt_tensor(v_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+  }
+  int32_t len = (int32_t)(T + 1);
+  const int64_t one[1] = {1}, unit[1] = {1};
+  a.seq_lens = fdt_tensor(&len, FD_DTYPE_I32, 1, one, unit);
+  int bad = 0;
+  if (fd_append_kv(h, &a, NULL) != FD_SUCCESS) {
+    print_message("fd_append_kv failed: %s\n", last_message());
+    bad = 1;
+  }
+  for (int pass = 0; pass < 2 && !bad; ++pass) {
+    const unsigned char *got = pass ? v : k, *want = pass ? v_want : k_want;
+    for (int64_t i = 0; i < cap * H * D; ++i) {
+      if (memcmp(got + i * (int64_t)es, want + i * (int64_t)es, es) == 0) continue;
+      const double x = fdt_load(f->cache_dtype, got, i), y = fdt_load(f->cache_dtype, want, i);
+      if (!fdt_is_quantized(f->cache_dtype) && isnan(x) && isnan(y)) continue;
+      const int64_t row = i / D;
+      const float *scale = f->scaled ? (pass ? &v_scale[row] : &k_scale[row]) : NULL;
+      print_message("%s cache %s <- %s%s: element %lld (token %lld): got %g, want %g (new %.9g, scale %g)\n",
+                    pass ? "v" : "k", fdt_dtype_name(f->cache_dtype), fdt_dtype_name(f->new_dtype),
+                    f->scaled ? " scaled" : "", (long long)i, (long long)(row / H), x, y,
+                    row / H >= 1 && row / H <= T
+                        ? fdt_load(f->new_dtype, pass ? v_new : k_new, ((row / H - 1) * H + row % H) * D + i % D)
+                        : 0.0,
+                    scale ? (double)*scale : 1.0);
+      bad = 1;
+      break;
+    }
+  }
+  free(values);
+  free(k_new);
+  free(v_new);
+  free(k);
+  free(v);
+  free(k_want);
+  free(v_want);
+  free(k_scale);
+  free(v_scale);
+  return bad;
+}
+
+static void test_append_rounding(void **state) {
+  (void)state;
+  static const fd_dtype caches[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8,
+                                    FD_DTYPE_F32,  FD_DTYPE_F16,  FD_DTYPE_BF16};
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0;
+  for (int cd = 0; cd < 6; ++cd) {
+    for (int nd = 0; nd < 3; ++nd) {
+      for (int scaled = 0; scaled < 2; ++scaled) {
+        if (scaled && !fdt_is_quantized(caches[cd])) continue;
+        const append_fixture f = {caches[cd], kFloatDtypes[nd], 7, 3, 64, scaled};
+        failures += check_append_rounding(h, &f, (uint64_t)(cd * 8 + nd * 2 + scaled) + 77);
+      }
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
+/* ---- append into a page pool ------------------------------------------------------------------ */
+/* Five sequences over a pool of 6 pages of 4 slots, HND pages (strides
+ * {H*P*D, D, P*D, 1}), per-token scales: crossing a page boundary, a page
+ * shared by two sequences' tables (each writes its own slots), entries -1
+ * and 6 (outside the pool: not written), positions before the sequence
+ * (skipped), a length beyond the capacity (clamped). The expected pool is
+ * built by the definition from a poisoned copy and compared byte for byte. */
+static void test_append_paged(void **state) {
+  (void)state;
+  enum { kBatch = 5, kPages = 6, kP = 4, kMaxPages = 3, kH = 2, kD = 16, kNew = 3 };
+  /* New positions: sequence 0 (length 6) 3..5: page 2 slot 3, page 5 slots 0 and 1; sequence 1 (5)
+   * 2..4: page 5 slots 2 and 3 (the page it shares with sequence 0), page 1 slot 0; sequence 2 (6)
+   * 3..5: entry -1 (not written), page 3 slots 0 and 1; sequence 3 (1): -2 and -1 skipped, page 4
+   * slot 0; sequence 4 (100, clamped to 12) 9..11: entry kPages, outside the pool (not written). */
+  const int32_t table[kBatch][kMaxPages] = {{2, 5, 0}, {5, 1, -1}, {-1, 3, 4}, {4, 0, 0}, {1, 1, kPages}};
+  const int32_t lens[kBatch] = {6, 5, 6, 1, 100};
+  fd_handle *h = fdt_cpu_handle(3, FD_CHECK_NONE);
+  assert_non_null(h);
+  for (int cd = 0; cd < 6; ++cd) {
+    static const fd_dtype caches[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8,
+                                      FD_DTYPE_F32,  FD_DTYPE_F16,  FD_DTYPE_BF16};
+    const fd_dtype cdt = caches[cd], ndt = kFloatDtypes[cd % 3];
+    const int scaled = fdt_is_quantized(cdt);
+    const size_t es = fdt_dtype_size(cdt);
+    const int64_t cache_strides[4] = {kH * kP * kD, kD, kP * kD, 1}; /* HND */
+    const int64_t scale_strides[3] = {kP * kH, kH, 1};
+    unsigned char k[kPages * kP * kH * kD * 4], v[kPages * kP * kH * kD * 4];
+    unsigned char k_want[sizeof k], v_want[sizeof v];
+    float k_scale[kPages * kP * kH], v_scale[kPages * kP * kH];
+    double k_new[kBatch * kNew * kH * kD * 2], v_new[kBatch * kNew * kH * kD * 2]; /* storage of ndt */
+    fdt_rng rng = {900 + (uint64_t)cd};
+    for (int64_t i = 0; i < (int64_t)sizeof k; ++i) {
+      k[i] = (unsigned char)fdt_next(&rng);
+      v[i] = (unsigned char)fdt_next(&rng);
+    }
+    for (int64_t i = 0; i < kPages * kP * kH; ++i) {
+      k_scale[i] = (float)fdt_uniform(&rng, 0.01, 0.1);
+      v_scale[i] = (float)fdt_uniform(&rng, 0.005, 0.05);
+    }
+    for (int64_t i = 0; i < kBatch * kNew * kH * kD; ++i) {
+      fdt_store(ndt, k_new, i, fdt_uniform(&rng, -3.0, 3.0));
+      fdt_store(ndt, v_new, i, fdt_uniform(&rng, -1.0, 1.0));
+    }
+    memcpy(k_want, k, sizeof k);
+    memcpy(v_want, v, sizeof v);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t len = lens[b] > kMaxPages * kP ? kMaxPages * kP : lens[b];
+      for (int i = 0; i < kNew; ++i) {
+        const int64_t pos = len - kNew + i;
+        if (pos < 0) continue;
+        const int32_t page = table[b][pos / kP];
+        if (page < 0 || page >= kPages) continue;
+        for (int g = 0; g < kH; ++g) {
+          const int64_t slot = page * scale_strides[0] + (pos % kP) * scale_strides[1] + g;
+          const int64_t row = page * cache_strides[0] + (pos % kP) * cache_strides[1] + g * cache_strides[2];
+          for (int d = 0; d < kD; ++d) {
+            const int64_t src = ((b * kNew + i) * kH + g) * kD + d;
+            fdt_append_store(cdt, k_want, row + d, fdt_load(ndt, k_new, src), scaled ? &k_scale[slot] : NULL);
+            fdt_append_store(cdt, v_want, row + d, fdt_load(ndt, v_new, src), scaled ? &v_scale[slot] : NULL);
+          }
+        }
+      }
+    }
+    fd_append_args a;
+    fd_append_args_init(&a, sizeof a);
+    const int64_t new_shape[4] = {kBatch, kNew, kH, kD}, new_strides[4] = {kNew * kH * kD, kH * kD, kD, 1};
+    const int64_t pool_shape[4] = {kPages, kP, kH, kD};
+    const int64_t scale_shape[3] = {kPages, kP, kH};
+    const int64_t bt_shape[2] = {kBatch, kMaxPages}, bt_strides[2] = {kMaxPages, 1};
+    const int64_t lens_shape[1] = {kBatch}, lens_strides[1] = {1};
+    a.k_new = fdt_tensor(k_new, ndt, 4, new_shape, new_strides);
+    a.v_new = fdt_tensor(v_new, ndt, 4, new_shape, new_strides);
+    a.k = fdt_tensor(k, cdt, 4, pool_shape, cache_strides);
+    a.v = fdt_tensor(v, cdt, 4, pool_shape, cache_strides);
+    if (scaled) {
+      a.k_scale = fdt_tensor(k_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+      a.v_scale = fdt_tensor(v_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+    }
+    a.block_table = fdt_tensor((void *)table, FD_DTYPE_I32, 2, bt_shape, bt_strides);
+    a.seq_lens = fdt_tensor((void *)lens, FD_DTYPE_I32, 1, lens_shape, lens_strides);
+    if (fd_append_kv(h, &a, NULL) != FD_SUCCESS) fail_msg("fd_append_kv: %s", last_message());
+    /* The whole buffers: bytes past the pool (of the widest dtype) must not change either. */
+    if (memcmp(k, k_want, sizeof k) != 0 || memcmp(v, v_want, sizeof v) != 0) {
+      for (int64_t i = 0; i < (int64_t)(sizeof k / es); ++i) {
+        if (memcmp(k + i * (int64_t)es, k_want + i * (int64_t)es, es) != 0) {
+          fail_msg("%s cache: k element %lld: got %g, want %g", fdt_dtype_name(cdt), (long long)i, fdt_load(cdt, k, i),
+                   fdt_load(cdt, k_want, i));
+        }
+      }
+      fail_msg("%s cache: v differs", fdt_dtype_name(cdt));
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+/* ---- append then decode ------------------------------------------------------------------------- */
+/* A generated problem whose last new tokens (up to 3 per sequence) are
+ * replaced by padding, then appended from their values (f32, stored value x
+ * scale) with the problem's scales: the cache comes back byte for byte and
+ * the decode matches the reference. */
+static void test_append_then_decode(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0;
+  for (int kd = 0; kd < 3; ++kd) {
+    for (int mode = 0; mode < 4; ++mode) {
+      for (int paged = 0; paged < 2; ++paged) {
+        fdt_case c = base_case(kCacheDtypes[kd], kFloatDtypes[(kd + mode) % 3], (fdt_scale_mode)mode,
+                               paged ? FDT_PAGED_NHD : FDT_BHND);
+        c.page_size = 6;
+        c.seed = 6000 + (uint64_t)((kd * 4 + mode) * 2 + paged);
+        fdt_problem p;
+        assert_int_equal(fdt_problem_make(&p, &c), 0);
+        const int64_t B = c.batch, N = p.c.kv_len, H = c.kv_heads, D = c.head_dim, T = 3;
+        unsigned char *k_orig = malloc(p.kv_bytes), *v_orig = malloc(p.kv_bytes);
+        float *k_new = malloc((size_t)(B * T * H * D) * sizeof(float));
+        float *v_new = malloc((size_t)(B * T * H * D) * sizeof(float));
+        assert_true(k_orig && v_orig && k_new && v_new);
+        memcpy(k_orig, p.k, p.kv_bytes);
+        memcpy(v_orig, p.v, p.kv_bytes);
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t i = 0; i < T; ++i) {
+            const int64_t pos = p.lens[b] - T + i;
+            for (int64_t g = 0; g < H; ++g) {
+              int64_t row = 0;
+              if (pos >= 0) {
+                const fd_tensor *t = &p.args.k;
+                const int64_t outer = paged ? p.block_table[b * (N / c.page_size) + pos / c.page_size] : b;
+                const int64_t inner = paged ? pos % c.page_size : pos;
+                row = outer * t->strides[0] + inner * t->strides[1] + g * t->strides[2];
+                row += ((unsigned char *)t->data - (unsigned char *)p.k);
+              }
+              for (int64_t d = 0; d < D; ++d) {
+                const int64_t src = ((b * T + i) * H + g) * D + d;
+                if (pos < 0) { /* skipped: anything goes */
+                  k_new[src] = NAN;
+                  v_new[src] = 1e30f;
+                  continue;
+                }
+                k_new[src] = (float)p.ref_k[((b * N + pos) * H + g) * D + d];
+                v_new[src] = (float)p.ref_v[((b * N + pos) * H + g) * D + d];
+                ((uint8_t *)p.k)[row + d] = fdt_pad_byte(kCacheDtypes[kd], d);
+                ((uint8_t *)p.v)[row + d] = fdt_pad_byte(kCacheDtypes[kd], d + 1);
+              }
+            }
+          }
+        }
+        fd_append_args a;
+        fd_append_args_init(&a, sizeof a);
+        const int64_t new_shape[4] = {B, T, H, D}, new_strides[4] = {T * H * D, H * D, D, 1};
+        a.k_new = fdt_tensor(k_new, FD_DTYPE_F32, 4, new_shape, new_strides);
+        a.v_new = fdt_tensor(v_new, FD_DTYPE_F32, 4, new_shape, new_strides);
+        a.k = p.args.k;
+        a.v = p.args.v;
+        a.k_scale = p.args.k_scale;
+        a.v_scale = p.args.v_scale;
+        a.seq_lens = p.args.seq_lens;
+        a.block_table = p.args.block_table;
+        if (fd_append_kv(h, &a, NULL) != FD_SUCCESS) fail_msg("fd_append_kv: %s", last_message());
+        if (memcmp(p.k, k_orig, p.kv_bytes) != 0 || memcmp(p.v, v_orig, p.kv_bytes) != 0) {
+          char description[384];
+          fdt_case_describe(&c, description, sizeof description);
+          print_message("append then decode: %s: the cache differs from the original\n", description);
+          ++failures;
+        }
+        failures += decode_and_check(h, &p, "append then decode");
+        free(k_orig);
+        free(v_orig);
+        free(k_new);
+        free(v_new);
+        fdt_problem_free(&p);
+      }
+    }
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
+/* ---- append validation ---------------------------------------------------------------------------- */
+typedef struct append_setup {
+  float k_new[2 * 2 * 2 * 8], v_new[2 * 2 * 2 * 8];
+  uint8_t k[2 * 6 * 2 * 8], v[2 * 6 * 2 * 8];
+  uint16_t k16[2 * 6 * 2 * 8], v16[2 * 6 * 2 * 8];
+  float k_scale[2 * 6 * 2], v_scale[2 * 6 * 2];
+  int32_t lens[2];
+  fd_append_args args;
+} append_setup;
+
+static void make_append_setup(append_setup *s) {
+  memset(s, 0, sizeof *s);
+  for (size_t i = 0; i < sizeof s->k_new / sizeof s->k_new[0]; ++i) s->k_new[i] = s->v_new[i] = 1.0f;
+  memset(s->k, 0xee, sizeof s->k);
+  memset(s->v, 0xee, sizeof s->v);
+  memset(s->k16, 0xee, sizeof s->k16);
+  memset(s->v16, 0xee, sizeof s->v16);
+  for (size_t i = 0; i < sizeof s->k_scale / sizeof s->k_scale[0]; ++i) s->k_scale[i] = s->v_scale[i] = 0.5f;
+  s->lens[0] = 3;
+  s->lens[1] = 6;
+  fd_append_args_init(&s->args, sizeof s->args);
+  const int64_t new_shape[4] = {2, 2, 2, 8}, new_strides[4] = {32, 16, 8, 1};
+  const int64_t cache_shape[4] = {2, 6, 2, 8}, cache_strides[4] = {96, 16, 8, 1};
+  const int64_t scale_shape[3] = {2, 6, 2}, scale_strides[3] = {12, 2, 1};
+  const int64_t lens_shape[1] = {2}, lens_strides[1] = {1};
+  s->args.k_new = fdt_tensor(s->k_new, FD_DTYPE_F32, 4, new_shape, new_strides);
+  s->args.v_new = fdt_tensor(s->v_new, FD_DTYPE_F32, 4, new_shape, new_strides);
+  s->args.k = fdt_tensor(s->k, FD_DTYPE_E4M3, 4, cache_shape, cache_strides);
+  s->args.v = fdt_tensor(s->v, FD_DTYPE_E4M3, 4, cache_shape, cache_strides);
+  s->args.k_scale = fdt_tensor(s->k_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+  s->args.v_scale = fdt_tensor(s->v_scale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+  s->args.seq_lens = fdt_tensor(s->lens, FD_DTYPE_I32, 1, lens_shape, lens_strides);
+}
+
+/* The call fails with `status`, names `name`, and writes nothing. */
+static void expect_append_error(fd_handle *h, append_setup *s, const fd_append_args *a, fd_status status,
+                                const char *name) {
+  assert_int_equal(fd_append_kv(h, a, NULL), status);
+  if (strstr(last_message(), name) == NULL) fail_msg("message \"%s\" does not name %s", last_message(), name);
+  for (size_t i = 0; i < sizeof s->k; ++i) assert_true(s->k[i] == 0xee && s->v[i] == 0xee);
+  for (size_t i = 0; i < sizeof s->k16 / 2; ++i) assert_true(s->k16[i] == 0xeeee && s->v16[i] == 0xeeee);
+}
+
+static void test_append_validation(void **state) {
+  (void)state;
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  static append_setup s;
+  make_append_setup(&s);
+  fd_append_args a = s.args;
+  assert_int_equal(fd_append_kv(h, &a, NULL), FD_SUCCESS); /* the fixture is valid and writes */
+  assert_int_not_equal(s.k[(0 * 6 + 1) * 16], 0xee);
+  make_append_setup(&s);
+
+  assert_int_equal(fd_append_kv(h, NULL, NULL), FD_ERROR_NULL_POINTER);
+  a = s.args;
+  a.k_new.dtype = FD_DTYPE_I32;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "k_new");
+  a = s.args;
+  a.v_new.dtype = FD_DTYPE_E4M3;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "v_new");
+  a = s.args;
+  a.v.dtype = FD_DTYPE_E5M2;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "v");
+  a = s.args;
+  a.k.dtype = FD_DTYPE_I32;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "k");
+  a = s.args;
+  a.k_new.shape[3] = 4;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "k_new");
+  a = s.args;
+  a.v_new.shape[1] = 1;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "v_new");
+  a = s.args;
+  a.k_new.shape[0] = 1; /* dense: the cache's batch is k_new's */
+  a.v_new.shape[0] = 1;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "k");
+  a = s.args;
+  a.k_new.shape[2] = 1;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "k_new");
+  a = s.args;
+  a.k_scale.shape[2] = 3;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "k_scale");
+  a = s.args;
+  a.v_scale.dtype = FD_DTYPE_BF16;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "v_scale");
+  a = s.args;
+  a.seq_lens.shape[0] = 3;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_SHAPE, "seq_lens");
+  a = s.args;
+  a.seq_lens.dtype = FD_DTYPE_F32;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "seq_lens");
+  a = s.args;
+  a.k.data = NULL;
+  expect_append_error(h, &s, &a, FD_ERROR_NULL_POINTER, "k");
+  a = s.args;
+  a.k_new.data = NULL;
+  expect_append_error(h, &s, &a, FD_ERROR_NULL_POINTER, "k_new");
+  /* Overlaps: the cache with k_new, v_new, a scale, seq_lens; a cache over itself. */
+  a = s.args;
+  a.k_new.data = s.k; /* f32 [2, 2, 2, 8]: 256 bytes over the 192 of k and past them */
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_ARGUMENT, "k_new");
+  a = s.args;
+  a.v_new.data = s.k_new; /* inputs may share memory; the cache may not */
+  a.k_new.data = s.v;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_ARGUMENT, "k_new");
+  a = s.args;
+  a.v_scale.data = s.k;
+  a.v_scale.strides[0] = a.v_scale.strides[1] = a.v_scale.strides[2] = 0;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_ARGUMENT, "v_scale");
+  a = s.args;
+  a.seq_lens.data = s.v + 16;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_ARGUMENT, "seq_lens");
+  a = s.args;
+  a.k.strides[1] = 4; /* rows overlapping rows */
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_STRIDE, "k");
+  /* Scales on a 16-bit cache. */
+  a = s.args;
+  a.k.data = s.k16;
+  a.v.data = s.v16;
+  a.k.dtype = a.v.dtype = FD_DTYPE_BF16;
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "k_scale");
+  memset(&a.k_scale, 0, sizeof a.k_scale);
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_DTYPE, "v_scale");
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fdt_formats),        cmocka_unit_test(test_decode_matrix),
+      cmocka_unit_test(test_decode_variants),    cmocka_unit_test(test_decode_wide_scales),
+      cmocka_unit_test(test_batch_invariant),    cmocka_unit_test(test_decode_validation),
+      cmocka_unit_test(test_append_rounding),    cmocka_unit_test(test_append_paged),
+      cmocka_unit_test(test_append_then_decode), cmocka_unit_test(test_append_validation),
+  };
+  return cmocka_run_group_tests_name("quantized", tests, NULL, NULL);
+}
