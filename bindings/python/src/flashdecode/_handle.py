@@ -1043,7 +1043,10 @@ class Handle:
 
         k_new_view, v_new_view = view(k_new, "k_new"), view(v_new, "v_new")
         k_view, v_view = view(k, "k", "cache", writable=True), view(v, "v", "cache", writable=True)
-        _resolve_float_dtype(dtype, (("k_new", k_new_view), ("v_new", v_new_view), ("k", k_view), ("v", v_view)))
+        # The new keys and values may each have a type of their own (the cache's, or another):
+        # dtype= names raw storage among them, and is checked against the cache only.
+        _resolve_float_dtype(dtype, (("k_new", k_new_view), ("v_new", v_new_view)), check_typed=False)
+        _resolve_float_dtype(dtype, (("k", k_view), ("v", v_view)))
         paged = block_table is not None
         _fill(call.args.k_new, k_new_view, _query_dims(k_new_view, layout, "k_new"))
         _fill(call.args.v_new, v_new_view, _query_dims(v_new_view, layout, "v_new"))
@@ -1687,9 +1690,12 @@ def _dtype_choices(dtype: Any) -> Tuple[Optional[DType], Optional[DType]]:
     return wide, narrow
 
 
-def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -> Optional[DType]:
+def _resolve_float_dtype(
+    dtype: Any, views: Tuple[Tuple[str, ArrayView], ...], check_typed: bool = True
+) -> Optional[DType]:
     """Names the type of raw storage (16-bit: a float type; 8-bit, k and v: a cache type) from
-    ``dtype=``, and checks what it names against typed arrays; returns the first array's type."""
+    ``dtype=``, and (``check_typed``) checks what it names against typed arrays; returns the first
+    array's type."""
     wide, narrow = _dtype_choices(dtype)
     for name, found in views:
         if found.dtype is None:
@@ -1708,6 +1714,8 @@ def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -
                         f"{name}: 16-bit integer storage needs dtype='bfloat16' or dtype='float16' to say what it holds",
                     )
                 found.dtype = wide
+        elif not check_typed:
+            continue
         elif found.dtype in CACHE_DTYPES_8_BIT:
             if narrow is not None and found.dtype is not narrow:
                 raise refuse(
