@@ -170,7 +170,7 @@ func TestQuantizedDecodeMatchesTheDequantizedReference(t *testing.T) {
 						b, tok, h := i/(p.kvLen*p.kvHeads*p.dim), i/(p.kvHeads*p.dim)%p.kvLen, i/p.dim%p.kvHeads
 						scale := scaleAt(mode, scales, p.kvLen, p.kvHeads, b, tok, h)
 						if cache == flashdecode.Int8Type && mode == scaleNone {
-							x *= 100
+							x *= 10 // small integers: large scores would need a looser tolerance
 						}
 						bytes[i] = quantize(x/scale, cache)
 						wide[i] = dequantize(bytes[i], cache) * float64(scale)
