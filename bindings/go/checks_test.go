@@ -202,6 +202,14 @@ func TestWithoutThe03Header(t *testing.T) {
 		{"DecodeArgs.LogitSoftcap", func(a *flashdecode.DecodeArgs) { a.LogitSoftcap = 30 }},
 		{"DecodeArgs.AlibiSlopes", func(a *flashdecode.DecodeArgs) { a.AlibiSlopes = flashdecode.Float32(slopes, 8) }},
 		{"DecodeArgs.Sinks", func(a *flashdecode.DecodeArgs) { a.Sinks = flashdecode.Float32(slopes, 8) }},
+		{"DecodeArgs.KScale", func(a *flashdecode.DecodeArgs) {
+			a.KScale = flashdecode.ScalePerTensor(slopes, 1, 100, 2, 64)
+		}},
+		{"DecodeArgs.VScale", func(a *flashdecode.DecodeArgs) { a.VScale = flashdecode.ScalePerHead(slopes, 1, 100, 2, 64) }},
+		{"an 8-bit cache", func(a *flashdecode.DecodeArgs) {
+			cache := make([]int8, 100*2*64)
+			a.K, a.V = flashdecode.Int8(cache, 1, 100, 2, 64), flashdecode.Int8(cache, 1, 100, 2, 64)
+		}},
 	} {
 		with := args
 		variant.set(&with)
@@ -222,6 +230,7 @@ func TestWithoutThe03Header(t *testing.T) {
 		Out:    flashdecode.Float32(q, 1, 1, 8, 64),
 	}), "Handle.MergeStates")
 	needs(handle.MergeStates(&flashdecode.MergeArgs{}), "Handle.MergeStates") // before any argument is read
+	needs(handle.AppendKV(&flashdecode.AppendArgs{}), "Handle.AppendKV")
 	if !strings.HasPrefix(flashdecode.Version(), "0.2.") {
 		t.Fatalf("a 0.2 header with library %s", flashdecode.Version())
 	}

@@ -58,6 +58,14 @@ static void fdgo_set_variant_data(fd_decode_args *args, void *alibi_slopes, void
   args->alibi_slopes.data = alibi_slopes;
   args->sinks.data = sinks;
 }
+static void fdgo_set_scales(fd_decode_args *args, fd_tensor k_scale, fd_tensor v_scale) {
+  args->k_scale = k_scale;
+  args->v_scale = v_scale;
+}
+static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_scale) {
+  args->k_scale.data = k_scale;
+  args->v_scale.data = v_scale;
+}
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   return fd_check_contents(handle, (fd_cuda_stream)stream);
 }
@@ -72,6 +80,12 @@ static void fdgo_set_variants(fd_decode_args *args, int mask, float logit_softca
 static void fdgo_set_variant_data(fd_decode_args *args, void *alibi_slopes, void *sinks) {
   (void)args; (void)alibi_slopes; (void)sinks;
 }
+static void fdgo_set_scales(fd_decode_args *args, fd_tensor k_scale, fd_tensor v_scale) {
+  (void)args; (void)k_scale; (void)v_scale;
+}
+static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_scale) {
+  (void)args; (void)k_scale; (void)v_scale;
+}
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   (void)handle;
   (void)stream;
@@ -85,7 +99,8 @@ static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
 // info) instead of decoding.
 static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, void *k, void *v, void *out,
                              void *lse, void *seq_lens, void *block_table, void *alibi_slopes, void *sinks,
-                             uintptr_t stream, int mode, size_t *bytes, fd_plan_info *info) {
+                             void *k_scale, void *v_scale, uintptr_t stream, int mode, size_t *bytes,
+                             fd_plan_info *info) {
   args.q.data = q;
   args.k.data = k;
   args.v.data = v;
@@ -94,6 +109,7 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
   args.seq_lens.data = seq_lens;
   args.block_table.data = block_table;
   fdgo_set_variant_data(&args, alibi_slopes, sinks);
+  fdgo_set_scale_data(&args, k_scale, v_scale);
   if (mode == FDGO_WORKSPACE_SIZE) return fd_workspace_size(handle, &args, bytes);
   if (mode == FDGO_DESCRIBE_PLAN) return fd_describe_plan(handle, &args, info);
   return fd_decode(handle, &args, (fd_cuda_stream)stream);
@@ -117,8 +133,9 @@ const (
 	HeaderVersionMajor = C.FD_VERSION_MAJOR
 	HeaderVersionMinor = C.FD_VERSION_MINOR
 	// HeaderHas03 says whether that header has 0.3's features (content
-	// checks, SplitTokens, MergeStates, several query tokens and the
-	// attention variants); without them they fail with ErrUnsupported.
+	// checks, SplitTokens, MergeStates, several query tokens, the
+	// attention variants, 8-bit caches with their scales and AppendKV);
+	// without them they fail with ErrUnsupported.
 	HeaderHas03 = C.FDGO_HAS_0_3 == 1
 	// MaxQLen is the most query tokens per sequence (dimension 1 of Q) a
 	// decode takes: FD_MAX_Q_LEN (64) since 0.3, 1 with a 0.2 header.
@@ -171,6 +188,12 @@ func require03(feature string) error {
 // the C helpers live in this file's preamble).
 func setSplitTokens(raw *C.fd_decode_args, tokens int) {
 	C.fdgo_set_split_tokens(raw, C.int64_t(tokens))
+}
+
+// setScales sets fd_decode_args.k_scale and v_scale (a 0.3 header's fields),
+// without their data pointers.
+func setScales(raw *C.fd_decode_args, kScale, vScale C.fd_tensor) {
+	C.fdgo_set_scales(raw, kScale, vScale)
 }
 
 // setVariants sets the attention variants' fields of fd_decode_args (a 0.3
@@ -435,8 +458,8 @@ func (h *Handle) run(args *DecodeArgs, stream uintptr, mode C.int, info *C.fd_pl
 	var bytes C.size_t
 	err = h.locked(func(handle *C.fd_handle) C.fd_status {
 		return C.fdgo_decode(handle, raw, args.Q.data(), args.K.data(), args.V.data(), args.Out.data(), args.LSE.data(),
-			args.SeqLens.data(), args.BlockTable.data(), args.AlibiSlopes.data(), args.Sinks.data(), C.uintptr_t(stream),
-			mode, &bytes, info)
+			args.SeqLens.data(), args.BlockTable.data(), args.AlibiSlopes.data(), args.Sinks.data(), args.KScale.data(),
+			args.VScale.data(), C.uintptr_t(stream), mode, &bytes, info)
 	})
 	runtime.KeepAlive(args)
 	return int(bytes), err

@@ -20,7 +20,16 @@ const (
 	Float16Type  DType = C.FD_DTYPE_F16  // IEEE half, as uint16 bits
 	BFloat16Type DType = C.FD_DTYPE_BF16 // bfloat16, as uint16 bits
 	Int32Type    DType = C.FD_DTYPE_I32
+	// Since 0.3, for K/V caches (pinned values, so that the package builds
+	// against a 0.2 header too): OCP fp8 E4M3 (float8_e4m3fn) and E5M2 as
+	// uint8 bits, and int8.
+	E4M3Type DType = 4
+	E5M2Type DType = 5
+	Int8Type DType = 6
 )
+
+// Is8Bit says whether d is one of the 8-bit cache dtypes (since 0.3).
+func (d DType) Is8Bit() bool { return d == E4M3Type || d == E5M2Type || d == Int8Type }
 
 // Tensor describes memory a call reads or writes: a Go slice (host memory,
 // for the CPU backend) or a device pointer (for the CUDA backend), with a
@@ -35,6 +44,46 @@ type Tensor struct {
 	hostLen  int
 	device   uintptr
 	onDevice bool // made by Device, whatever the address (0 is the library's to refuse)
+}
+
+// Int8 is an int8 K/V cache over a []int8 (since 0.3).
+func Int8(data []int8, shape ...int64) Tensor {
+	return hostTensor(Int8Type, unsafe.Pointer(first(data)), len(data), shape)
+}
+
+// Bytes is an 8-bit K/V cache over its bytes (since 0.3): dtype is
+// E4M3Type, E5M2Type or Int8Type; another dtype makes a tensor the
+// calls refuse (ErrInvalidDType, the library's message).
+func Bytes(data []uint8, dtype DType, shape ...int64) Tensor {
+	return hostTensor(dtype, unsafe.Pointer(first(data)), len(data), shape)
+}
+
+// ScalePerTensor is one dequantization scale for a whole 8-bit cache
+// (since 0.3): data[0] seen as the cache's first three dimensions
+// (cacheShape is K's shape) with strides of 0. Nothing is copied. For a
+// device scale: Device(address, Float32Type, cacheShape[:3]...).WithStrides(0, 0, 0).
+func ScalePerTensor(data []float32, cacheShape ...int64) Tensor {
+	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 0)
+}
+
+// ScalePerHead is one scale per KV head (since 0.3): data ([kv_heads])
+// seen as the cache's first three dimensions with strides {0, 0, 1}.
+func ScalePerHead(data []float32, cacheShape ...int64) Tensor {
+	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 1)
+}
+
+// ScalePerToken is one scale per token and KV head (since 0.3): data is
+// the cache's first three dimensions, row-major ([batch, kv_len, kv_heads],
+// or the pool's [num_pages, page_size, kv_heads]).
+func ScalePerToken(data []float32, cacheShape ...int64) Tensor {
+	return Float32(data, firstThree(cacheShape)...)
+}
+
+func firstThree(shape []int64) []int64 {
+	if len(shape) < 3 {
+		return shape // the shape of a rank the calls refuse, naming the scale
+	}
+	return append([]int64(nil), shape[:3]...)
 }
 
 // Float32 is a tensor over a []float32.
@@ -226,6 +275,14 @@ type DecodeArgs struct {
 	// Sinks (optional, since 0.3) are attention-sink logits: exp(sink[h])
 	// joins every softmax denominator (not the numerator) and the LSE.
 	Sinks Tensor
+	// KScale and VScale (optional, since 0.3) are the Float32Type
+	// dequantization scales of an 8-bit K and V (E4M3Type, E5M2Type or
+	// Int8Type): each element stands for stored*scale. Shaped as the cache
+	// without head_dim ([batch, kv_len, kv_heads], or [num_pages,
+	// page_size, kv_heads]); strides of 0 broadcast: ScalePerTensor,
+	// ScalePerHead, ScalePerToken. Absent: 1. On a 16- or 32-bit cache they
+	// fail with ErrInvalidDType.
+	KScale, VScale Tensor
 }
 
 func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, error) {
@@ -249,7 +306,8 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	}{
 		{"DecodeArgs.Mask", a.Mask != MaskCausal}, {"DecodeArgs.WindowLeft", a.WindowLeft != 0},
 		{"DecodeArgs.LogitSoftcap", a.LogitSoftcap != 0}, {"DecodeArgs.AlibiSlopes", a.AlibiSlopes.present()},
-		{"DecodeArgs.Sinks", a.Sinks.present()},
+		{"DecodeArgs.Sinks", a.Sinks.present()}, {"DecodeArgs.KScale", a.KScale.present()},
+		{"DecodeArgs.VScale", a.VScale.present()}, {"an 8-bit cache", a.K.dtype.Is8Bit() || a.V.dtype.Is8Bit()},
 	} {
 		if variant.set {
 			if err := require03(variant.name); err != nil {
@@ -261,7 +319,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 		return raw, refuse(ErrInvalidArgument, fmt.Sprintf("mask %d does not fit in a C int", a.Mask))
 	}
 	// The slopes and sinks are described here, and set with the scalar variants below.
-	var slopes, sinks C.fd_tensor
+	var slopes, sinks, kScale, vScale C.fd_tensor
 	roles := []struct {
 		name   string
 		tensor Tensor
@@ -270,6 +328,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 		{"q", a.Q, &raw.q}, {"k", a.K, &raw.k}, {"v", a.V, &raw.v}, {"out", a.Out, &raw.out},
 		{"lse", a.LSE, &raw.lse}, {"seq_lens", a.SeqLens, &raw.seq_lens}, {"block_table", a.BlockTable, &raw.block_table},
 		{"alibi_slopes", a.AlibiSlopes, &slopes}, {"sinks", a.Sinks, &sinks},
+		{"k_scale", a.KScale, &kScale}, {"v_scale", a.VScale, &vScale},
 	}
 	for _, role := range roles {
 		if !role.tensor.present() {
@@ -286,6 +345,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	}
 	if HeaderHas03 {
 		setVariants(&raw, a.Mask, a.LogitSoftcap, a.WindowLeft, slopes, sinks)
+		setScales(&raw, kScale, vScale)
 	}
 	return raw, nil
 }

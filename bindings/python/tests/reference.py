@@ -139,3 +139,63 @@ def random_inputs(rng: np.random.Generator, shape: Tuple[int, ...], dtype: str) 
     if dtype == "bfloat16":
         return to_bf16_bits(values)
     return values.astype(dtype)
+
+
+# ---- 8-bit caches (since 0.3) -------------------------------------------------------
+
+
+def _fp8_table(exponent_bits: int, mantissa_bits: int, ieee_specials: bool) -> np.ndarray:
+    """The float64 value of every byte of an OCP fp8 format (NaN for its NaNs, +-inf for E5M2's infinities)."""
+    bias = (1 << (exponent_bits - 1)) - 1
+    table = np.empty(256, np.float64)
+    for byte in range(256):
+        sign = -1.0 if byte & 0x80 else 1.0
+        exponent = (byte >> mantissa_bits) & ((1 << exponent_bits) - 1)
+        mantissa = byte & ((1 << mantissa_bits) - 1)
+        top = (1 << exponent_bits) - 1
+        if ieee_specials and exponent == top:
+            value = math.inf if mantissa == 0 else math.nan
+        elif not ieee_specials and exponent == top and mantissa == (1 << mantissa_bits) - 1:
+            value = math.nan  # E4M3: S.1111.111 only; no infinities
+        elif exponent == 0:
+            value = mantissa / (1 << mantissa_bits) * 2.0 ** (1 - bias)
+        else:
+            value = (1 + mantissa / (1 << mantissa_bits)) * 2.0 ** (exponent - bias)
+        table[byte] = sign * value
+    return table
+
+
+FP8_VALUES = {"float8_e4m3fn": _fp8_table(4, 3, False), "float8_e5m2": _fp8_table(5, 2, True)}
+"""float64 value of each byte: E4M3 (OCP, ``float8_e4m3fn``) and E5M2."""
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def dequantize(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """What the library reads from an 8-bit cache (uint8 bits for fp8, int8 for int8), in float64."""
+    if dtype == "int8":
+        return np.asarray(stored, dtype=np.int8).astype(np.float64)
+    return FP8_VALUES[dtype][np.asarray(stored).view(np.uint8)]
+
+
+def quantize(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The append rounding, for float32 ``x`` (= new / scale in float32): fp8 to nearest even,
+    saturating to the largest finite value, NaN stays NaN (returned as uint8 bits); int8 to nearest
+    even, clamped to [-127, 127], NaN to 0 (returned as int8)."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    if dtype == "int8":
+        with np.errstate(invalid="ignore"):
+            rounded = np.clip(np.rint(np.nan_to_num(x, nan=0.0, posinf=127.0, neginf=-127.0)), -127, 127)
+        return rounded.astype(np.int8)
+    table = FP8_VALUES[dtype]
+    codes = np.arange(128)  # non-negative codes, ascending in value up to the largest finite one
+    finite = codes[np.isfinite(table[:128])]
+    values = table[finite]
+    magnitude = np.minimum(np.abs(np.nan_to_num(x, nan=0.0)), FP8_MAX[dtype])
+    upper = np.clip(np.searchsorted(values, magnitude), 0, len(values) - 1)
+    lower = np.clip(upper - 1, 0, len(values) - 1)
+    below, above = magnitude - values[lower], values[upper] - magnitude
+    pick_upper = (above < below) | ((above == below) & (finite[upper] % 2 == 0))
+    pick_upper |= values[lower] > magnitude
+    code = np.where(pick_upper, finite[upper], finite[lower]).astype(np.uint8)
+    code |= np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7F), code).astype(np.uint8)

@@ -45,7 +45,7 @@ LIBRARY_REJECTS: Dict[str, tuple] = {
     "dtypes differ": (
         lambda p: p.update(k=p["k"].astype(np.float16)),
         flashdecode.InvalidDTypeError,
-        "k: dtype must be f32, got f16",
+        r"k: dtype must be f32 \(that of q\) or an 8-bit cache dtype \(e4m3, e5m2, i8\), got f16",
     ),
     "out dtype": (
         lambda p: p.update(out=np.full((2, 1, 8, 64), SENTINEL, np.int32)),

@@ -121,6 +121,30 @@ def test_new_features_name_the_version_they_need() -> None:
     run_with_old_library(code)
 
 
+def test_quantized_caches_name_the_version_they_need() -> None:
+    # 8-bit caches, their scales and fd_append_kv are 0.3's: refused by name before the library sees them.
+    code = """
+        needs = r"needs libflashdecode 0\\.3 or later \\({}\\); .* is version 0\\.2\\.0"
+        cache = np.zeros((2, 100, 2, 64), np.int8)
+        bits = cache.view(np.uint8)
+        with flashdecode.Handle("cpu", num_threads=2) as handle:
+            with pytest.raises(flashdecode.UnsupportedError, match="an i8 cache " + needs.format("fd_dtype.i8")):
+                handle.decode(q, cache, cache)
+            with pytest.raises(flashdecode.UnsupportedError, match=needs.format("fd_dtype.e5m2")):
+                handle.workspace_size(q, bits, bits, dtype="float8_e5m2")
+            with pytest.raises(flashdecode.UnsupportedError, match="k_scale " + needs.format("fd_decode_args.k_scale")):
+                handle.decode(q, k, v, k_scale=0.5)
+            with pytest.raises(flashdecode.UnsupportedError, match="v_scale " + needs.format("fd_decode_args.v_scale")):
+                flashdecode.flash_decode(q, k, v, layout="NHD", v_scale=np.ones(2, np.float32))
+            with pytest.raises(flashdecode.UnsupportedError, match="append_kv " + needs.format("fd_append_kv")):
+                handle.append_kv(q[:, :, :2], q[:, :, :2], k, v)
+            with pytest.raises(flashdecode.UnsupportedError, match="append_kv"):
+                flashdecode.append_kv(q[:, :, :2], q[:, :, :2], k, v)
+            handle.decode(q, k, v, k_scale=None, v_scale=None)  # absent scales ask nothing of it
+        """
+    run_with_old_library(code)
+
+
 def test_it_validates_contents_as_0_2_did() -> None:
     # 0.2's CPU backend checks seq_lens and block_table on every decode; 0.3 clamps unless asked to check.
     code = """

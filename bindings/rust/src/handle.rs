@@ -215,6 +215,8 @@ pub struct DecodeArgs<'a> {
     logit_softcap: Option<f32>,
     alibi_slopes: Option<Tensor<'a>>,
     sinks: Option<Tensor<'a>>,
+    k_scale: Option<Tensor<'a>>,
+    v_scale: Option<Tensor<'a>>,
 }
 
 impl<'a> DecodeArgs<'a> {
@@ -237,7 +239,25 @@ impl<'a> DecodeArgs<'a> {
             logit_softcap: None,
             alibi_slopes: None,
             sinks: None,
+            k_scale: None,
+            v_scale: None,
         }
+    }
+
+    /// Since 0.3: the f32 dequantization scales of an 8-bit `k` (each element
+    /// stands for `stored * scale`): [`Tensor::scale_per_tensor`],
+    /// [`Tensor::scale_per_head`] or [`Tensor::scale_per_token`] (or any f32
+    /// tensor of the cache's first three dimensions; strides of 0 broadcast).
+    /// Unset: 1. Refused (`InvalidDType`) on a 16- or 32-bit cache.
+    pub fn k_scale(mut self, scale: Tensor<'a>) -> Self {
+        self.k_scale = Some(scale);
+        self
+    }
+
+    /// Since 0.3: the scales of an 8-bit `v`, as [`DecodeArgs::k_scale`].
+    pub fn v_scale(mut self, scale: Tensor<'a>) -> Self {
+        self.v_scale = Some(scale);
+        self
     }
 
     /// Also writes the log-sum-exp of the scores.
@@ -344,6 +364,7 @@ impl<'a> DecodeArgs<'a> {
         if self.sinks.is_some() {
             library.require(3, "sinks")?;
         }
+        require_quantized(library, &self.k, &self.k_scale, &self.v_scale)?;
         // The C API reads 0 as "automatic" or "none": refuse it rather than change its meaning.
         if self.softmax_scale == Some(0.0) {
             return Err(Error::refused(
@@ -379,6 +400,8 @@ impl<'a> DecodeArgs<'a> {
             window_left: self.window_left.unwrap_or(0),
             alibi_slopes: self.alibi_slopes.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             sinks: self.sinks.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            k_scale: self.k_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            v_scale: self.v_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             ..sys::fd_decode_args::default()
         })
     }
@@ -395,6 +418,130 @@ impl<'a> DecodeArgs<'a> {
         found.extend(self.block_table.as_ref().map(|t| ("block_table", t.memory())));
         found.extend(self.alibi_slopes.as_ref().map(|t| ("alibi_slopes", t.memory())));
         found.extend(self.sinks.as_ref().map(|t| ("sinks", t.memory())));
+        found.extend(self.k_scale.as_ref().map(|t| ("k_scale", t.memory())));
+        found.extend(self.v_scale.as_ref().map(|t| ("v_scale", t.memory())));
+        found
+    }
+}
+
+/// What an 8-bit cache or its scales need of the library: 0.3.
+fn require_quantized(
+    library: &Library,
+    k: &Tensor<'_>,
+    k_scale: &Option<Tensor<'_>>,
+    v_scale: &Option<Tensor<'_>>,
+) -> Result<()> {
+    if k.dtype().is_8_bit() {
+        library.require(3, "an 8-bit cache")?;
+    }
+    if k_scale.is_some() {
+        library.require(3, "k_scale")?;
+    }
+    if v_scale.is_some() {
+        library.require(3, "v_scale")?;
+    }
+    Ok(())
+}
+
+/// What [`Handle::append_kv`] reads and writes (since 0.3): this step's new
+/// keys and values, and the cache they go into, converted to its dtype.
+///
+/// `k_new`, `v_new`: `[batch, new_len, kv_heads, head_dim]`, f32, f16 or bf16.
+/// `k`, `v`: the cache as [`DecodeArgs`] takes it (dense, or a page pool with
+/// a block table), of any cache dtype. New token i of sequence b, of length
+/// L (its `seq_lens` entry, the length *with* the new tokens), goes to
+/// position `L - new_len + i`; a negative position, or a page outside the
+/// pool, is not written. Each element is converted from `x = new / scale`
+/// in f32: to f32/f16/bf16 by rounding to nearest even; to E4M3/E5M2 by
+/// rounding to nearest even and saturating to ±448/±57344 (NaN stays NaN);
+/// to i8 by rounding to nearest even and clamping to [-127, 127] (NaN: 0).
+#[derive(Debug)]
+pub struct AppendArgs<'a> {
+    k_new: Tensor<'a>,
+    v_new: Tensor<'a>,
+    k: TensorMut<'a>,
+    v: TensorMut<'a>,
+    k_scale: Option<Tensor<'a>>,
+    v_scale: Option<Tensor<'a>>,
+    seq_lens: Option<Tensor<'a>>,
+    block_table: Option<Tensor<'a>>,
+}
+
+impl<'a> AppendArgs<'a> {
+    /// New keys and values, and the cache they are written into.
+    pub fn new(k_new: Tensor<'a>, v_new: Tensor<'a>, k: TensorMut<'a>, v: TensorMut<'a>) -> Self {
+        AppendArgs {
+            k_new,
+            v_new,
+            k,
+            v,
+            k_scale: None,
+            v_scale: None,
+            seq_lens: None,
+            block_table: None,
+        }
+    }
+
+    /// The scales of an 8-bit `k`, as [`DecodeArgs::k_scale`]; with per-token
+    /// scales, write this step's first: each written position's scale is read.
+    pub fn k_scale(mut self, scale: Tensor<'a>) -> Self {
+        self.k_scale = Some(scale);
+        self
+    }
+
+    /// The scales of an 8-bit `v`.
+    pub fn v_scale(mut self, scale: Tensor<'a>) -> Self {
+        self.v_scale = Some(scale);
+        self
+    }
+
+    /// `[batch]` i32: each sequence's length including the new tokens (unset: the capacity).
+    pub fn seq_lens(mut self, seq_lens: Tensor<'a>) -> Self {
+        self.seq_lens = Some(seq_lens);
+        self
+    }
+
+    /// `[batch, max_pages]` i32 page indices: `k` and `v` are then a page pool.
+    pub fn block_table(mut self, block_table: Tensor<'a>) -> Self {
+        self.block_table = Some(block_table);
+        self
+    }
+
+    /// The cache's keys, for reading them back (a decode after the append).
+    pub fn k(&self) -> Tensor<'_> {
+        self.k.as_tensor()
+    }
+
+    /// The cache's values.
+    pub fn v(&self) -> Tensor<'_> {
+        self.v.as_tensor()
+    }
+
+    fn raw(&self) -> sys::fd_append_args {
+        sys::fd_append_args {
+            k_new: self.k_new.raw(),
+            v_new: self.v_new.raw(),
+            k: self.k.raw(),
+            v: self.v.raw(),
+            k_scale: self.k_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            v_scale: self.v_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            seq_lens: self.seq_lens.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            block_table: self.block_table.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            ..sys::fd_append_args::default()
+        }
+    }
+
+    fn memories(&self) -> Vec<(&'static str, Memory)> {
+        let mut found = vec![
+            ("k_new", self.k_new.memory()),
+            ("v_new", self.v_new.memory()),
+            ("k", self.k.memory()),
+            ("v", self.v.memory()),
+        ];
+        found.extend(self.k_scale.as_ref().map(|t| ("k_scale", t.memory())));
+        found.extend(self.v_scale.as_ref().map(|t| ("v_scale", t.memory())));
+        found.extend(self.seq_lens.as_ref().map(|t| ("seq_lens", t.memory())));
+        found.extend(self.block_table.as_ref().map(|t| ("block_table", t.memory())));
         found
     }
 }
@@ -818,6 +965,33 @@ impl Handle {
         // which live until the end of this function.
         self.library
             .check(unsafe { merge(self.raw.as_ptr(), &raw, stream.as_raw()) })
+    }
+
+    /// Writes new keys and values into a cache, converting them to its dtype
+    /// (`fd_append_kv`, since 0.3; see [`AppendArgs`]). On the CPU backend
+    /// it is synchronous; on CUDA it is enqueued on the legacy default stream.
+    pub fn append_kv(&mut self, args: &mut AppendArgs<'_>) -> Result<()> {
+        self.append_kv_on(args, CudaStream::LEGACY_DEFAULT)
+    }
+
+    /// [`Handle::append_kv`] on a CUDA stream (ignored by the CPU backend).
+    pub fn append_kv_on(&mut self, args: &mut AppendArgs<'_>, stream: CudaStream) -> Result<()> {
+        self.library.require(3, "append_kv")?;
+        let append = self.library.functions().fd_append_kv.ok_or_else(|| {
+            Error::refused(
+                Status::Unsupported,
+                "append_kv: the library does not export fd_append_kv",
+            )
+        })?;
+        for (name, memory) in args.memories() {
+            self.check_placement(name, memory)?;
+        }
+        let raw = args.raw();
+        // SAFETY: the tensors borrow memory that outlives the call (host; the
+        // cache mutably) or was promised valid by an unsafe constructor
+        // (device), and is of the kind this backend reads.
+        self.library
+            .check(unsafe { append(self.raw.as_ptr(), &raw, stream.as_raw()) })
     }
 
     /// Makes the library-owned workspace at least `bytes`, so that decodes

@@ -79,6 +79,8 @@ pub mod sys;
 mod tensor;
 
 pub use error::{Error, Result, Status};
-pub use handle::{AttentionMask, Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo};
+pub use handle::{
+    AppendArgs, AttentionMask, Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo,
+};
 pub use library::Library;
 pub use tensor::{CudaStream, DType, Memory, Tensor, TensorMut};

@@ -328,6 +328,8 @@ fn resolve_functions(dl: *mut c_void, library: &OsStr, minor: u32) -> Result<sys
         fd_check_contents since 3,
         fd_merge_args_init since 3,
         fd_merge_states since 3,
+        fd_append_args_init since 3,
+        fd_append_kv since 3,
     );
     Ok(functions)
 }
@@ -365,11 +367,14 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
         ("fd_decode_args", offset(&args, &args.window_left), 3),
         ("fd_decode_args", offset(&args, &args.alibi_slopes), 3),
         ("fd_decode_args", offset(&args, &args.sinks), 3),
+        ("fd_decode_args", offset(&args, &args.k_scale), 3),
+        ("fd_decode_args", offset(&args, &args.v_scale), 3),
     ];
     let ours = match name {
         "fd_options" => std::mem::size_of::<sys::fd_options>(),
         "fd_decode_args" => std::mem::size_of::<sys::fd_decode_args>(),
         "fd_merge_args" => std::mem::size_of::<sys::fd_merge_args>(),
+        "fd_append_args" => std::mem::size_of::<sys::fd_append_args>(),
         _ => std::mem::size_of::<sys::fd_plan_info>(),
     };
     added
@@ -416,6 +421,14 @@ fn check_compatible(loaded: &Loaded) -> Result<()> {
             std::mem::size_of::<sys::fd_merge_args>(),
         ));
     }
+    if let Some(init) = loaded.functions.fd_append_args_init {
+        sizes.push((
+            "fd_append_args",
+            // SAFETY: as above.
+            unsafe { init(std::ptr::null_mut(), 0) },
+            std::mem::size_of::<sys::fd_append_args>(),
+        ));
+    }
     for (name, library_size, ours) in sizes {
         let (expected, wrong) = if minor < sys::VERSION_MINOR {
             let expected = struct_size_of_minor(name, minor);
@@ -453,7 +466,8 @@ mod tests {
         assert_eq!(struct_size_of_minor("fd_decode_args", 2), 584);
         assert_eq!(struct_size_of_minor("fd_plan_info", 2), 56);
         assert_eq!(struct_size_of_minor("fd_options", 3), 32);
-        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 768);
+        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 928);
+        assert_eq!(struct_size_of_minor("fd_append_args", 3), 648);
         assert_eq!(struct_size_of_minor("fd_merge_args", 3), 192);
     }
 
@@ -470,6 +484,8 @@ mod tests {
         assert_eq!(offset(&args, &args.window_left), 600);
         assert_eq!(offset(&args, &args.alibi_slopes), 608);
         assert_eq!(offset(&args, &args.sinks), 688);
-        assert_eq!(std::mem::size_of::<crate::sys::fd_decode_args>(), 768);
+        assert_eq!(offset(&args, &args.k_scale), 768);
+        assert_eq!(offset(&args, &args.v_scale), 848);
+        assert_eq!(std::mem::size_of::<crate::sys::fd_decode_args>(), 928);
     }
 }

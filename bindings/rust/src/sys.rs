@@ -152,6 +152,11 @@ pub struct fd_decode_args {
     pub alibi_slopes: fd_tensor,
     /// Since 0.3: optional attention-sink logits `[q_heads]`, f32.
     pub sinks: fd_tensor,
+    /// Since 0.3: optional dequantization scales of an 8-bit `k`, f32, `[batch, kv_capacity, kv_heads]`
+    /// (dense) or `[num_pages, page_size, kv_heads]` (paged); strides of 0 broadcast.
+    pub k_scale: fd_tensor,
+    /// Since 0.3: optional dequantization scales of an 8-bit `v`, as `k_scale`.
+    pub v_scale: fd_tensor,
 }
 
 impl Default for fd_decode_args {
@@ -175,6 +180,8 @@ impl Default for fd_decode_args {
             window_left: 0,
             alibi_slopes: fd_tensor::ABSENT,
             sinks: fd_tensor::ABSENT,
+            k_scale: fd_tensor::ABSENT,
+            v_scale: fd_tensor::ABSENT,
         }
     }
 }
@@ -258,6 +265,47 @@ impl Default for fd_merge_args {
     }
 }
 
+/// `fd_append_args` (since 0.3): what `fd_append_kv` reads and writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fd_append_args {
+    /// `sizeof(fd_append_args)` as the caller compiled it.
+    pub struct_size: usize,
+    /// New keys, `[batch, new_len, kv_heads, head_dim]`, f32, f16 or bf16.
+    pub k_new: fd_tensor,
+    /// New values, same shape as `k_new`.
+    pub v_new: fd_tensor,
+    /// Key cache (dense or page pool), written.
+    pub k: fd_tensor,
+    /// Value cache, same shape and dtype as `k`, written.
+    pub v: fd_tensor,
+    /// Optional scales of an 8-bit `k`, as in [`fd_decode_args::k_scale`].
+    pub k_scale: fd_tensor,
+    /// Optional scales of an 8-bit `v`.
+    pub v_scale: fd_tensor,
+    /// Optional `[batch]` i32 lengths including the new tokens.
+    pub seq_lens: fd_tensor,
+    /// Optional `[batch, max_pages]` i32 block table (absent: dense cache).
+    pub block_table: fd_tensor,
+}
+
+impl Default for fd_append_args {
+    /// What `fd_append_args_init` writes: every tensor absent.
+    fn default() -> Self {
+        fd_append_args {
+            struct_size: std::mem::size_of::<fd_append_args>(),
+            k_new: fd_tensor::ABSENT,
+            v_new: fd_tensor::ABSENT,
+            k: fd_tensor::ABSENT,
+            v: fd_tensor::ABSENT,
+            k_scale: fd_tensor::ABSENT,
+            v_scale: fd_tensor::ABSENT,
+            seq_lens: fd_tensor::ABSENT,
+            block_table: fd_tensor::ABSENT,
+        }
+    }
+}
+
 /// Every exported function, resolved from a loaded library. A function of
 /// a later minor version than 0.2 is an `Option`: `None` in an older library.
 #[derive(Clone, Copy, Debug)]
@@ -299,4 +347,8 @@ pub struct Functions {
     /// `fd_status fd_merge_states(fd_handle *, const fd_merge_args *, fd_cuda_stream)` (since 0.3).
     pub fd_merge_states:
         Option<unsafe extern "C" fn(*mut fd_handle, *const fd_merge_args, fd_cuda_stream) -> fd_status>,
+    /// `size_t fd_append_args_init(fd_append_args *, size_t)` (since 0.3).
+    pub fd_append_args_init: Option<unsafe extern "C" fn(*mut fd_append_args, usize) -> usize>,
+    /// `fd_status fd_append_kv(fd_handle *, const fd_append_args *, fd_cuda_stream)` (since 0.3).
+    pub fd_append_kv: Option<unsafe extern "C" fn(*mut fd_handle, *const fd_append_args, fd_cuda_stream) -> fd_status>,
 }

@@ -19,6 +19,20 @@ pub enum DType {
     Bf16 = 2,
     /// `i32`, for sequence lengths and block tables.
     I32 = 3,
+    /// Since 0.3: OCP fp8 E4M3 (`float8_e4m3fn`), for K/V caches, stored as `u8` bits.
+    E4m3 = 4,
+    /// Since 0.3: OCP fp8 E5M2 (`float8_e5m2`), for K/V caches, stored as `u8` bits.
+    E5m2 = 5,
+    /// Since 0.3: `i8`, for K/V caches.
+    I8 = 6,
+}
+
+impl DType {
+    /// Whether this is one of the 8-bit cache dtypes of 0.3 ([`E4m3`](DType::E4m3),
+    /// [`E5m2`](DType::E5m2), [`I8`](DType::I8)).
+    pub fn is_8_bit(self) -> bool {
+        matches!(self, DType::E4m3 | DType::E5m2 | DType::I8)
+    }
 }
 
 /// Where a tensor's memory is: the CPU backend reads host memory, the CUDA
@@ -182,6 +196,9 @@ macro_rules! tensor_common {
                 0 => DType::F32,
                 1 => DType::F16,
                 2 => DType::Bf16,
+                4 => DType::E4m3,
+                5 => DType::E5m2,
+                6 => DType::I8,
                 _ => DType::I32,
             }
         }
@@ -231,6 +248,86 @@ impl<'a> Tensor<'a> {
         Self::host(data, DType::Bf16, shape)
     }
 
+    /// An 8-bit cache given as its bytes (since 0.3): `dtype` is [`DType::E4m3`],
+    /// [`DType::E5m2`] or [`DType::I8`] (the bytes of `i8`s); any other dtype is refused.
+    pub fn bytes(data: &'a [u8], dtype: DType, shape: &[i64]) -> Result<Self> {
+        check_8_bit(dtype)?;
+        Self::host(data, dtype, shape)
+    }
+
+    /// An `i8` cache (since 0.3): the value of each element is the integer (times its scale).
+    pub fn i8(data: &'a [i8], shape: &[i64]) -> Result<Self> {
+        Self::host(data, DType::I8, shape)
+    }
+
+    /// One dequantization scale for a whole 8-bit cache (since 0.3): `[scale]`
+    /// seen as the cache's first three dimensions with strides of 0. `cache_shape`
+    /// is the cache's shape (`k.shape()`); nothing is copied.
+    pub fn scale_per_tensor(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
+        Self::host(data, DType::F32, &[1])?.broadcast_scale(cache_shape, Scales::Tensor)
+    }
+
+    /// One scale per KV head (since 0.3): `[kv_heads]` seen as the cache's
+    /// first three dimensions with strides `{0, 0, 1}`.
+    pub fn scale_per_head(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
+        let heads = cache_shape.get(2).copied().unwrap_or(0);
+        Self::host(data, DType::F32, &[heads])?.broadcast_scale(cache_shape, Scales::Head)
+    }
+
+    /// One scale per token and KV head (since 0.3): a contiguous
+    /// `[batch, kv_capacity, kv_heads]` (dense) or `[num_pages, page_size, kv_heads]` (paged)
+    /// array, the cache's shape without head_dim.
+    pub fn scale_per_token(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
+        Self::host(data, DType::F32, &cache_shape[..cache_shape.len().min(3)])
+    }
+
+    /// `self` (a 1-element or a `[kv_heads]` f32 tensor, host or device) broadcast
+    /// over the cache's first three dimensions by strides of 0, as a scale.
+    fn broadcast_scale(self, cache_shape: &[i64], scales: Scales) -> Result<Self> {
+        if cache_shape.len() < 3 {
+            return Err(Error::refused(
+                Status::InvalidShape,
+                format!("scale: the cache's shape {:?} has fewer than 3 dimensions", cache_shape),
+            ));
+        }
+        let mut view = self.view;
+        view.raw.ndim = 3;
+        view.raw.shape[..3].copy_from_slice(&cache_shape[..3]);
+        let head_stride = match scales {
+            Scales::Tensor => 0,
+            Scales::Head => self.view.raw.strides[0],
+        };
+        view.raw.strides[..3].copy_from_slice(&[0, 0, head_stride]);
+        if scales == Scales::Head {
+            view.raw.shape[2] = self.view.raw.shape[0]; // the library checks it against the cache's kv_heads
+        }
+        view.check()?;
+        Ok(Tensor {
+            view,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Device scales (since 0.3): `data` is one f32 for the whole cache
+    /// ([`Tensor::scale_per_tensor`]'s form) or `[kv_heads]` f32s
+    /// ([`Tensor::scale_per_head`]'s, with `per_head`), seen as the cache's
+    /// first three dimensions by strides of 0. For per-token scales use
+    /// [`Tensor::device`] with the cache's first three dimensions.
+    ///
+    /// # Safety
+    ///
+    /// As [`Tensor::device`].
+    pub unsafe fn device_scale(data: *const c_void, cache_shape: &[i64], per_head: bool) -> Result<Self> {
+        if per_head {
+            let heads = cache_shape.get(2).copied().unwrap_or(0);
+            // SAFETY: the caller's promise.
+            unsafe { Self::device(data, DType::F32, &[heads]) }?.broadcast_scale(cache_shape, Scales::Head)
+        } else {
+            // SAFETY: the caller's promise.
+            unsafe { Self::device(data, DType::F32, &[1]) }?.broadcast_scale(cache_shape, Scales::Tensor)
+        }
+    }
+
     /// `i32` elements (sequence lengths, block tables).
     pub fn i32(data: &'a [i32], shape: &[i64]) -> Result<Self> {
         Self::host(data, DType::I32, shape)
@@ -273,6 +370,27 @@ impl<'a> TensorMut<'a> {
         Self::host(data, DType::F16, shape)
     }
 
+    /// An 8-bit cache given as its bytes, written by
+    /// [`Handle::append_kv`](crate::Handle::append_kv) (since 0.3): `dtype` is
+    /// [`DType::E4m3`], [`DType::E5m2`] or [`DType::I8`].
+    pub fn bytes(data: &'a mut [u8], dtype: DType, shape: &[i64]) -> Result<Self> {
+        check_8_bit(dtype)?;
+        Self::host(data, dtype, shape)
+    }
+
+    /// An `i8` cache, written by [`Handle::append_kv`](crate::Handle::append_kv) (since 0.3).
+    pub fn i8(data: &'a mut [i8], shape: &[i64]) -> Result<Self> {
+        Self::host(data, DType::I8, shape)
+    }
+
+    /// The same memory, read-only: for the decode after an append.
+    pub fn as_tensor(&self) -> Tensor<'_> {
+        Tensor {
+            view: self.view,
+            _borrow: PhantomData,
+        }
+    }
+
     /// bfloat16 elements given as their `u16` bits.
     pub fn bf16(data: &'a mut [u16], shape: &[i64]) -> Result<Self> {
         Self::host(data, DType::Bf16, shape)
@@ -292,6 +410,25 @@ impl<'a> TensorMut<'a> {
     }
 
     tensor_common!();
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scales {
+    Tensor,
+    Head,
+}
+
+fn check_8_bit(dtype: DType) -> Result<()> {
+    if dtype.is_8_bit() {
+        return Ok(());
+    }
+    Err(Error::refused(
+        Status::InvalidDType,
+        format!(
+            "tensor: bytes hold an 8-bit cache dtype (E4m3, E5m2, I8), not {:?}",
+            dtype
+        ),
+    ))
 }
 
 /// A CUDA stream (`cudaStream_t`) for [`Handle::decode_on`](crate::Handle::decode_on).

@@ -464,7 +464,11 @@ fn library_errors_carry_its_message_and_write_nothing() {
             "alibi_slopes: q_heads must be 8 (from q), got 4",
         ),
         ("sinks dtype", Status::InvalidDType, "sinks: dtype must be f32, got f16"),
-        ("dtypes differ", Status::InvalidDType, "k: dtype must be f32, got f16"),
+        (
+            "dtypes differ",
+            Status::InvalidDType,
+            "k: dtype must be f32 (that of q) or an 8-bit cache dtype (e4m3, e5m2, i8), got f16",
+        ),
         ("shape", Status::InvalidShape, "v: batch must be 2 (from k)"),
     ];
     for (case, status, needle) in cases {

@@ -5,7 +5,7 @@
 //! as 0.2 does; the 0.3 features fail with `Status::Unsupported`, naming the
 //! version they need. Without the variable every test here passes vacuously.
 
-use flashdecode::{AttentionMask, DecodeArgs, Library, MergeArgs, Options, Status, Tensor, TensorMut};
+use flashdecode::{AppendArgs, AttentionMask, DecodeArgs, Library, MergeArgs, Options, Status, Tensor, TensorMut};
 
 fn old_library() -> Option<Library> {
     match std::env::var_os("FLASHDECODE_OLD_LIBRARY") {
@@ -122,6 +122,38 @@ fn loads_and_decodes_without_the_new_features() {
     let mut scratch = vec![0f32; q.len()];
     let mut no_states = MergeArgs::new(TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap());
     needs(handle.merge_states(&mut no_states).unwrap_err(), "merge_states"); // before any argument is read
+
+    // 8-bit caches, their scales and append_kv are 0.3's.
+    assert!(library.functions().fd_append_kv.is_none());
+    let cache = vec![0i8; 2 * 100 * 2 * 64];
+    let one = [0.5f32];
+    let cache_shape = [2, 100, 2, 64];
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+        Tensor::i8(&cache, &cache_shape).unwrap(),
+        Tensor::i8(&cache, &cache_shape).unwrap(),
+        TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap(),
+    );
+    needs(handle.decode(&mut args).unwrap_err(), "an 8-bit cache");
+    drop(args);
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+        TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap(),
+    )
+    .v_scale(Tensor::scale_per_tensor(&one, &cache_shape).unwrap());
+    needs(handle.decode(&mut args).unwrap_err(), "v_scale");
+    drop(args);
+    let new = vec![0f32; 2 * 2 * 64];
+    let (mut k8, mut v8) = (cache.clone(), cache.clone());
+    let mut args = AppendArgs::new(
+        Tensor::f32(&new, &[2, 1, 2, 64]).unwrap(),
+        Tensor::f32(&new, &[2, 1, 2, 64]).unwrap(),
+        TensorMut::i8(&mut k8, &cache_shape).unwrap(),
+        TensorMut::i8(&mut v8, &cache_shape).unwrap(),
+    );
+    needs(handle.append_kv(&mut args).unwrap_err(), "append_kv");
 }
 
 #[test]

@@ -21,6 +21,12 @@ the attention over the whole cache (since 0.3)::
 
     out = flashdecode.merge_states([prefix_out, suffix_out], [prefix_lse, suffix_lse])
 
+8-bit K/V caches (fp8 E4M3/E5M2 or int8, since 0.3) with their scales; new
+tokens are quantized into the cache by :func:`append_kv`::
+
+    handle.append_kv(k_new, v_new, k_cache, v_cache, seq_lens=lens, k_scale=ks, v_scale=vs)
+    out = handle.decode(q, k_cache, v_cache, seq_lens=lens, k_scale=ks, v_scale=vs)
+
 NumPy arrays run on the CPU backend; CUDA arrays from any library with
 ``__cuda_array_interface__`` or ``__dlpack__`` run on the CUDA backend;
 PyTorch tensors, CPU or CUDA, are read directly. Failures raise
@@ -59,7 +65,18 @@ from ._errors import (
     WorkspaceTooSmallError,
 )
 from . import _torch
-from ._handle import LAYOUTS, Backend, Handle, Layout, Merge, PlanInfo, flash_decode, host_workspace, merge_states
+from ._handle import (
+    LAYOUTS,
+    Backend,
+    Handle,
+    Layout,
+    Merge,
+    PlanInfo,
+    append_kv,
+    flash_decode,
+    host_workspace,
+    merge_states,
+)
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.3.0"
@@ -128,6 +145,7 @@ __all__ = [
     "Status",
     "UnsupportedError",
     "WorkspaceTooSmallError",
+    "append_kv",
     "flash_decode",
     "host_workspace",
     "load_library",

@@ -35,7 +35,16 @@ class DType(enum.IntEnum):
     F16 = 1
     BF16 = 2
     I32 = 3
+    E4M3 = 4
+    """Since 0.3: OCP fp8 E4M3 (``float8_e4m3fn``), for K/V caches."""
+    E5M2 = 5
+    """Since 0.3: OCP fp8 E5M2 (``float8_e5m2``), for K/V caches."""
+    I8 = 6
+    """Since 0.3: int8, for K/V caches."""
 
+
+CACHE_DTYPES_8_BIT = (DType.E4M3, DType.E5M2, DType.I8)
+"""The 8-bit cache dtypes (since 0.3): k and v only, with optional ``k_scale``/``v_scale``."""
 
 _DTYPE_NAMES: Dict[str, DType] = {
     "float32": DType.F32,
@@ -47,11 +56,18 @@ _DTYPE_NAMES: Dict[str, DType] = {
     "bf16": DType.BF16,
     "int32": DType.I32,
     "i32": DType.I32,
+    "float8_e4m3fn": DType.E4M3,
+    "e4m3": DType.E4M3,
+    "float8_e5m2": DType.E5M2,
+    "e5m2": DType.E5M2,
+    "int8": DType.I8,
+    "i8": DType.I8,
 }
 
 
 def as_dtype(value: Any) -> DType:
-    """A :class:`DType` from a DType, a name (``"bfloat16"``, ``"bf16"``, ...), a NumPy or a PyTorch dtype."""
+    """A :class:`DType` from a DType, a name (``"bfloat16"``, ``"bf16"``, ``"float8_e4m3fn"``, ...),
+    a NumPy (ml_dtypes included) or a PyTorch dtype."""
     if isinstance(value, DType):
         return value
     if isinstance(value, str):
@@ -64,7 +80,9 @@ def as_dtype(value: Any) -> DType:
     found = _DTYPE_NAMES.get(key.lower().rpartition(".")[2])
     if found is None:
         raise refuse(
-            InvalidDTypeError, f"dtype: unknown element type {value!r}; use 'float32', 'float16' or 'bfloat16'"
+            InvalidDTypeError,
+            f"dtype: unknown element type {value!r}; use 'float32', 'float16' or 'bfloat16' "
+            "(or, for an 8-bit K/V cache, 'float8_e4m3fn', 'float8_e5m2' or 'int8')",
         )
     return found
 
@@ -80,7 +98,8 @@ class ArrayView:
     Attributes:
         pointer: address of the first element.
         dtype: its element type; None for 16-bit integer storage (``uint16``)
-            whose float type the caller names with ``dtype=``.
+            whose float type the caller names with ``dtype=``, or (k and v)
+            8-bit storage (``uint8``) whose cache type ``dtype=`` names.
         itemsize: bytes per element.
         shape: extents, in the array's own dimension order.
         strides: distances in elements (not bytes).
@@ -126,10 +145,12 @@ def view_array(
     Args:
         obj: the array.
         name: its role, for messages (``"q"``, ``"seq_lens"``, ...).
-        kind: ``"float"`` (q, k, v, out, lse), ``"float32"`` (alibi_slopes,
-            sinks: no 16-bit storage), ``"int32"`` (seq_lens, block_table)
-            or ``"bytes"`` (a workspace: any dtype); only used to word the
-            error for a dtype the C API cannot express.
+        kind: ``"float"`` (q, out, lse, new keys and values), ``"cache"``
+            (k and v: also 8-bit types, and ``uint8`` storage),
+            ``"float32"`` (alibi_slopes, sinks, scales: no 16-bit storage),
+            ``"int32"`` (seq_lens, block_table) or ``"bytes"`` (a workspace:
+            any dtype); used to word the error for a dtype the C API cannot
+            express, and to allow raw storage where a dtype= may name it.
         writable: the call writes it: it must not be read-only, and must be
             an array (a list would be written as a temporary copy).
         cuda_stream: the stream the call runs on, passed to ``__dlpack__`` so
@@ -284,9 +305,15 @@ _NUMPY_DTYPES = {
     np.dtype(np.float32): DType.F32,
     np.dtype(np.float16): DType.F16,
     np.dtype(np.int32): DType.I32,
+    np.dtype(np.int8): DType.I8,
 }
+# ml_dtypes' types, by name (without importing ml_dtypes); float8_e4m3 (IEEE-like, with
+# infinities), e4m3fnuz and e5m2fnuz are other formats and stay refused.
+_NUMPY_DTYPE_NAMES = {"bfloat16": DType.BF16, "float8_e4m3fn": DType.E4M3, "float8_e5m2": DType.E5M2}
 _KIND_HINTS = {
     "float": "use float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 bits with dtype='bfloat16')",
+    "cache": "use float32, float16, bfloat16, or an 8-bit cache type: ml_dtypes.float8_e4m3fn, "
+    "ml_dtypes.float8_e5m2, int8, or uint8 bits with dtype='float8_e4m3fn' or 'float8_e5m2'",
     "float32": "it must be float32",
     "int32": "it must be int32",
     "bytes": "",
@@ -296,15 +323,18 @@ _KIND_HINTS = {
 def _numpy_dtype(dtype: np.dtype, name: str, kind: str) -> Optional[DType]:
     if kind == "bytes":
         return None
-    if dtype.name == "bfloat16":  # ml_dtypes.bfloat16, without importing ml_dtypes
-        return DType.BF16
+    named = _NUMPY_DTYPE_NAMES.get(dtype.name)  # ml_dtypes' types, without importing ml_dtypes
+    if named is not None and dtype.itemsize == (2 if named is DType.BF16 else 1):
+        return named
     if not dtype.isnative:
         raise refuse(InvalidDTypeError, f"{name}: {dtype} is not in native byte order")
     found = _NUMPY_DTYPES.get(dtype)
     if found is not None:
         return found
-    if kind == "float" and dtype.itemsize == 2 and dtype.kind in "uiV":
+    if kind in ("float", "cache") and dtype.itemsize == 2 and dtype.kind in "uiV":
         return None  # raw 16-bit storage: the caller names the float type
+    if kind == "cache" and dtype.itemsize == 1 and (dtype.kind == "u" or dtype.name == "void8"):
+        return None  # raw 8-bit storage (not another 8-bit float type): the caller names the cache type
     raise refuse(InvalidDTypeError, f"{name}: dtype {dtype} is not supported; {_KIND_HINTS[kind]}")
 
 
@@ -388,6 +418,7 @@ def _cuda_ordinal(obj: Any) -> Optional[int]:
 
 _TORCH_HINTS = {
     "float": "use torch.float32, torch.float16 or torch.bfloat16",
+    "cache": "use torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8",
     "float32": "it must be torch.float32",
     "int32": "it must be torch.int32",
     "bytes": "",
@@ -430,7 +461,10 @@ def _from_torch(
         code = torch_state.dtypes.get(tensor.dtype)
         if code is not None:
             dtype = DType(code)
-        elif not (kind == "float" and tensor.dtype in torch_state.raw_16_bit):  # 16-bit storage: dtype= names it
+        elif not (
+            (kind in ("float", "cache") and tensor.dtype in torch_state.raw_16_bit)
+            or (kind == "cache" and tensor.dtype in torch_state.raw_8_bit)
+        ):  # 16-bit (or, for a cache, 8-bit) storage: dtype= names it
             raise refuse(InvalidDTypeError, f"{name}: dtype {tensor.dtype} is not supported; {_TORCH_HINTS[kind]}")
     if location == CUDA and cuda_stream is not None and cuda_stream != torch_state.current_stream(ordinal):
         # Another stream than PyTorch's current one: it waits for the work
@@ -465,11 +499,15 @@ def _wait_for_current_stream(torch: Any, device: int, stream: int) -> None:
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 _DLPACK_DEVICE_TYPES = (_DL_CUDA, _DL_CUDA_MANAGED)
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
+_DL_FLOAT8_E4M3FN, _DL_FLOAT8_E5M2 = 10, 12  # DLPack 1.1's kDLFloat8_e4m3fn, kDLFloat8_e5m2
 _DLPACK_DTYPES = {
     (_DL_FLOAT, 32): DType.F32,
     (_DL_FLOAT, 16): DType.F16,
     (_DL_BFLOAT, 16): DType.BF16,
     (_DL_INT, 32): DType.I32,
+    (_DL_INT, 8): DType.I8,
+    (_DL_FLOAT8_E4M3FN, 8): DType.E4M3,
+    (_DL_FLOAT8_E5M2, 8): DType.E5M2,
 }
 
 
@@ -587,7 +625,9 @@ def _from_dlpack(obj: Any, name: str, kind: str, cuda_stream: Optional[int]) -> 
         dtype = None
     elif (code, bits) in _DLPACK_DTYPES:
         dtype = _DLPACK_DTYPES[(code, bits)]
-    elif kind == "float" and bits == 16 and code in (_DL_INT, _DL_UINT):
+    elif kind in ("float", "cache") and bits == 16 and code in (_DL_INT, _DL_UINT):
+        dtype = None
+    elif kind == "cache" and bits == 8 and code == _DL_UINT:
         dtype = None
     else:
         raise refuse(

@@ -19,6 +19,7 @@ from . import _library, _torch
 from ._arrays import (
     CUDA,
     HOST,
+    CACHE_DTYPES_8_BIT,
     ArrayView,
     DType,
     allocator_like,
@@ -146,6 +147,13 @@ class _PreparedCall:
     lse: Any = None
     out_allocator: Optional[Callable[[], Any]] = None  # set when decode allocated out
     lse_allocator: Optional[Callable[[], Any]] = None
+
+
+@dataclass
+class _PreparedAppend:
+    args: "_library.FdAppendArgs"
+    stream: int
+    views: List[ArrayView] = field(default_factory=list)  # keeps every array (and capsule) alive
 
 
 @dataclass
@@ -301,6 +309,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -326,6 +336,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -350,6 +362,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -417,13 +431,32 @@ class Handle:
                 0.3. A query token that sees no key (an empty sequence, or
                 q_len > L under the causal mask) gets zeros and LSE -inf,
                 or LSE ``sink[h]`` with sinks.
+            k_scale, v_scale: float32 dequantization scales of an 8-bit
+                cache (since 0.3): each cache element stands for
+                ``stored value * scale``. A size-1 array (0-d, ``[1]``, ...)
+                is one scale for the whole cache, a 1-d ``[kv_heads]`` array
+                one per KV head, and a 3-d array one per token and head,
+                shaped like the cache without head_dim (``[batch, kv_len,
+                kv_heads]``, or the pool's ``[num_pages, page_size,
+                kv_heads]``, in ``layout``'s order). The smaller forms are
+                passed as strides of 0: nothing is copied and the scales are
+                read where they are, at run time (device memory on CUDA: a
+                captured graph replays with their current values). A Python
+                float or list is accepted on the CPU backend. Absent: 1.
+                Refused (InvalidDTypeError) for a 16- or 32-bit cache.
             layout: ``"NHD"`` or ``"HND"``: the dimension order of q and out
                 as well as of k and v (and lse's), see :data:`LAYOUTS`.
                 :func:`flash_decode` defaults to ``"HND"``, this method to
                 ``"NHD"``; when the shapes only fit the other one, the error says so.
             dtype: the element type of q, k and v when their storage does not
                 say it: ``"bfloat16"`` or ``"float16"`` for ``uint16`` arrays
-                holding the bits.
+                holding the bits; ``"float8_e4m3fn"``, ``"float8_e5m2"`` (or
+                ``"int8"``) for a ``uint8`` k and v holding an 8-bit cache
+                (since 0.3). An 8-bit name applies to k and v only; a pair
+                ``("bfloat16", "float8_e4m3fn")`` names both kinds of storage.
+                Typed arrays (``int8``, ``ml_dtypes.float8_e4m3fn``,
+                ``torch.float8_e5m2``, ...) say their own and are checked
+                against it.
             stream: CUDA backend: the stream to enqueue on (an int
                 ``cudaStream_t`` or a PyTorch/CuPy/Numba stream). Default:
                 PyTorch's current stream for PyTorch tensors, else the stream
@@ -456,8 +489,9 @@ class Handle:
                 raise :class:`InvalidLengthError` and
                 :class:`InvalidBlockTableError` (see :class:`Handle`).
             UnsupportedError: ``split_tokens``, ``causal=False``,
-                ``window_left``, ``logit_softcap``, ``alibi_slopes`` or
-                ``sinks`` with a library older than 0.3 (which also refuses
+                ``window_left``, ``logit_softcap``, ``alibi_slopes``,
+                ``sinks``, ``k_scale``, ``v_scale`` or an 8-bit cache with a
+                library older than 0.3 (which also refuses
                 q_len > 1).
             TypeError: an argument is not an array at all.
         """
@@ -467,11 +501,11 @@ class Handle:
                 return _compiled_decode(
                     torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
                     softmax_scale, num_splits, split_tokens, layout, dtype, stream,
-                    causal, window_left, logit_softcap, alibi_slopes, sinks,
+                    causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
                 )  # fmt: skip
         return self._decode(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout,
-            dtype, stream, causal, window_left, logit_softcap, alibi_slopes, sinks,
+            dtype, stream, causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
         )  # fmt: skip
 
     def _decode(
@@ -495,11 +529,13 @@ class Handle:
         logit_softcap: Any = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
     ) -> Any:
         """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
         signature = _signature(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout, dtype,
-            causal, window_left, logit_softcap, alibi_slopes, sinks,
+            causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
         )  # fmt: skip
         with self._lock:
             pointer = self._pointer
@@ -547,6 +583,10 @@ class Handle:
                     plan.alibi_slopes.value = pointers[7]
                 if plan.sinks is not None:
                     plan.sinks.value = pointers[8]
+                if plan.k_scale is not None:
+                    plan.k_scale.value = pointers[9]
+                if plan.v_scale is not None:
+                    plan.v_scale.value = pointers[10]
                 status = self._decode_raw(pointer, plan.address, stream_value or None)
                 if not status:
                     return (out, lse) if return_lse else out
@@ -571,6 +611,8 @@ class Handle:
                         logit_softcap=logit_softcap,
                         alibi_slopes=alibi_slopes,
                         sinks=sinks,
+                        k_scale=k_scale,
+                        v_scale=v_scale,
                         layout=layout,
                         dtype=dtype,
                         stream=stream,
@@ -586,7 +628,7 @@ class Handle:
                     error = error_from_status(status, last_error_message())
         assert error is not None
         raise self._with_layout_hint(
-            error, q, k, v, out, lse, seq_lens, block_table, layout, dtype, alibi_slopes, sinks
+            error, q, k, v, out, lse, seq_lens, block_table, layout, dtype, alibi_slopes, sinks, k_scale, v_scale
         )
 
     def workspace_size(
@@ -607,6 +649,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
@@ -635,6 +679,8 @@ class Handle:
             logit_softcap=logit_softcap,
             alibi_slopes=alibi_slopes,
             sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
             layout=layout,
             dtype=dtype,
         )
@@ -658,6 +704,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
@@ -686,6 +734,8 @@ class Handle:
             logit_softcap=logit_softcap,
             alibi_slopes=alibi_slopes,
             sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
             layout=layout,
             dtype=dtype,
         )
@@ -898,6 +948,120 @@ class Handle:
             check(library().fd_merge_states(pointer, ctypes.byref(call.args), call.stream or None))
         return (call.out, call.lse) if return_lse else call.out
 
+    def append_kv(
+        self,
+        k_new: Any,
+        v_new: Any,
+        k: Any,
+        v: Any,
+        *,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
+        layout: Layout = "NHD",
+        dtype: Any = None,
+        stream: Any = None,
+    ) -> None:
+        """Writes this step's new keys and values into the cache, converting them to its dtype
+        (``fd_append_kv``, since 0.3).
+
+        New token i of sequence b, of length L (``seq_lens[b]``, the length
+        *with* the new tokens, as the decode of the same step takes it), goes
+        to position ``L - new_len + i``; tokens whose position would be
+        negative are not written, nor are pages outside the pool. Nothing
+        else of the cache changes. Each element is converted from
+        ``x = new / scale`` computed in float32: to float32, float16 or
+        bfloat16 by rounding to nearest even; to fp8 E4M3/E5M2 by rounding
+        to nearest even and saturating to +-448 / +-57344 (NaN stays NaN);
+        to int8 by rounding to nearest even and clamping to [-127, 127]
+        (NaN gives 0). With per-token scales, write this step's scales
+        first: each written position's scale is read.
+
+        Args:
+            k_new, v_new: ``[batch, new_len, kv_heads, head_dim]`` (``"NHD"``),
+                ``[batch, kv_heads, new_len, head_dim]`` (``"HND"``), or
+                ``[batch, kv_heads, head_dim]`` (new_len 1); float32, float16
+                or bfloat16 (each of its own).
+            k, v: the cache, written in place, exactly as :meth:`decode`
+                takes it (dense, or a page pool with ``block_table``), of any
+                cache dtype.
+            seq_lens, block_table: as in :meth:`decode`.
+            k_scale, v_scale: the scales of an 8-bit cache, in the forms
+                :meth:`decode` takes.
+            layout: the dimension order of k_new, v_new, k, v (and 3-d scales).
+            dtype: names raw storage, as in :meth:`decode`.
+            stream: CUDA backend: the stream to enqueue on (default as for
+                :meth:`decode`, from ``k``). Ignored by the CPU backend.
+
+        Raises:
+            FlashDecodeError: a subclass per status, naming the argument at
+                fault; nothing is written.
+            UnsupportedError: the library is older than 0.3, or its backend
+                cannot append yet.
+        """
+        _library.require("fd_append_kv", "append_kv")
+        with self._lock:
+            pointer = self._live_pointer()
+            call = self._prepare_append(
+                k_new, v_new, k, v, seq_lens, block_table, k_scale, v_scale, layout, dtype, stream
+            )
+            check(library().fd_append_kv(pointer, ctypes.byref(call.args), call.stream or None))
+
+    def _prepare_append(
+        self,
+        k_new: Any,
+        v_new: Any,
+        k: Any,
+        v: Any,
+        seq_lens: Any,
+        block_table: Any,
+        k_scale: Any,
+        v_scale: Any,
+        layout: Any,
+        dtype: Any,
+        stream: Any,
+    ) -> "_PreparedAppend":
+        """The C arguments of :meth:`append_kv` (under the lock)."""
+        layout = _as_layout(layout)
+        on_cuda = self._backend is Backend.CUDA
+        stream_value = 0
+        if on_cuda:
+            stream_value = stream_pointer(stream) if stream is not None else default_stream(k)
+        call = _PreparedAppend(args=_library.new_append_args(), stream=stream_value)
+
+        def view(obj: Any, name: str, kind: str = "float", writable: bool = False) -> ArrayView:
+            if kind == "int32" and isinstance(obj, (list, tuple)):
+                if on_cuda:
+                    raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass an int32 GPU array")
+                obj = np.asarray(obj, dtype=np.int32)
+            self._check_location(name, obj, *locate(obj))
+            found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
+            self._check_location(name, found.array, found.location, found.device)
+            call.views.append(found)
+            return found
+
+        k_new_view, v_new_view = view(k_new, "k_new"), view(v_new, "v_new")
+        k_view, v_view = view(k, "k", "cache", writable=True), view(v, "v", "cache", writable=True)
+        # The new keys and values may each have a type of their own (the cache's, or another):
+        # dtype= names raw storage among them, and is checked against the cache only.
+        _resolve_float_dtype(dtype, (("k_new", k_new_view), ("v_new", v_new_view)), check_typed=False)
+        _resolve_float_dtype(dtype, (("k", k_view), ("v", v_view)))
+        paged = block_table is not None
+        _fill(call.args.k_new, k_new_view, _query_dims(k_new_view, layout, "k_new"))
+        _fill(call.args.v_new, v_new_view, _query_dims(v_new_view, layout, "v_new"))
+        _fill(call.args.k, k_view, _cache_dims(k_view, layout, "k", paged))
+        _fill(call.args.v, v_view, _cache_dims(v_view, layout, "v", paged))
+        _require_cache_dtype(k_view, v_view)
+        _fill_scales(call.args, view, k_scale, v_scale, layout, on_cuda)
+        if seq_lens is not None:
+            lens_view = view(seq_lens, "seq_lens", kind="int32")
+            _fill(call.args.seq_lens, lens_view, _own_dims(lens_view, "seq_lens"))
+        if block_table is not None:
+            table_view = view(block_table, "block_table", kind="int32")
+            _fill(call.args.block_table, table_view, _own_dims(table_view, "block_table"))
+        return call
+
     # ---- internals ------------------------------------------------------------
 
     def _live_pointer(self) -> int:
@@ -944,6 +1108,8 @@ class Handle:
         dtype: Any,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
     ) -> FlashDecodeError:
         """``error``, saying so when the arguments only fit the other layout.
 
@@ -956,7 +1122,7 @@ class Handle:
         try:
             self.workspace_size(
                 q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, alibi_slopes=alibi_slopes,
-                sinks=sinks, layout=other, dtype=dtype,
+                sinks=sinks, k_scale=k_scale, v_scale=v_scale, layout=other, dtype=dtype,
             )  # fmt: skip
         except Exception:  # the other layout does not fit either (or cannot be asked): no hint
             return error
@@ -1011,6 +1177,8 @@ class Handle:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         size_query: bool = False,
     ) -> _PreparedCall:
         layout = _as_layout(layout)
@@ -1033,12 +1201,14 @@ class Handle:
             call.named[name] = found
             return found
 
-        q_view, k_view, v_view = view(q, "q"), view(k, "k"), view(v, "v")
+        q_view, k_view, v_view = view(q, "q"), view(k, "k", "cache"), view(v, "v", "cache")
         element = _resolve_float_dtype(dtype, (("q", q_view), ("k", k_view), ("v", v_view)))
         paged = block_table is not None
         _fill(call.args.q, q_view, _query_dims(q_view, layout, "q"))
         _fill(call.args.k, k_view, _cache_dims(k_view, layout, "k", paged))
         _fill(call.args.v, v_view, _cache_dims(v_view, layout, "v", paged))
+        _require_cache_dtype(k_view, v_view)
+        _fill_scales(call.args, view, k_scale, v_scale, layout, on_cuda)
 
         placeholder_out = out is None and size_query
         if placeholder_out:
@@ -1199,7 +1369,7 @@ class Handle:
 
 _ndarray = np.ndarray
 _modules = sys.modules
-_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks")
+_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks", "k_scale", "v_scale")
 _MAX_PLANS = 16
 """Signatures a handle remembers; the oldest is dropped beyond that."""
 _LAYOUT_ERRORS = (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError)
@@ -1230,6 +1400,8 @@ def _signature(
     logit_softcap: Any = None,
     alibi_slopes: Any = None,
     sinks: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Optional[_Signature]:
     """The key of a decode call's plan, and its data pointers.
 
@@ -1252,7 +1424,7 @@ def _signature(
     ):
         return None
     cls = type(q)
-    optional = (out, lse, seq_lens, block_table, alibi_slopes, sinks)
+    optional = (out, lse, seq_lens, block_table, alibi_slopes, sinks, k_scale, v_scale)
     if cls is _ndarray:
         arrays = _numpy_signature(q, k, v, optional)
     else:
@@ -1270,8 +1442,9 @@ def _signature(
     return options + arrays[0], arrays[1]
 
 
-# Whether each optional array of a signature (out, lse, seq_lens, block_table, alibi_slopes, sinks) is written.
-_OUTPUTS = (True, True, False, False, False, False)
+# Whether each optional array of a signature (out, lse, seq_lens, block_table, alibi_slopes, sinks,
+# k_scale, v_scale) is written.
+_OUTPUTS = (True, True, False, False, False, False, False, False)
 
 
 def _numpy_signature(q: Any, k: Any, v: Any, optional: Tuple[Any, ...]) -> Optional[_Signature]:
@@ -1399,6 +1572,8 @@ class _Plan:
         "block_table",
         "alibi_slopes",
         "sinks",
+        "k_scale",
+        "v_scale",
         "new_out",
         "new_lse",
         "pointer_of",
@@ -1426,6 +1601,7 @@ class _Plan:
         self.q, self.k, self.v, self.out = data("q"), data("k"), data("v"), data("out")
         self.lse, self.seq_lens, self.block_table = optional("lse"), optional("seq_lens"), optional("block_table")
         self.alibi_slopes, self.sinks = optional("alibi_slopes"), optional("sinks")
+        self.k_scale, self.v_scale = optional("k_scale"), optional("v_scale")
         # The fast path calls these only when the signature says the output was allocated.
         self.new_out: Callable[[], Any] = call.out_allocator or _unreachable
         self.new_lse: Callable[[], Any] = call.lse_allocator or _unreachable
@@ -1487,25 +1663,121 @@ def _gpu_absence() -> Optional[str]:
     return None
 
 
-def _resolve_float_dtype(dtype: Any, views: Tuple[Tuple[str, ArrayView], ...]) -> Optional[DType]:
-    """Names the float type of 16-bit integer storage and checks an explicit ``dtype`` against the arrays."""
-    explicit = None if dtype is None else as_dtype(dtype)
-    if explicit is DType.I32:
-        raise refuse(InvalidDTypeError, "dtype: q, k and v hold float32, float16 or bfloat16, not int32")
+def _dtype_choices(dtype: Any) -> Tuple[Optional[DType], Optional[DType]]:
+    """What ``dtype=`` names: (the 16- or 32-bit float type, the 8-bit cache type), either None.
+
+    One name, or a pair (list or tuple) of a float name and an 8-bit one."""
+    if dtype is None:
+        return None, None
+    wide: Optional[DType] = None
+    narrow: Optional[DType] = None
+    for value in dtype if isinstance(dtype, (tuple, list)) else (dtype,):
+        found = as_dtype(value)
+        if found is DType.I32:
+            raise refuse(InvalidDTypeError, "dtype: q, k and v hold float32, float16 or bfloat16, not int32")
+        if found in CACHE_DTYPES_8_BIT:
+            if narrow is not None and narrow is not found:
+                raise refuse(
+                    InvalidDTypeError, f"dtype: names two 8-bit types, {dtype_name(narrow)} and {dtype_name(found)}"
+                )
+            narrow = found
+        else:
+            if wide is not None and wide is not found:
+                raise refuse(
+                    InvalidDTypeError, f"dtype: names two float types, {dtype_name(wide)} and {dtype_name(found)}"
+                )
+            wide = found
+    return wide, narrow
+
+
+def _resolve_float_dtype(
+    dtype: Any, views: Tuple[Tuple[str, ArrayView], ...], check_typed: bool = True
+) -> Optional[DType]:
+    """Names the type of raw storage (16-bit: a float type; 8-bit, k and v: a cache type) from
+    ``dtype=``, and (``check_typed``) checks what it names against typed arrays; returns the first
+    array's type."""
+    wide, narrow = _dtype_choices(dtype)
     for name, found in views:
         if found.dtype is None:
-            if explicit not in (DType.F16, DType.BF16):
+            if found.itemsize == 1:
+                if narrow is None:
+                    raise refuse(
+                        InvalidDTypeError,
+                        f"{name}: 8-bit integer storage (uint8) needs dtype='float8_e4m3fn', 'float8_e5m2' or "
+                        "'int8' to say what it holds",
+                    )
+                found.dtype = narrow
+            else:
+                if wide not in (DType.F16, DType.BF16):
+                    raise refuse(
+                        InvalidDTypeError,
+                        f"{name}: 16-bit integer storage needs dtype='bfloat16' or dtype='float16' to say what it holds",
+                    )
+                found.dtype = wide
+        elif not check_typed:
+            continue
+        elif found.dtype in CACHE_DTYPES_8_BIT:
+            if narrow is not None and found.dtype is not narrow:
                 raise refuse(
                     InvalidDTypeError,
-                    f"{name}: 16-bit integer storage needs dtype='bfloat16' or dtype='float16' to say what it holds",
+                    f"{name}: holds {dtype_name(found.dtype)}, but dtype={dtype_name(narrow)} was given",
                 )
-            found.dtype = explicit
-        elif explicit is not None and found.dtype is not explicit:
+        elif wide is not None and found.dtype is not wide:
             raise refuse(
                 InvalidDTypeError,
-                f"{name}: holds {dtype_name(found.dtype)}, but dtype={dtype_name(explicit)} was given",
+                f"{name}: holds {dtype_name(found.dtype)}, but dtype={dtype_name(wide)} was given",
             )
     return views[0][1].dtype
+
+
+def _require_cache_dtype(k_view: ArrayView, v_view: ArrayView) -> None:
+    """An 8-bit cache needs a 0.3 library: an older one would refuse it by its dtype number."""
+    for found in (k_view, v_view):
+        if found.dtype in CACHE_DTYPES_8_BIT:
+            assert found.dtype is not None
+            name = found.dtype.name.lower()
+            _library.require(f"fd_dtype.{name}", f"an {dtype_name(found.dtype)} cache")
+
+
+def _fill_scales(
+    args: Any, view: Callable[..., ArrayView], k_scale: Any, v_scale: Any, layout: str, on_cuda: bool
+) -> None:
+    """Describes ``k_scale``/``v_scale`` in ``args`` (fd_decode_args or fd_append_args, whose k is
+    filled): a size-1 array broadcast with strides of 0, a ``[kv_heads]`` one along the heads, a 3-d
+    one as it is (in ``layout``'s order). Nothing is copied but Python numbers and lists."""
+    cache = tuple(args.k.shape[:3])
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            continue
+        _library.require("fd_decode_args." + name, name)
+        if isinstance(scale, (numbers.Real, list, tuple)) and not isinstance(scale, bool):
+            if on_cuda:
+                raise refuse(
+                    InvalidArgumentError, f"{name}: a Python number or list is host memory; pass a float32 GPU array"
+                )
+            scale = np.asarray(scale, dtype=np.float32)
+        found = view(scale, name, "float32")
+        _fill(getattr(args, name), found, _scale_dims(found, cache, layout, name))
+
+
+def _scale_dims(view: ArrayView, cache: Tuple[int, ...], layout: str, name: str) -> Dims:
+    size = 1
+    for extent in view.shape:
+        size *= extent
+    if size == 1:  # per tensor
+        return cache, (0, 0, 0)
+    if len(view.shape) == 1:  # per KV head
+        return (cache[0], cache[1], view.shape[0]), (0, 0, view.strides[0])
+    if len(view.shape) == 3:  # per token and head
+        return _c_order(view, layout)
+    expected = _SCALE_SHAPES[layout]
+    raise refuse(
+        InvalidShapeError,
+        f"{name}: expected one scale (size 1), [kv_heads] or {expected} (layout {layout!r}), got shape {view.shape}",
+    )
+
+
+_SCALE_SHAPES = {"NHD": "[batch, kv_len, kv_heads]", "HND": "[batch, kv_heads, kv_len]"}
 
 
 # Stands in for the data of an empty array whose producer gives it no
@@ -1529,7 +1801,15 @@ def _fill(tensor: FdTensor, view: ArrayView, dims: Dims) -> None:
         tensor.strides[axis] = stride
 
 
-_ELEMENT_BYTES: Dict[int, int] = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.I32: 4}
+_ELEMENT_BYTES: Dict[int, int] = {
+    DType.F32: 4,
+    DType.F16: 2,
+    DType.BF16: 2,
+    DType.I32: 4,
+    DType.E4M3: 1,
+    DType.E5M2: 1,
+    DType.I8: 1,
+}
 _ADDRESS_LIMIT = 2**63  # below any sign or address-space trouble on 64-bit Linux
 
 
@@ -1549,7 +1829,10 @@ def _address_apart(args: FdDecodeArgs) -> int:
     whose bytes overlap no input's, aligned as a fresh allocation is: the library refuses an output
     that overlaps an input other than as ``out`` = ``q`` exactly, and plans the same for any out."""
     inputs: List[Tuple[int, int]] = []
-    for tensor in (args.q, args.k, args.v, args.seq_lens, args.block_table):
+    for tensor in (
+        args.q, args.k, args.v, args.seq_lens, args.block_table, args.alibi_slopes, args.sinks, args.k_scale,
+        args.v_scale,
+    ):  # fmt: skip
         start = int(tensor.data or 0)
         size = _extent_bytes(tensor) if start else 0
         if size > 0:
@@ -1782,6 +2065,9 @@ def flash_decode(
     logit_softcap: Optional[float] = None,
     alibi_slopes: Any = None,
     sinks: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    dtype: Any = None,
 ) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
@@ -1806,6 +2092,8 @@ def flash_decode(
             (since 0.3; see :meth:`Handle.decode`); not with ``num_splits``.
         causal, window_left, logit_softcap, alibi_slopes, sinks: the
             attention variants (since 0.3), as in :meth:`Handle.decode`.
+        k_scale, v_scale, dtype: an 8-bit cache's scales and raw storage
+            type (since 0.3), as in :meth:`Handle.decode`.
 
     Returns:
         q's shape in q's dtype, of q's kind: a NumPy array (computed on the
@@ -1820,16 +2108,16 @@ def flash_decode(
         if softmax_scale is not None:
             raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
         softmax_scale = sm_scale
-    variants = (causal, window_left, logit_softcap, alibi_slopes, sinks)
+    variants = (causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale)
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None,
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype, None,
             *variants,
         )  # fmt: skip
     torch = _modules.get("torch")
     if torch is not None and _torch.compiling(torch):
         return _compiled_decode(  # type: ignore[no-any-return]
-            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+            torch, q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype,
             stream, *variants,
         )  # fmt: skip
     torch_state = _torch.get()
@@ -1838,22 +2126,22 @@ def flash_decode(
             device = q.get_device()
             stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
             return _thread_handle(Backend.CUDA, device, stream_value)._decode(  # type: ignore[no-any-return]
-                q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+                q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype,
                 stream_value, *variants,
             )  # fmt: skip
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None,
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype, None,
             *variants,
         )  # fmt: skip
     location, device_index = locate(q)
     if location == CUDA:
         stream_value = stream_pointer(stream) if stream is not None else default_stream(q)
         return _thread_handle(Backend.CUDA, device_index or 0, stream_value)._decode(  # type: ignore[no-any-return]
-            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None,
+            q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype,
             stream_value, *variants,
         )  # fmt: skip
     return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
-        q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, None, None, *variants
+        q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype, None, *variants
     )
 
 
@@ -1937,6 +2225,50 @@ def merge_states(
     return _thread_handle(Backend.CPU, 0, 0)._merge_states(outs, lses, out, lse, return_lse, layout, dtype, stream)
 
 
+def append_kv(
+    k_new: Any,
+    v_new: Any,
+    k: Any,
+    v: Any,
+    *,
+    seq_lens: Any = None,
+    block_table: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    layout: Layout = "NHD",
+    dtype: Any = None,
+    stream: Any = None,
+) -> None:
+    """Writes new keys and values into a cache, quantizing them to its dtype: :meth:`Handle.append_kv`
+    on this thread's handle for the cache's device (the CPU backend for host arrays), since 0.3.
+
+    The handle is chosen by ``k`` as :func:`merge_states` chooses it by its
+    first state. An append uses no workspace, so the handle a captured CUDA
+    graph keeps serves it too. Not a PyTorch custom op: inside
+    ``torch.compile`` it is a graph break.
+    """
+    arguments = (seq_lens, block_table, k_scale, v_scale, layout, dtype)
+    torch_state = _torch.get() if type(k) is not _ndarray else None
+    if torch_state is not None and isinstance(k, torch_state.Tensor):
+        if k.is_cuda:
+            device = k.get_device()
+            stream_value = torch_state.current_stream(device) if stream is None else stream_pointer(stream)
+            handle = _thread_handle(Backend.CUDA, device, stream_value, capturing=True)
+            return handle.append_kv(k_new, v_new, k, v, **_append_keywords(arguments), stream=stream_value)
+    elif type(k) is not _ndarray:
+        location, device_index = locate(k)
+        if location == CUDA:
+            stream_value = stream_pointer(stream) if stream is not None else default_stream(k)
+            handle = _thread_handle(Backend.CUDA, device_index or 0, stream_value, capturing=True)
+            return handle.append_kv(k_new, v_new, k, v, **_append_keywords(arguments), stream=stream_value)
+    return _thread_handle(Backend.CPU, 0, 0).append_kv(k_new, v_new, k, v, **_append_keywords(arguments))
+
+
+def _append_keywords(arguments: Tuple[Any, ...]) -> Dict[str, Any]:
+    names = ("seq_lens", "block_table", "k_scale", "v_scale", "layout", "dtype")
+    return dict(zip(names, arguments))
+
+
 # ---- PyTorch: the custom op and torch.compile -------------------------------------
 
 
@@ -1955,6 +2287,8 @@ def op_decode(
     logit_softcap: Optional[float] = None,
     alibi_slopes: Any = None,
     sinks: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Tuple[Any, Any]:
     """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
     handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
@@ -1989,6 +2323,8 @@ def op_decode(
             logit_softcap=logit_softcap,
             alibi_slopes=alibi_slopes,
             sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
             layout=_as_layout(layout),
             return_lse=True,
             stream=stream,
@@ -2027,6 +2363,8 @@ def _compiled_decode(
     logit_softcap: Any = None,
     alibi_slopes: Any = None,
     sinks: Any = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
     (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
@@ -2043,9 +2381,14 @@ def _compiled_decode(
         alibi_slopes = _compiled_vector(torch, q, alibi_slopes, "alibi_slopes")
     if isinstance(sinks, (list, tuple)):
         sinks = _compiled_vector(torch, q, sinks, "sinks")
+    # Scales given as Python numbers or lists (host memory) become float32 CPU tensors too.
+    if k_scale is not None and not isinstance(k_scale, torch.Tensor):
+        k_scale = _compiled_vector(torch, q, k_scale, "k_scale")
+    if v_scale is not None and not isinstance(v_scale, torch.Tensor):
+        v_scale = _compiled_vector(torch, q, v_scale, "v_scale")
     result, result_lse = torch.ops.flashdecode.decode(
         q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
-        logit_softcap, alibi_slopes, sinks,
+        logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
     )  # fmt: skip
     if out is not None:
         out.copy_(result)

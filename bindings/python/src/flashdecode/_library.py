@@ -100,6 +100,8 @@ class FdDecodeArgs(ctypes.Structure):
         ("window_left", ctypes.c_int64),  # since 0.3
         ("alibi_slopes", FdTensor),  # since 0.3
         ("sinks", FdTensor),  # since 0.3
+        ("k_scale", FdTensor),  # since 0.3: dequantization scales of an 8-bit k
+        ("v_scale", FdTensor),  # since 0.3: of an 8-bit v
     ]
 
 
@@ -144,6 +146,22 @@ class FdMergeArgs(ctypes.Structure):
     ]
 
 
+class FdAppendArgs(ctypes.Structure):
+    """``fd_append_args`` (since 0.3)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("k_new", FdTensor),
+        ("v_new", FdTensor),
+        ("k", FdTensor),
+        ("v", FdTensor),
+        ("k_scale", FdTensor),
+        ("v_scale", FdTensor),
+        ("seq_lens", FdTensor),
+        ("block_table", FdTensor),
+    ]
+
+
 def new_options() -> FdOptions:
     """``fd_options`` with the defaults of ``fd_options_init()``.
 
@@ -162,6 +180,11 @@ def new_decode_args() -> FdDecodeArgs:
 def new_merge_args() -> FdMergeArgs:
     """``fd_merge_args`` with the defaults of ``fd_merge_args_init()`` (see :func:`new_options`)."""
     return FdMergeArgs(struct_size=ctypes.sizeof(FdMergeArgs), num_states=0)
+
+
+def new_append_args() -> FdAppendArgs:
+    """``fd_append_args`` with the defaults of ``fd_append_args_init()`` (see :func:`new_options`)."""
+    return FdAppendArgs(struct_size=ctypes.sizeof(FdAppendArgs))
 
 
 _handle_p = ctypes.c_void_p
@@ -184,6 +207,8 @@ _PROTOTYPES: Sequence[Tuple[str, Any, List[Any]]] = (
     ("fd_check_contents", c_enum, [_handle_p, ctypes.c_void_p]),
     ("fd_merge_args_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
     ("fd_merge_states", c_enum, [_handle_p, ctypes.POINTER(FdMergeArgs), ctypes.c_void_p]),
+    ("fd_append_args_init", ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+    ("fd_append_kv", c_enum, [_handle_p, ctypes.POINTER(FdAppendArgs), ctypes.c_void_p]),
 )
 
 SINCE: Dict[str, int] = {
@@ -199,6 +224,13 @@ SINCE: Dict[str, int] = {
     "fd_decode_args.sinks": 3,
     "fd_merge_args_init": 3,
     "fd_merge_states": 3,
+    "fd_decode_args.k_scale": 3,
+    "fd_decode_args.v_scale": 3,
+    "fd_append_args_init": 3,
+    "fd_append_kv": 3,
+    "fd_dtype.e4m3": 3,
+    "fd_dtype.e5m2": 3,
+    "fd_dtype.i8": 3,
 }
 """The minor version that added each function and struct field of a later minor than 0.1."""
 
@@ -414,6 +446,8 @@ def _check_struct_sizes(lib: ctypes.CDLL, path: str, number: int) -> None:
     ]
     if minor >= SINCE["fd_merge_args_init"]:  # a struct of 0.3: an older library has none
         structs.append(("fd_merge_args", lib.fd_merge_args_init, FdMergeArgs))
+    if minor >= SINCE["fd_append_args_init"]:
+        structs.append(("fd_append_args", lib.fd_append_args_init, FdAppendArgs))
     for name, init, struct in structs:
         library_size = int(init(None, 0))  # NULL: only the size is asked for
         ours = ctypes.sizeof(struct)

@@ -28,7 +28,12 @@ class TorchState:
         )
         # fd_dtype values (pinned by the C API); 16-bit integers may hold the bits of a 16-bit float.
         self.dtypes: Dict[Any, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+        self.dtypes[torch.int8] = 6
+        for name, code in (("float8_e4m3fn", 4), ("float8_e5m2", 5)):  # PyTorch 2.1+
+            if hasattr(torch, name):
+                self.dtypes[getattr(torch, name)] = code
         self.raw_16_bit = {torch.int16} | ({torch.uint16} if hasattr(torch, "uint16") else set())
+        self.raw_8_bit = {torch.uint8}  # 8-bit cache storage: dtype= names it
         self.op: Any = None  # torch.ops.flashdecode.decode, once registered
 
 
@@ -121,12 +126,14 @@ def _register_op(torch: Any) -> Any:
         logit_softcap: Optional[float] = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
     ) -> Tuple[Any, Any]:
         from ._handle import op_decode
 
         return op_decode(
             q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
-            logit_softcap, alibi_slopes, sinks,
+            logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
         )  # fmt: skip
 
     decode.__annotations__ = {
@@ -144,6 +151,8 @@ def _register_op(torch: Any) -> Any:
         "logit_softcap": Optional[float],
         "alibi_slopes": Optional[Tensor],
         "sinks": Optional[Tensor],
+        "k_scale": Optional[Tensor],
+        "v_scale": Optional[Tensor],
         "return": Tuple[Tensor, Tensor],
     }
     op = library.custom_op(OP_NAME, mutates_args=())(decode)
@@ -163,6 +172,8 @@ def _register_op(torch: Any) -> Any:
         logit_softcap: Any = None,
         alibi_slopes: Any = None,
         sinks: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
     ) -> Tuple[Any, Any]:
         if q.dim() not in (3, 4):
             from ._errors import InvalidShapeError, refuse
