@@ -32,7 +32,10 @@ table) and each q dtype (fp16; bf16 with --dtypes), rows:
   each sequence's real pages, shape 10 on the same NHD page pool and table.
   FlashInfer takes fp8 scales as floats to run(): k_scale is folded into the
   softmax scale, v_scale is applied after the kernel as `out *= v_scale` (a
-  second kernel, part of its time here, as in a serving engine).
+  second kernel, part of its time here, as in a serving engine). Its fp8
+  modules are prebuilt for an fp16 q only (the bundle in .anchors/flashinfer,
+  see its gen_modules_fp8.py): for bf16 the rows run only with --fi-dtypes
+  float16,bfloat16, which compiles them on first use (the time is printed).
 Every output is checked against a float64 reference over the dequantized
 cache (stored value * scale) before timing: relative L2 error at most 2e-3
 for an fp16 q, 1e-2 for bf16. Effective bandwidth counts the K and V bytes
@@ -251,8 +254,8 @@ def dense_of(pool, table, kv_len):
 class FlashInferAnchor:
     """FlashInfer from the anchor bundle (fi_adapter.py beside setup.sh), or the reason it is not there."""
 
-    def __init__(self, fi_dir):
-        self.fi, self.reason, self.ready = None, None, {}
+    def __init__(self, fi_dir, dtypes):
+        self.fi, self.reason, self.ready, self.dtypes = None, None, {}, dtypes
         if not hasattr(torch, "float8_e4m3fn"):
             self.reason = f"torch {torch.__version__} has no float8_e4m3fn"
             return
@@ -427,6 +430,10 @@ def implementations(fd, handle, shape, data, anchor):
         name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
         if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:
             rows.append((name, (anchor.reason if anchor else None) or "no float8_e4m3fn in this torch", None))
+            continue
+        q_dtype = str(qs[0].dtype).replace("torch.", "")
+        if q_dtype not in anchor.dtypes:
+            rows.append((name, f"not run for a {q_dtype} q (not prebuilt; --fi-dtypes {q_dtype} compiles it)", None))
             continue
         q8 = data["quant"]["e4m3", False]
 
@@ -802,6 +809,12 @@ def main():
         default=os.path.join(ROOT, ".anchors", "flashinfer"),
         help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh); else an installed flashinfer",
     )
+    parser.add_argument(
+        "--fi-dtypes",
+        default="float16",
+        help="q dtypes of the FlashInfer rows: the bundle prebuilds fp8 modules for float16 only; bfloat16 "
+        "compiles 6 modules on first use (20-40 s each)",
+    )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -830,7 +843,7 @@ def main():
     fd = FlashDecode(args.lib)
     handle = fd.create_cuda_handle(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(0)
-    anchor = FlashInferAnchor(args.fi_dir) if "decode" in parts else None
+    anchor = FlashInferAnchor(args.fi_dir, args.fi_dtypes.split(",")) if "decode" in parts else None
     if anchor is not None and anchor.reason:
         print(f"FlashInfer rows skipped: {anchor.reason}")
     ceilings = [bandwidth_ceilings()]
