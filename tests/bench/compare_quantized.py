@@ -1,0 +1,911 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Times flashdecode on 8-bit KV caches (e4m3, e5m2, int8) against its 16-bit cache and FlashInfer's fp8 decode.
+
+    eval "$(bash .anchors/flashinfer/setup.sh)"   # optional: FlashInfer rows (skipped with a reason without it)
+    python3 tests/bench/compare_quantized.py --lib build-h200/src/libflashdecode.so.0 \
+        [--dtypes float16,bfloat16] [--shapes 1,...,10] [--parts decode,append] [--json out.json] [--plot out.png]
+
+Same method as compare_sdpa.py (whose helpers it imports): in one process, on
+the same inputs, every implementation runs under CUDA graph replay (one graph
+calls it once per KV set), KV sets rotated so that their total is well above
+the 60 MiB L2, CUDA events, the median over --replays replays divided by the
+calls per replay, in --rounds rounds with the order reversed on odd rounds
+(the median of the round medians is reported); the streaming-read and
+device-to-device copy ceilings are measured at the start and the end of the
+run and the higher is used.
+
+Part `decode`, for compare_sdpa.py's shapes 1-10 (9 ragged: real lengths for
+every implementation; 10 paged: token-major pages of 16, shuffled block
+table) and each q dtype (fp16; bf16 with --dtypes), rows:
+- fd-16bit: flashdecode on a cache of q's dtype (the baseline);
+- fd-e4m3, fd-e5m2, fd-int8: the same keys and values quantized with one f32
+  scale per tensor (amax / the format's largest value; a k_scale/v_scale of
+  shape [batch, kv_capacity, kv_heads] with strides 0);
+- fd-e4m3-tok: e4m3 with a scale per token and KV head (the full scale tensor,
+  laid out as the cache: what per-token scales cost);
+- fi-e4m3-tc, fi-e4m3-cc: FlashInfer 0.7.2's BatchDecodeWithPagedKVCacheWrapper
+  with kv_data_type float8_e4m3fn, use_tensor_cores True (its fa2 prefill
+  kernel; FA3 is chosen only for an fp8 q) and False (its CUDA-core decode
+  kernel), on the fd-e4m3 bytes and scales: dense caches seen as pages of 16
+  (HND, no copy, as the anchor bundle's fi_adapter.make does), shape 9 with
+  each sequence's real pages, shape 10 on the same NHD page pool and table.
+  FlashInfer takes fp8 scales as floats to run(): k_scale is folded into the
+  softmax scale, v_scale is applied after the kernel as `out *= v_scale` (a
+  second kernel, part of its time here, as in a serving engine). Its fp8
+  modules are prebuilt for an fp16 q only (the bundle in .anchors/flashinfer,
+  see its gen_modules_fp8.py): for bf16 the rows run only with --fi-dtypes
+  float16,bfloat16, which compiles them on first use (the time is printed).
+Every output is checked against a float64 reference over the dequantized
+cache (stored value * scale) before timing: relative L2 error at most 2e-3
+for an fp16 q, 1e-2 for bf16. Effective bandwidth counts the K and V bytes
+that must be read once (1 byte an element for the 8-bit rows; per-token
+scales are not counted, so their cost shows as a lower rate) plus q and out;
+"%read" is of the streaming-read ceiling, "x16" the time over fd-16bit's.
+
+Part `append`: fd_append_kv() of 256 sequences x 8 KV heads x head_dim 128 x
+one new token (q's dtype) into an e4m3 cache (per-tensor scales), paged
+(pages of 16, shuffled table) and dense, and into a 16-bit paged cache; each
+graph runs it 16 times on the same inputs (new K/V just written by the
+projection are L2-resident in an engine too). Against two copies of the
+same bytes, each one graph node: `d2d-copy` (cudaMemcpy of the new K/V) and
+`torch-cast` (PyTorch's one-kernel f16 -> e4m3 conversion into a contiguous
+buffer: the same bytes read and written, no scatter). Each written element
+is checked bit for bit against PyTorch's conversion of new / scale. Then
+"decode step with append" against "decode alone" under one graph, on a
+decode of 32 query heads over the same caches of --append-kv-len tokens
+(sets rotated above L2): the target is at most 3 us more.
+
+Missing FlashInfer, fp8 in PyTorch, or a library without 8-bit caches or
+fd_append_kv make those rows "n/a" with the reason; the rest still runs.
+The C ABI comes from the Python binding's mirror (bindings/python); the
+k_scale/v_scale fields of fd_decode_args and fd_append_args are declared
+here when that mirror does not have them yet.
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+try:
+    import torch
+except ImportError:  # --from-json needs no torch
+    torch = None
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, HERE)
+from compare_sdpa import (  # noqa: E402
+    FD_DTYPE_CODES,
+    SHAPES,
+    FlashDecode,
+    bandwidth_ceilings,
+    fd_tensor,
+    flashdecode_calls,
+    plot,
+    reference,
+    rel_error,
+    shape_label,
+    time_graph,
+)
+from flashdecode._library import FdDecodeArgs, FdTensor  # noqa: E402
+
+FD_DTYPE_CODES.update({"float8_e4m3fn": 4, "float8_e5m2": 5, "int8": 6})  # fd_tensor() reads this table
+FD_DTYPE_F32 = 0
+
+# fd_decode_args with 0.3's k_scale/v_scale, and fd_append_args: from the binding when it has them.
+if "k_scale" in dict(FdDecodeArgs._fields_):
+    DecodeArgs = FdDecodeArgs
+else:
+
+    class DecodeArgs(FdDecodeArgs):
+        """fd_decode_args with the fields 0.3 appended after `sinks`."""
+
+        _fields_ = [("k_scale", FdTensor), ("v_scale", FdTensor)]
+
+
+try:
+    from flashdecode._library import FdAppendArgs  # noqa: E402
+except ImportError:
+
+    class FdAppendArgs(ctypes.Structure):
+        """fd_append_args (since 0.3)."""
+
+        _fields_ = [
+            ("struct_size", ctypes.c_size_t),
+            ("k_new", FdTensor),
+            ("v_new", FdTensor),
+            ("k", FdTensor),
+            ("v", FdTensor),
+            ("k_scale", FdTensor),
+            ("v_scale", FdTensor),
+            ("seq_lens", FdTensor),
+            ("block_table", FdTensor),
+        ]
+
+
+PAGE = 16  # tokens a page: shape 10, the append caches, FlashInfer's view of dense caches
+DECODE_SHAPES = [s for s in SHAPES if s[0] <= 10]
+FORMATS = ("e4m3", "e5m2", "int8")
+FORMAT_MAX = {"e4m3": 448.0, "e5m2": 57344.0, "int8": 127.0}
+BOUNDS = {"float16": 2e-3, "bfloat16": 1e-2}
+APPEND_CALLS = 16  # appends a graph replays (the same inputs each time)
+APPEND_TARGET_US = 3.0  # decode step with append vs decode alone: at most this much more
+
+
+def torch_format(fmt):
+    return {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}[fmt]
+
+
+def quantize(x, fmt, per_token=False):
+    """x (16-bit, [..., D]) as an 8-bit tensor and its f32 scale: one scale
+    (a 1-element tensor) or one per row of D ([...]), amax / the format's
+    largest value. Converted as fd_append_kv() specifies: x / scale in
+    float32, clamped (fp8 saturates), rounded to nearest even."""
+    xf = x.float()
+    amax = xf.abs().amax(-1) if per_token else xf.abs().amax().reshape(1)
+    scale = (amax / FORMAT_MAX[fmt]).clamp_min(1e-12)
+    y = (xf / (scale[..., None] if per_token else scale)).clamp(-FORMAT_MAX[fmt], FORMAT_MAX[fmt])
+    if fmt == "int8":
+        y = torch.round(y)  # half to even
+    return y.to(torch_format(fmt)), scale
+
+
+def dequantize(stored, scale, per_token=False):
+    """stored value * scale in float64."""
+    return stored.double() * (scale.double()[..., None] if per_token else scale.double())
+
+
+def scale_desc(scale, shape, strides):
+    """An f32 fd_tensor of shape `shape` (the cache without head_dim) over `scale`."""
+    desc = FdTensor()
+    desc.data = scale.data_ptr()
+    desc.dtype = FD_DTYPE_F32
+    desc.ndim = 3
+    for i in range(3):
+        desc.shape[i] = shape[i]
+        desc.strides[i] = strides[i]
+    return desc
+
+
+def cache_scales(k, scales, per_token, paged):
+    """fd_tensors of (k_scale, v_scale) for cache k: dense [B, Hkv, N, D] (seen
+    as [B, N, Hkv, D]) or a page pool [pages, PAGE, Hkv, D]; per-token scales
+    are laid out as the cache ([B, Hkv, N] or [pages, PAGE, Hkv])."""
+    shape = (k.shape[0], k.shape[1], k.shape[2]) if paged else (k.shape[0], k.shape[2], k.shape[1])
+    if not per_token:
+        return tuple(scale_desc(s, shape, (0, 0, 0)) for s in scales)
+    strides = (k.shape[1] * k.shape[2], k.shape[2], 1) if paged else (k.shape[1] * k.shape[2], 1, k.shape[2])
+    return tuple(scale_desc(s, shape, strides) for s in scales)
+
+
+def init_decode_args(fd):
+    args = DecodeArgs()
+    size = fd.lib.fd_decode_args_init(ctypes.byref(args), ctypes.sizeof(args))
+    if size < ctypes.sizeof(args):
+        raise RuntimeError(f"fd_decode_args of this library has {size} bytes, no k_scale/v_scale (before 0.3)")
+    return args
+
+
+def decode_args(fd, q, k, v, out, lens, table, scales=None):
+    """fd_decode_args: q/out [B, Hq, 1, D]; k/v dense [B, Hkv, N, D] (seen as
+    [B, N, Hkv, D]) or, with table, page pools [pages, PAGE, Hkv, D];
+    scales: (k_scale, v_scale) fd_tensors or None."""
+    args = init_decode_args(fd)
+    args.q = fd_tensor(q, (0, 2, 1, 3))
+    args.out = fd_tensor(out, (0, 2, 1, 3))
+    order = (0, 1, 2, 3) if table is not None else (0, 2, 1, 3)
+    args.k = fd_tensor(k, order)
+    args.v = fd_tensor(v, order)
+    if table is not None:
+        args.block_table = fd_tensor(table, (0, 1))
+    if lens is not None:
+        args.seq_lens = fd_tensor(lens, (0,))
+    if scales is not None:
+        args.k_scale, args.v_scale = scales
+    return args
+
+
+def declare_append(fd):
+    """fd_append_kv's prototypes, declared here whatever the binding has; False if the library lacks it."""
+    lib = fd.lib
+    if not hasattr(lib, "fd_append_kv"):
+        return False
+    lib.fd_append_args_init.restype = ctypes.c_size_t
+    lib.fd_append_args_init.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.fd_append_kv.restype = ctypes.c_int
+    lib.fd_append_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return True
+
+
+def append_args(fd, k_new, v_new, k, v, lens, table, scales=None):
+    """fd_append_args: k_new/v_new [B, new_len, Hkv, D]; the cache as in decode_args()."""
+    args = FdAppendArgs()
+    fd.lib.fd_append_args_init(ctypes.byref(args), ctypes.sizeof(args))
+    args.k_new = fd_tensor(k_new, (0, 1, 2, 3))
+    args.v_new = fd_tensor(v_new, (0, 1, 2, 3))
+    order = (0, 1, 2, 3) if table is not None else (0, 2, 1, 3)
+    args.k = fd_tensor(k, order)
+    args.v = fd_tensor(v, order)
+    if table is not None:
+        args.block_table = fd_tensor(table, (0, 1))
+    if lens is not None:
+        args.seq_lens = fd_tensor(lens, (0,))
+    if scales is not None:
+        args.k_scale, args.v_scale = scales
+    return args
+
+
+def dense_of(pool, table, kv_len):
+    """A page pool [pages, PAGE, Hkv, D] gathered through table as [B, Hkv, N, D]."""
+    batch, hkv, d = table.shape[0], pool.shape[2], pool.shape[3]
+    return pool[table.long()].reshape(batch, kv_len, hkv, d).permute(0, 2, 1, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FlashInfer
+
+
+class FlashInferAnchor:
+    """FlashInfer from the anchor bundle (fi_adapter.py beside setup.sh), or the reason it is not there."""
+
+    def __init__(self, fi_dir, dtypes):
+        self.fi, self.reason, self.ready, self.dtypes = None, None, {}, dtypes
+        if not hasattr(torch, "float8_e4m3fn"):
+            self.reason = f"torch {torch.__version__} has no float8_e4m3fn"
+            return
+        try:
+            if os.path.isdir(fi_dir):
+                sys.path.insert(0, fi_dir)
+                import fi_adapter  # noqa: E402
+
+                self.fi = fi_adapter._ensure_flashinfer()
+            else:
+                import flashinfer
+
+                self.fi = flashinfer
+            print(f"FlashInfer {self.fi.__version__} from {os.path.dirname(self.fi.__file__)}")
+        except Exception as error:
+            self.reason = f"FlashInfer not loaded ({fi_dir}): {str(error).splitlines()[0][:100]}"
+
+    def make(self, q, ks, vs, k_scales, v_scales, lens, table, kv_len, tensor_cores, outs):
+        """A function decoding set i with BatchDecodeWithPagedKVCacheWrapper on
+        fp8 caches: dense [B, Hkv, N, D] seen as HND pages of PAGE (each
+        sequence's first ceil(len / PAGE) pages), or NHD page pools with table."""
+        fi, dev = self.fi, q[0].device
+        batch, q_heads, _, d = q[0].shape
+        lengths = lens.long() if lens is not None else torch.full((batch,), kv_len, device=dev)
+        npages = (lengths + PAGE - 1) // PAGE
+        indptr = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), npages.cumsum(0)]).to(torch.int32)
+        last = (lengths - (npages - 1) * PAGE).to(torch.int32)
+        if table is not None:  # the real pool: NHD [pages, PAGE, Hkv, D]
+            layout, kv_heads = "NHD", ks[0].shape[2]
+            mask = torch.arange(table.shape[1], device=dev)[None, :] < npages[:, None]
+            indices = table[mask].to(torch.int32)
+            views = list(zip(ks, vs))
+        else:  # page (b, j) of a dense [B, Hkv, N, D] cache: index b*Hkv*npr + j in a view of page stride PAGE*D
+            layout, kv_heads = "HND", ks[0].shape[1]
+            npr = kv_len // PAGE
+            per_seq = torch.arange(npr, device=dev)[None, :]
+            mask = per_seq < npages[:, None]
+            indices = (torch.arange(batch, device=dev)[:, None] * (kv_heads * npr) + per_seq)[mask].to(torch.int32)
+            shape = ((batch - 1) * kv_heads * npr + npr, kv_heads, PAGE, d)
+            strides = (PAGE * d, kv_len * d, d, 1)
+            views = [(k.as_strided(shape, strides), v.as_strided(shape, strides)) for k, v in zip(ks, vs)]
+        workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout, use_tensor_cores=tensor_cores)
+        key = (q[0].dtype, d, tensor_cores)
+        started = time.monotonic()
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            q_heads,
+            kv_heads,
+            d,
+            PAGE,
+            q_data_type=q[0].dtype,
+            kv_data_type=ks[0].dtype,
+            sm_scale=1.0 / math.sqrt(d),
+        )
+        qs = [x.reshape(batch, q_heads, d) for x in q]
+        flat = [o.view(batch, q_heads, d) for o in outs]
+        scales = [(float(a.item()), float(b.item())) for a, b in zip(k_scales, v_scales)]
+        if key not in self.ready:  # the first run loads (or, without a prebuilt module, compiles) the module
+            wrapper.run(qs[0], views[0], k_scale=scales[0][0], v_scale=scales[0][1], out=flat[0])
+            torch.cuda.synchronize()
+            self.ready[key] = time.monotonic() - started
+            print(
+                f"  FlashInfer e4m3 {str(q[0].dtype)[6:]} D={d} tensor_cores={tensor_cores}: module ready in "
+                f"{self.ready[key]:.1f} s" + (" (compiled on this machine)" if self.ready[key] > 5 else "")
+            )
+
+        def calls():
+            for i in range(len(qs)):
+                wrapper.run(qs[i], views[i], k_scale=scales[i][0], v_scale=scales[i][1], out=flat[i])
+            return len(qs)
+
+        calls.keep = (wrapper, workspace, indptr, indices, last)
+        return calls
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decode part
+
+
+def make_inputs(shape, dtype, rotation_bytes):
+    """One shape's inputs, seeded by its id: q sets, 16-bit K/V sets (dense
+    [B, Hkv, N, D], or NHD page pools with a shuffled table), and their 8-bit
+    versions: per-tensor for every format, per-token for e4m3."""
+    sid, batch, q_heads, kv_heads, kv_len, d, kind = shape
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2000 + sid)
+    kv8_set_bytes = 2 * batch * kv_heads * kv_len * d
+    sets = max(2, math.ceil(rotation_bytes / kv8_set_bytes))
+    paged = "paged" in kind
+    size = (batch * kv_len // PAGE, PAGE, kv_heads, d) if paged else (batch, kv_heads, kv_len, d)
+
+    def randn(*size):
+        return torch.randn(*size, device="cuda", dtype=dtype, generator=gen)
+
+    data = {"sets": sets, "kv8_set_bytes": kv8_set_bytes, "paged": paged, "lens": None, "table": None}
+    data["qs"] = [randn(batch, q_heads, 1, d) for _ in range(sets)]
+    data["k16"] = [randn(*size) for _ in range(sets)]
+    data["v16"] = [randn(*size) for _ in range(sets)]
+    if paged:
+        pages = size[0]
+        perm = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+        data["table"] = perm.reshape(batch, kv_len // PAGE).contiguous()
+    if kind.startswith("ragged"):
+        data["lens"] = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    data["quant"] = {}
+    if hasattr(torch, "float8_e4m3fn"):
+        variants = [(fmt, False) for fmt in FORMATS] + [("e4m3", True)]
+    else:
+        variants = [("int8", False)]
+    for fmt, per_token in variants:
+        entry = {"k": [], "v": [], "k_scale": [], "v_scale": []}
+        for k, v in zip(data["k16"], data["v16"]):
+            for name, x in (("k", k), ("v", v)):
+                stored, scale = quantize(x, fmt, per_token)
+                entry[name].append(stored)
+                entry[name + "_scale"].append(scale)
+        data["quant"][(fmt, per_token)] = entry
+    data["outs"] = [torch.empty_like(q) for q in data["qs"]]
+    return data
+
+
+def reference_of(data, shape, k, v):
+    """The float64 reference of set 0 over caches k, v (16-bit or dequantized)."""
+    if data["paged"]:
+        k, v = dense_of(k, data["table"], shape[4]), dense_of(v, data["table"], shape[4])
+    return reference(data["qs"][0], k, v, data["lens"])
+
+
+def implementations(fd, handle, shape, data, anchor):
+    """(name, build, reference) of each row: build() returns the row's calls
+    (see time_graph()), or is the reason the row is skipped."""
+    kv_len = shape[4]
+    qs, outs, lens, table = data["qs"], data["outs"], data["lens"], data["table"]
+
+    def fd_build(ks, vs, scales_of):
+        def build():
+            args = [
+                decode_args(fd, qs[i], ks[i], vs[i], outs[i], lens, table, scales_of(i)) for i in range(data["sets"])
+            ]
+            calls = flashdecode_calls(fd, handle, args)
+            calls.plan = fd.plan(handle, args[0])
+            return calls
+
+        return build
+
+    rows = [
+        (
+            "fd-16bit",
+            fd_build(data["k16"], data["v16"], lambda i: None),
+            reference_of(data, shape, data["k16"][0], data["v16"][0]),
+        )
+    ]
+    refs = {}
+    for (fmt, per_token), q8 in data["quant"].items():
+        refs[fmt, per_token] = reference_of(
+            data,
+            shape,
+            dequantize(q8["k"][0], q8["k_scale"][0], per_token),
+            dequantize(q8["v"][0], q8["v_scale"][0], per_token),
+        )
+
+        def scales_of(i, q8=q8, per_token=per_token):
+            return cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), per_token, data["paged"])
+
+        rows.append(
+            (f"fd-{fmt}" + ("-tok" if per_token else ""), fd_build(q8["k"], q8["v"], scales_of), refs[fmt, per_token])
+        )
+    for tensor_cores in (True, False):
+        name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
+        if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:
+            rows.append((name, (anchor.reason if anchor else None) or "no float8_e4m3fn in this torch", None))
+            continue
+        q_dtype = str(qs[0].dtype).replace("torch.", "")
+        if q_dtype not in anchor.dtypes:
+            rows.append((name, f"not run for a {q_dtype} q (not prebuilt; --fi-dtypes {q_dtype} compiles it)", None))
+            continue
+        q8 = data["quant"]["e4m3", False]
+
+        def build(tensor_cores=tensor_cores, q8=q8):
+            return anchor.make(
+                qs, q8["k"], q8["v"], q8["k_scale"], q8["v_scale"], lens, table, kv_len, tensor_cores, outs
+            )
+
+        rows.append((name, build, refs["e4m3", False]))
+    return rows
+
+
+def run_shape(fd, handle, anchor, shape, dtype, args):
+    sid, batch, q_heads, kv_heads, kv_len, d, kind = shape
+    dtype_name = str(dtype).replace("torch.", "")
+    data = make_inputs(shape, dtype, args.rotation_mib << 20)
+    lens = data["lens"]
+    real_tokens = int(lens.sum().item()) if lens is not None else batch * kv_len
+    elem = torch.finfo(dtype).bits // 8
+    qo_bytes = 2 * batch * q_heads * d * elem
+    bound = BOUNDS[dtype_name]
+    results, timed = [], []
+    for name, build, ref in implementations(fd, handle, shape, data, anchor):
+        kv_elem = elem if name == "fd-16bit" else 1
+        row = {
+            "impl": name,
+            "shape_id": sid,
+            "shape": [batch, q_heads, kv_heads, kv_len, d],
+            "kind": kind,
+            "label": shape_label(shape),
+            "dtype": dtype_name,
+            "kv_sets": data["sets"],
+            "kv_mib": data["kv8_set_bytes"] * kv_elem / 2**20,
+            "real_tokens": real_tokens,
+            "bytes": 2 * kv_heads * d * kv_elem * real_tokens + qo_bytes,
+        }
+        if name.endswith("-tok"):
+            row["scale_bytes"] = 2 * kv_heads * 4 * real_tokens
+        if isinstance(build, str):
+            row["error"] = build
+            results.append(row)
+            continue
+        try:
+            calls = build()
+            if getattr(calls, "plan", ""):
+                row["plan"] = calls.plan
+            for out in data["outs"]:
+                out.fill_(float("nan"))
+            calls()  # once, eagerly: the output is checked before timing
+            torch.cuda.synchronize()
+            rel, max_abs = rel_error(data["outs"][0], ref)
+            row.update(rel_err=rel, max_abs_err=max_abs, ok=bool(rel <= bound))
+            if row["ok"]:
+                timed.append((row, calls))
+            else:
+                row["error"] = f"check failed: rel err {rel:.1e} > {bound:.0e}"
+        except Exception as error:  # a library without 8-bit caches, a FlashInfer module that does not load, ...
+            row["error"] = str(error).splitlines()[0][:140] if str(error) else type(error).__name__
+        results.append(row)
+    measure(timed, args.rounds, args.replays)
+    for row, _ in timed:
+        row["gbps"] = row["bytes"] / row["us"] * 1e-3
+    base = next((r for r in results if r["impl"] == "fd-16bit" and "us" in r), None)
+    for row in results:
+        if base is not None and "us" in row:
+            row["x16"] = row["us"] / base["us"]
+    del data, timed
+    torch.cuda.empty_cache()
+    return results
+
+
+def measure(timed, rounds, replays):
+    """`rounds` rounds of time_graph() over every (row, calls), the order
+    reversed on odd rounds; row["us"] is the median of the round medians."""
+    for r in range(rounds):
+        for row, calls in timed if r % 2 == 0 else timed[::-1]:
+            median, fastest, slowest = time_graph(calls, replays)
+            torch.cuda.synchronize()
+            row.setdefault("us_rounds", []).append(median * 1e6)
+            row["us_min"] = min(row.get("us_min", math.inf), fastest * 1e6)
+            row["us_max"] = max(row.get("us_max", 0.0), slowest * 1e6)
+    for row, _ in timed:
+        row["us"] = statistics.median(row["us_rounds"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# append part
+
+APPEND_SHAPE = (256, 32, 8, 128)  # batch, q heads (for the decode), KV heads, head_dim; one new token
+
+
+def run_append(fd, handle, dtype, args):
+    """fd_append_kv alone against two copies of its bytes, and decode with
+    append against decode alone, on e4m3 (per-tensor scales) and 16-bit caches."""
+    batch, q_heads, kv_heads, d = APPEND_SHAPE
+    kv_len = args.append_kv_len
+    dtype_name = str(dtype).replace("torch.", "")
+    dev = "cuda"
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(3000)
+    rows = []
+
+    def row_of(part, impl, cache, **extra):
+        return {
+            "part": part,
+            "impl": impl,
+            "cache": cache,
+            "dtype": dtype_name,
+            "batch": batch,
+            "q_heads": q_heads,
+            "kv_heads": kv_heads,
+            "head_dim": d,
+            "kv_len": kv_len,
+            **extra,
+        }
+
+    if not declare_append(fd):
+        rows.append(row_of("append", "fd_append_kv", "-", error="the library has no fd_append_kv (before 0.3)"))
+        return rows
+    fp8 = hasattr(torch, "float8_e4m3fn")
+    new_elems = 2 * batch * kv_heads * d
+    # Lengths include the new token; a block table shared by the sets.
+    lens = torch.randint(kv_len // 2 + 1, kv_len + 1, (batch,), device=dev, generator=gen, dtype=torch.int32)
+    pages = batch * kv_len // PAGE
+    table = torch.randperm(pages, device=dev, generator=gen).to(torch.int32).reshape(batch, kv_len // PAGE)
+    set_bytes = 2 * batch * kv_heads * kv_len * d
+    sets = max(2, math.ceil((args.rotation_mib << 20) / set_bytes))
+    k_new = [torch.randn(batch, 1, kv_heads, d, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
+    v_new = [torch.randn(batch, 1, kv_heads, d, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
+    qs = [torch.randn(batch, q_heads, 1, d, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
+    outs = [torch.empty_like(q) for q in qs]
+
+    # The copy ceilings of the new K/V bytes: one graph node each, APPEND_CALLS per graph.
+    src = torch.stack([k_new[0], v_new[0]])
+    dst16 = torch.empty_like(src)
+    ceilings = [("d2d-copy", lambda: dst16.copy_(src), 2 * src.numel() * src.element_size())]
+    if fp8:
+        dst8 = torch.empty(src.shape, device=dev, dtype=torch.float8_e4m3fn)
+        ceilings.append(("torch-cast", lambda: dst8.copy_(src), new_elems * (2 + 1)))
+    timed = []
+    for name, op, moved in ceilings:
+        row = row_of("append", name, "contiguous", bytes=moved)
+
+        def calls(op=op):
+            for _ in range(APPEND_CALLS):
+                op()
+            return APPEND_CALLS
+
+        rows.append(row)
+        timed.append((row, calls))
+
+    caches = []  # (label, paged, cache dtype or fmt, per-set k, v, scale tensors)
+    kinds = (("paged", True), ("dense", False))
+    for label, paged in kinds:
+        size = (pages, PAGE, kv_heads, d) if paged else (batch, kv_heads, kv_len, d)
+        if fp8:
+            ks, vs, scales = [], [], []
+            for _ in range(sets):
+                k8, ks_ = quantize(torch.randn(*size, device=dev, dtype=dtype, generator=gen), "e4m3")
+                v8, vs_ = quantize(torch.randn(*size, device=dev, dtype=dtype, generator=gen), "e4m3")
+                ks.append(k8)
+                vs.append(v8)
+                scales.append((ks_, vs_))
+            caches.append((f"e4m3 {label}", paged, ks, vs, scales))
+        if label == "paged" or args.append_16bit_dense:
+            ks = [torch.randn(*size, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
+            vs = [torch.randn(*size, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
+            caches.append((f"16-bit {label}", paged, ks, vs, None))
+
+    bound = BOUNDS[dtype_name]
+    for cache, paged, ks, vs, scales in caches:
+        tbl = table if paged else None
+        moved = new_elems * (2 + ks[0].element_size())
+        row = row_of("append", "fd_append_kv", cache, bytes=moved)
+        rows.append(row)
+        try:
+            descs = [cache_scales(ks[i], scales[i], False, paged) if scales else None for i in range(sets)]
+            app = [append_args(fd, k_new[i], v_new[i], ks[i], vs[i], lens, tbl, descs[i]) for i in range(sets)]
+            dec = [decode_args(fd, qs[i], ks[i], vs[i], outs[i], lens, tbl, descs[i]) for i in range(sets)]
+            stream = torch.cuda.current_stream().cuda_stream
+            fd.check(fd.lib.fd_append_kv(handle, ctypes.byref(app[0]), ctypes.c_void_p(stream)), "fd_append_kv")
+            torch.cuda.synchronize()
+            row["mismatches"] = append_mismatches(ks[0], vs[0], k_new[0], v_new[0], lens, tbl, scales)
+            row["ok"] = row["mismatches"] == 0
+
+            def append_calls(app=app):
+                s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                for _ in range(APPEND_CALLS):
+                    fd.check(fd.lib.fd_append_kv(handle, ctypes.byref(app[0]), s), "fd_append_kv")
+                return APPEND_CALLS
+
+            timed.append((row, append_calls))
+        except Exception as error:
+            row["error"] = str(error).splitlines()[0][:140]
+            continue
+        # Decode alone and decode after the append, one graph each; the append
+        # rewrites the same slots each replay, so both see the same cache.
+        ref_k = ks[0] if scales is None else dequantize(ks[0], scales[0][0])
+        ref_v = vs[0] if scales is None else dequantize(vs[0], scales[0][1])
+        if paged:
+            ref_k, ref_v = dense_of(ref_k, table, kv_len), dense_of(ref_v, table, kv_len)
+        ref = reference(qs[0], ref_k, ref_v, lens)
+        for impl in ("decode", "append+decode"):
+            r = row_of(
+                "step",
+                impl,
+                cache,
+                bytes=2 * kv_heads * d * ks[0].element_size() * int(lens.sum().item())
+                + 2 * batch * q_heads * d * dtype.itemsize,
+            )
+            rows.append(r)
+            try:
+                decode_calls = flashdecode_calls(fd, handle, dec)
+
+                def step_calls(decode_calls=decode_calls, with_append=impl != "decode", app=app, dec=dec):
+                    if not with_append:
+                        return decode_calls()
+                    s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                    for i in range(sets):
+                        fd.check(fd.lib.fd_append_kv(handle, ctypes.byref(app[i]), s), "fd_append_kv")
+                        fd.check(fd.lib.fd_decode(handle, ctypes.byref(dec[i]), s), "fd_decode")
+                    return sets
+
+                for out in outs:
+                    out.fill_(float("nan"))
+                step_calls()
+                torch.cuda.synchronize()
+                rel, _ = rel_error(outs[0], ref)
+                r.update(rel_err=rel, ok=bool(rel <= bound))
+                timed.append((r, step_calls))
+            except Exception as error:
+                r["error"] = str(error).splitlines()[0][:140]
+    measure(timed, args.rounds, args.replays)
+    for row, _ in timed:
+        row["gbps"] = row["bytes"] / row["us"] * 1e-3
+    for cache in {r["cache"] for r in rows if r["part"] == "step"}:
+        alone = next((r for r in rows if r["cache"] == cache and r["impl"] == "decode" and "us" in r), None)
+        both = next((r for r in rows if r["cache"] == cache and r["impl"] == "append+decode" and "us" in r), None)
+        if alone and both:
+            both["extra_us"] = both["us"] - alone["us"]
+            both["within_target"] = both["extra_us"] <= APPEND_TARGET_US
+    copy_row = next((r for r in rows if r["impl"] == "torch-cast" and "us" in r), None) or next(
+        (r for r in rows if r["impl"] == "d2d-copy" and "us" in r), None
+    )
+    for r in rows:
+        if r["impl"] == "fd_append_kv" and "us" in r and copy_row is not None:
+            r["x_copy"] = r["us"] / copy_row["us"]
+            r["copy_ref"] = copy_row["impl"]
+    del caches, timed
+    torch.cuda.empty_cache()
+    return rows
+
+
+def append_mismatches(k, v, k_new, v_new, lens, table, scales):
+    """Elements of the new token's slots that differ, bit for bit, from PyTorch's conversion of new / scale."""
+    batch = k_new.shape[0]
+    pos = lens.long() - 1
+    b = torch.arange(batch, device=k.device)
+    bad = 0
+    for cache, new, j in ((k, k_new, 0), (v, v_new, 1)):
+        if table is not None:
+            got = cache[table.long()[b, pos // PAGE], pos % PAGE]  # [B, Hkv, D]
+        else:
+            got = cache[b, :, pos]  # dense [B, Hkv, N, D]
+        x = new[:, 0]
+        if scales is None:
+            want = x.to(cache.dtype)
+        else:
+            s = scales[0][j]
+            want = (x.float() / s).clamp(-448.0, 448.0).to(cache.dtype)
+        bad += int(
+            (
+                got.view(torch.uint8 if cache.element_size() == 1 else torch.int16)
+                != want.view(torch.uint8 if cache.element_size() == 1 else torch.int16)
+            )
+            .sum()
+            .item()
+        )
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# report
+
+
+def report(rows, append_rows, shapes, dtypes, plot_path):
+    print(
+        "=== decode (median under CUDA graph replay, KV rotated; GB/s over the K/V bytes read once + q + out;"
+        " x16: time / fd-16bit's)"
+    )
+    print(
+        f"{'shape B x Hq/Hkv x N x D':<30} {'dtype':<8} {'impl':<12} {'us':>8} {'GB/s':>6} {'%read':>6} {'x16':>5} "
+        f"{'rel err':>8}"
+    )
+    for r in rows:
+        head = f"{r['label']:<30} {r['dtype']:<8} {r['impl']:<12}"
+        if "us" not in r:
+            print(f"{head} n/a: {r.get('error', 'not timed')}")
+            continue
+        plan = f"  [{r['plan']}]" if r.get("plan") else ""
+        print(
+            f"{head} {r['us']:>8.1f} {r['gbps']:>6.0f} {r.get('pct_of_read', 0):>6.1f} {r.get('x16', 0):>5.2f} "
+            f"{r['rel_err']:>8.1e}{plan}"
+        )
+    for dtype in dtypes:
+        impls = []
+        for r in rows:
+            if r["dtype"] == dtype and r["impl"] not in impls:
+                impls.append(r["impl"])
+        for impl in impls:
+            xs = [r["x16"] for r in rows if r["dtype"] == dtype and r["impl"] == impl and "x16" in r]
+            pct = [r["pct_of_read"] for r in rows if r["dtype"] == dtype and r["impl"] == impl and "pct_of_read" in r]
+            if xs and impl != "fd-16bit":
+                geo = math.exp(sum(math.log(x) for x in xs) / len(xs))
+                print(
+                    f"{dtype:<8} {impl:<12} geometric mean time / fd-16bit over {len(xs)} shapes: {geo:.2f}; "
+                    f"median % of read {statistics.median(pct):.1f}"
+                )
+    if append_rows:
+        print("=== append (256 sequences x 8 KV heads x 128, one new token) and the decode step with it")
+        for r in append_rows:
+            head = f"{r['part']:<6} {r['dtype']:<8} {r['cache']:<13} {r['impl']:<14}"
+            if "us" not in r:
+                print(f"{head} n/a: {r.get('error', 'not timed')}")
+                continue
+            extra = ""
+            if "x_copy" in r:
+                extra += f"  {r['x_copy']:.2f}x {r['copy_ref']}"
+            if "mismatches" in r:
+                extra += f"  mismatches {r['mismatches']}"
+            if "extra_us" in r:
+                extra += (
+                    f"  +{r['extra_us']:.2f} us over decode alone "
+                    + ("(within" if r["within_target"] else "(OVER")
+                    + f" the {APPEND_TARGET_US:.0f} us target)"
+                )
+            if "rel_err" in r:
+                extra += f"  rel err {r['rel_err']:.1e}"
+            print(f"{head} {r['us']:>8.2f} us {r['gbps']:>6.0f} GB/s{extra}")
+    if plot_path:
+        impls = []
+        for r in rows:
+            if r["impl"] not in impls:
+                impls.append(r["impl"])
+        try:
+            plot(plot_path, rows, shapes, dtypes, impls)
+        except Exception as error:
+            print(f"plot failed: {error}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", help="path of libflashdecode.so.0 (required unless --from-json)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
+    parser.add_argument("--dtypes", default="float16", help="q dtypes, comma-separated: float16, bfloat16")
+    parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10", help="compare_sdpa.py's shape ids, 1..10")
+    parser.add_argument("--parts", default="decode,append", help="comma-separated: decode, append")
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
+    parser.add_argument("--rotation-mib", type=int, default=1024, help="8-bit KV bytes rotated through, at least")
+    parser.add_argument(
+        "--append-kv-len",
+        type=int,
+        default=1024,
+        help="cache capacity of the append part's decode step (lengths random in (N/2, N])",
+    )
+    parser.add_argument(
+        "--append-16bit-dense", action="store_true", help="also a 16-bit dense cache in the append part"
+    )
+    parser.add_argument(
+        "--fi-dir",
+        default=os.path.join(ROOT, ".anchors", "flashinfer"),
+        help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh); else an installed flashinfer",
+    )
+    parser.add_argument(
+        "--fi-dtypes",
+        default="float16",
+        help="q dtypes of the FlashInfer rows: the bundle prebuilds fp8 modules for float16 only; bfloat16 "
+        "compiles 6 modules on first use (20-40 s each)",
+    )
+    parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
+    args = parser.parse_args()
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    wanted = {int(x) for x in args.shapes.split(",") if x}
+    shapes = [s for s in DECODE_SHAPES if s[0] in wanted]
+    parts = {p for p in args.parts.split(",") if p}
+    if args.append_kv_len < 2 or args.append_kv_len % PAGE:
+        parser.error(f"--append-kv-len must be a multiple of {PAGE}")
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        dtypes = [d for d in dtypes if any(r["dtype"] == d for r in saved["results"])] or sorted(
+            {r["dtype"] for r in saved["results"]}
+        )
+        print(
+            f"ceilings: streaming read {saved['read_ceiling_gbps']:.0f} GB/s, device-to-device copy "
+            f"{saved['copy_gbps']:.0f} GB/s (read + written)"
+        )
+        report(saved["results"], saved.get("append", []), shapes, dtypes, args.plot)
+        return 0
+    if torch is None:
+        parser.error("PyTorch is needed to run the comparison")
+    if not args.lib:
+        parser.error("--lib is needed")
+
+    fd = FlashDecode(args.lib)
+    handle = fd.create_cuda_handle(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(0)
+    anchor = FlashInferAnchor(args.fi_dir, args.fi_dtypes.split(",")) if "decode" in parts else None
+    if anchor is not None and anchor.reason:
+        print(f"FlashInfer rows skipped: {anchor.reason}")
+    ceilings = [bandwidth_ceilings()]
+    print(f"flashdecode {fd.version}, torch {torch.__version__}, {props.name}, {props.multi_processor_count} SMs")
+    print(
+        f"ceilings at the start: streaming read {ceilings[0][0] * 1e-9:.0f} GB/s, device-to-device copy "
+        f"{ceilings[0][1] * 1e-9:.0f} GB/s (read + written)"
+    )
+    rows, append_rows = [], []
+    started = time.monotonic()
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        if "decode" in parts:
+            for shape in shapes:
+                got = run_shape(fd, handle, anchor, shape, dtype, args)
+                rows.extend(got)
+                times = ", ".join(f"{r['impl']} {r['us']:.1f}" if "us" in r else f"{r['impl']} n/a" for r in got)
+                print(
+                    f"[{time.monotonic() - started:5.0f} s] {shape_label(shape)} {dtype_name}: {times} us", flush=True
+                )
+        if "append" in parts:
+            got = run_append(fd, handle, dtype, args)
+            append_rows.extend(got)
+            times = ", ".join(f"{r['impl']} {r['cache']} {r['us']:.2f}" for r in got if "us" in r)
+            print(f"[{time.monotonic() - started:5.0f} s] append {dtype_name}: {times} us", flush=True)
+    fd.lib.fd_destroy(handle)
+    ceilings.append(bandwidth_ceilings())
+    ceiling = max(read for read, _ in ceilings)
+    copy = max(c for _, c in ceilings)
+    print(
+        f"ceilings at the end: streaming read {ceilings[1][0] * 1e-9:.0f} GB/s, device-to-device copy "
+        f"{ceilings[1][1] * 1e-9:.0f} GB/s; used: {ceiling * 1e-9:.0f} and {copy * 1e-9:.0f} GB/s"
+    )
+    for row in rows + append_rows:
+        if "gbps" in row:
+            row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "read_ceiling_gbps": ceiling * 1e-9,
+                    "copy_gbps": copy * 1e-9,
+                    "read_ceiling_runs_gbps": [read * 1e-9 for read, _ in ceilings],
+                    "copy_runs_gbps": [c * 1e-9 for _, c in ceilings],
+                    "device": props.name,
+                    "torch": torch.__version__,
+                    "flashdecode": fd.version,
+                    "flashinfer": getattr(getattr(anchor, "fi", None), "__version__", None),
+                    "flashinfer_module_seconds": {str(k): v for k, v in (anchor.ready if anchor else {}).items()},
+                    "results": rows,
+                    "append": append_rows,
+                },
+                f,
+                indent=1,
+            )
+    report(rows, append_rows, shapes, dtypes, args.plot)
+    failed = [r for r in rows + append_rows if r["impl"].startswith("fd") and r.get("ok") is False]
+    if failed:
+        print(f"flashdecode failed its check on {len(failed)} case(s)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
