@@ -694,8 +694,8 @@ FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream);
  * @brief Since 0.3: what fd_append_kv() reads and writes. Initialise with
  *        `fd_append_args_init(&args, sizeof args)`, then fill in the tensors.
  *
- * - `k_new`, `v_new`: `[batch, new_len, kv_heads, head_dim]`, F32, F16 or
- *   BF16 (the two may differ): this step's keys and values, new_len >= 0.
+ * - `k_new`, `v_new`: `[batch, new_len, kv_heads, head_dim]`, both F32,
+ *   F16 or BF16 (the same one): this step's keys and values, new_len >= 0.
  * - `k`, `v`: the cache, exactly as fd_decode() takes it (dense
  *   `[batch, kv_capacity, kv_heads, head_dim]`, or a page pool with
  *   @p block_table), of any cache dtype (F32, F16, BF16, E4M3, E5M2, I8;
@@ -717,10 +717,15 @@ FD_API fd_status fd_check_contents(fd_handle *handle, fd_cuda_stream stream);
  * Each element is converted to the cache dtype from `x = new / scale`,
  * computed in float32 (x = new without a scale): F32, F16 and BF16 round to
  * nearest even (IEEE overflow to infinity); E4M3 and E5M2 round to nearest
- * even and saturate to their largest finite value (+-448, +-57344), NaN
- * stays NaN (0x7F or 0xFF); I8 rounds to nearest even, clamps to [-127, 127]
- * and stores 0 for NaN. With per-token scales, write this step's scales
- * first: fd_append_kv() reads the scale of each position it writes.
+ * even and saturate to their largest finite value (+-448, +-57344), and
+ * store any NaN as 0x7F (as CUDA's conversions do); I8 rounds to nearest
+ * even, clamps to [-127, 127] and stores 0 for NaN; a NaN into F16 or BF16
+ * stays a NaN (which NaN may differ between backends). A scale of 0 makes
+ * x infinite (saturated) or, for 0 / 0, NaN. With per-token scales, write
+ * this step's scales first: fd_append_kv() reads the scale of each
+ * position it writes. Where positions of two sequences select the same
+ * element (their tables share a page slot), which value lands there is
+ * unspecified.
  */
 typedef struct fd_append_args {
   size_t struct_size;    /**< sizeof(fd_append_args) as the caller compiled it; set by fd_append_args_init(). */

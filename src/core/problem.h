@@ -138,8 +138,8 @@ MergeProblem validate_merge_args(const fd_merge_args *args);
 // head_dim] go into the cache k/v (as in Problem, of any cache dtype) at
 // positions len - new_len + i (flashdecode.h, fd_append_args).
 struct AppendProblem {
-  fd_dtype k_new_dtype = FD_DTYPE_F32, v_new_dtype = FD_DTYPE_F32;
-  fd_dtype kv_dtype = FD_DTYPE_F32;  // of the cache k and v
+  fd_dtype new_dtype = FD_DTYPE_F32;  // of k_new and v_new
+  fd_dtype kv_dtype = FD_DTYPE_F32;   // of the cache k and v
   bool kv_quantized = false;
   int64_t batch = 0, new_len = 0, kv_heads = 0, head_dim = 0;
   int64_t kv_capacity = 0;

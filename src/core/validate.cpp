@@ -519,9 +519,8 @@ AppendProblem validate_append_args(const fd_append_args *caller_args) {
   p.k = check_tensor(args.k, "k", 4, cache_dims, true);
   p.v = check_tensor(args.v, "v", 4, cache_dims, true);
   require_float_dtype(args.k_new, "k_new");
-  require_float_dtype(args.v_new, "v_new");
-  p.k_new_dtype = args.k_new.dtype;
-  p.v_new_dtype = args.v_new.dtype;
+  require_dtype(args.v_new, "v_new", args.k_new.dtype);
+  p.new_dtype = args.k_new.dtype;
   check_cache_dtypes(args.k, args.v, p);
 
   p.batch = p.k_new.shape[0];
@@ -575,8 +574,8 @@ AppendProblem validate_append_args(const fd_append_args *caller_args) {
     fd_dtype dtype;
     const char *name;
     bool present;
-  } inputs[] = {{&p.k_new, 4, p.k_new_dtype, "k_new", true},
-                {&p.v_new, 4, p.v_new_dtype, "v_new", true},
+  } inputs[] = {{&p.k_new, 4, p.new_dtype, "k_new", true},
+                {&p.v_new, 4, p.new_dtype, "v_new", true},
                 {&p.k_scale, 3, FD_DTYPE_F32, "k_scale", p.has_k_scale},
                 {&p.v_scale, 3, FD_DTYPE_F32, "v_scale", p.has_v_scale},
                 {&p.seq_lens, 1, FD_DTYPE_I32, "seq_lens", p.has_seq_lens},

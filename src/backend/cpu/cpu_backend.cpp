@@ -359,8 +359,8 @@ void append_token(const AppendProblem &p, int64_t b, int64_t i) {
     if (page < 0 || page >= p.num_pages) return;  // no clamping for writes
     slot = {page, pos % p.page_size};
   }
-  append_rows(p, p.k_new, p.k_new_dtype, p.k, p.k_scale, p.has_k_scale, b, i, slot);
-  append_rows(p, p.v_new, p.v_new_dtype, p.v, p.v_scale, p.has_v_scale, b, i, slot);
+  append_rows(p, p.k_new, p.new_dtype, p.k, p.k_scale, p.has_k_scale, b, i, slot);
+  append_rows(p, p.v_new, p.new_dtype, p.v, p.v_scale, p.has_v_scale, b, i, slot);
 }
 
 class CpuBackend final : public Backend {

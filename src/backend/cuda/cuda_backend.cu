@@ -331,8 +331,7 @@ class CudaBackend final : public Backend {
     cuda::AppendParams a;
     a.k_new = p.k_new.data;
     a.v_new = p.v_new.data;
-    a.k_new_dtype = static_cast<int32_t>(p.k_new_dtype);
-    a.v_new_dtype = static_cast<int32_t>(p.v_new_dtype);
+    a.new_dtype = static_cast<int32_t>(p.new_dtype);
     a.k = p.k.data;
     a.v = p.v.data;
     a.cache_dtype = static_cast<int32_t>(p.kv_dtype);
@@ -368,8 +367,21 @@ class CudaBackend final : public Backend {
     a.kv_capacity = p.kv_capacity;
     a.kv_heads = static_cast<int32_t>(p.kv_heads);
     a.head_dim = static_cast<int32_t>(p.head_dim);
+    const auto rows_on = [](const StridedView &view, size_t element_bytes, uintptr_t alignment) {
+      if (reinterpret_cast<uintptr_t>(view.data) % alignment != 0) return false;
+      for (int d = 0; d < 3; ++d) {
+        if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % alignment != 0)
+          return false;
+      }
+      return true;
+    };
+    const size_t new_bytes = dtype_bytes(p.new_dtype);
+    const size_t cache_bytes = dtype_bytes(p.kv_dtype);
+    a.vector = p.head_dim % cuda::kAppendVectorElements == 0 && rows_on(p.k_new, new_bytes, 16) &&
+               rows_on(p.v_new, new_bytes, 16) && rows_on(p.k, cache_bytes, 8) && rows_on(p.v, cache_bytes, 8);
     DeviceGuard guard(device_, primary_context_);
-    check_cuda(cuda::launch_append_kv(a, reinterpret_cast<cudaStream_t>(stream)), "fd_append_kv: kernel launch");
+    check_cuda(cuda::launch_append_kv(a, programmatic_, reinterpret_cast<cudaStream_t>(stream)),
+               "fd_append_kv: kernel launch");
   }
 
   void merge_states(const MergeProblem &p, fd_cuda_stream stream) override {

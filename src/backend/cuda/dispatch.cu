@@ -538,14 +538,43 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
   return cudaGetLastError();
 }
 
-cudaError_t launch_append_kv(const AppendParams &append, cudaStream_t stream) {
-  const int64_t groups = (append.head_dim + kAppendElements - 1) / kAppendElements;
+cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cudaStream_t stream) {
   const int64_t landing = append.new_len < append.kv_capacity ? append.new_len : append.kv_capacity;
-  const int64_t threads = append.batch * landing * append.kv_heads * groups;
-  const int64_t blocks = (threads + kAppendThreads - 1) / kAppendThreads;
-  append_kv_kernel<<<static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)), kAppendThreads,
-                     0, stream>>>(append);
-  return cudaGetLastError();
+  const int64_t tokens = append.batch * landing;
+  const int64_t items =
+      static_cast<int64_t>(append.kv_heads) * ((append.head_dim + kAppendElements - 1) / kAppendElements);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((items + kAppendThreads - 1) / kAppendThreads),
+                        static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
+  config.blockDim = dim3(kAppendThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
+  const auto launch = [&](auto new_type, auto cache_dtype) {
+    using NewT = decltype(new_type);
+    constexpr int kCache = decltype(cache_dtype)::value;
+    return append.vector ? cudaLaunchKernelEx(&config, append_kv_kernel<NewT, kCache, true>, append)
+                         : cudaLaunchKernelEx(&config, append_kv_kernel<NewT, kCache, false>, append);
+  };
+  const auto with_cache = [&](auto new_type) {
+    switch (append.cache_dtype) {
+      case FD_DTYPE_F32: return launch(new_type, std::integral_constant<int, FD_DTYPE_F32>{});
+      case FD_DTYPE_F16: return launch(new_type, std::integral_constant<int, FD_DTYPE_F16>{});
+      case FD_DTYPE_BF16: return launch(new_type, std::integral_constant<int, FD_DTYPE_BF16>{});
+      case FD_DTYPE_E4M3: return launch(new_type, std::integral_constant<int, FD_DTYPE_E4M3>{});
+      case FD_DTYPE_E5M2: return launch(new_type, std::integral_constant<int, FD_DTYPE_E5M2>{});
+      case FD_DTYPE_I8: return launch(new_type, std::integral_constant<int, FD_DTYPE_I8>{});
+      default: break;
+    }
+    fail(FD_ERROR_INTERNAL, "CUDA backend: no append kernel for cache dtype %d", append.cache_dtype);
+  };
+  switch (append.new_dtype) {
+    case FD_DTYPE_F32: return with_cache(float{});
+    case FD_DTYPE_F16: return with_cache(__half{});
+    case FD_DTYPE_BF16: return with_cache(__nv_bfloat16{});
+    default: break;
+  }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no append kernel for new-token dtype %d", append.new_dtype);
 }
 
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {

@@ -37,8 +37,9 @@ cudaError_t merge_supports_programmatic_launch(bool *supported);
 // fd_merge_states: one kernel for the output dtype (fails closed on another).
 cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream);
 
-// fd_append_kv: one kernel for every dtype (they are runtime values).
-cudaError_t launch_append_kv(const AppendParams &append, cudaStream_t stream);
+// fd_append_kv: one kernel for every dtype (they are runtime values);
+// programmatic as for launch_decode.
+cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cudaStream_t stream);
 
 // FD_CHECK_CONTENTS: the check kernel, enqueued ahead of a decode.
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream);

@@ -193,7 +193,7 @@ using MergeStatesParams = MergeStatesParamsFor<FD_MAX_MERGE_STATES>;
 struct AppendParams {
   const void *k_new = nullptr;
   const void *v_new = nullptr;
-  int32_t k_new_dtype = 0, v_new_dtype = 0;
+  int32_t new_dtype = 0;                 // of k_new and v_new
   int64_t k_new_strides[3] = {0, 0, 0};  // batch, new token, kv_head (head_dim is contiguous)
   int64_t v_new_strides[3] = {0, 0, 0};
   void *k = nullptr;
@@ -216,7 +216,12 @@ struct AppendParams {
   int64_t kv_capacity = 0;
   int32_t kv_heads = 0;
   int32_t head_dim = 0;
+  // head_dim a multiple of 8, new rows on 16 bytes and cache rows on 8:
+  // 8 elements move with one load and one store (kernels/append_kv.cuh).
+  bool vector = false;
 };
+
+constexpr int kAppendVectorElements = 8;  // AppendParams::vector moves this many elements at once
 
 constexpr int kMinHeadDim = 16;
 constexpr int kMaxHeadDim = 256;

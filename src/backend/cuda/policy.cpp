@@ -159,7 +159,9 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   VariantChoice choice;
   choice.variant = fallback_variant(p);
   if (!tensor_cores_take(p)) return choice;
-  // 8-bit caches: one tensor-core kernel, standard tiles, for every shape.
+  // 8-bit caches: one tensor-core kernel, standard tiles, for every shape
+  // it takes (with one query row per KV head too: the CUDA-core kernel
+  // measured 3-8% slower there, docs/performance.md).
   if (p.kv_quantized) {
     choice.variant = SplitVariant::tensor_core_8bit;
     return choice;

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // fd_append_kv: this step's new K and V rows into the cache, converted to
-// its dtype (flashdecode.h, fd_append_args). One thread per kAppendElements
-// consecutive elements of one new row (sequence, new token, KV head), K's
-// and V's alike; it reads the sequence's length, the page its position
-// falls in and the position's scales, all on the device, so a captured
-// graph replays with their current values. A position before the cache's
-// start or on a page outside the pool is not written.
+// its dtype (flashdecode.h, fd_append_args), K's and V's alike. A thread
+// takes 8 consecutive elements of one new row (sequence, new token, KV
+// head): blockIdx.y the new token, x the (head, 8 elements). It reads the
+// sequence's length, the page its position falls in and the position's
+// scales, all on the device, so a captured graph replays with their current
+// values. A position before the cache's start or on a page outside the pool
+// is not written. kVector: every row starts on 16 bytes and head_dim is a
+// multiple of 8 (AppendParams::vector): one load and one store per 8
+// elements, else one per element.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,49 +18,84 @@
 
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/quantized.cuh"
 
 namespace fd {
 namespace cuda {
 
-constexpr int kAppendThreads = 256;
-constexpr int kAppendElements = 4;
+constexpr int kAppendThreads = 128;
+constexpr int kAppendElements = kAppendVectorElements;
 
-// Element `index` of a float tensor of a runtime dtype (f32, f16, bf16).
-__device__ __forceinline__ float load_float(const void *data, int32_t dtype, int64_t index) {
-  switch (dtype) {
-    case FD_DTYPE_F16: return __half2float(static_cast<const __half *>(data)[index]);
-    case FD_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(data)[index]);
-    default: return static_cast<const float *>(data)[index];
+// A cache element type: its storage and the conversion of x / scale into it.
+template <int kCacheDtype>
+struct CacheElement {
+  using type = uint8_t;  // the 8-bit formats
+  __device__ static type from(float x, float scale, bool scaled) {
+    return quantize(scaled ? __fdiv_rn(x, scale) : x, kCacheDtype);
+  }
+};
+template <>
+struct CacheElement<FD_DTYPE_F32> {
+  using type = float;
+  __device__ static type from(float x, float, bool) { return x; }
+};
+template <>
+struct CacheElement<FD_DTYPE_F16> {
+  using type = __half;
+  __device__ static type from(float x, float, bool) { return __float2half_rn(x); }
+};
+template <>
+struct CacheElement<FD_DTYPE_BF16> {
+  using type = __nv_bfloat16;
+  __device__ static type from(float x, float, bool) { return __float2bfloat16_rn(x); }
+};
+
+// Eight consecutive elements of one row: the new values in, the cache's out.
+template <class NewT, int kCacheDtype, bool kVector>
+__device__ __forceinline__ void append_chunk(const NewT *src, void *dst_row, int first, int count, float scale,
+                                             bool scaled) {
+  using C = typename CacheElement<kCacheDtype>::type;
+  C *dst = static_cast<C *>(dst_row) + first;
+  if constexpr (kVector) {
+    float x[kAppendElements];
+    if constexpr (sizeof(NewT) == 4) {
+      const float4 a = reinterpret_cast<const float4 *>(src + first)[0];
+      const float4 b = reinterpret_cast<const float4 *>(src + first)[1];
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+      Element<NewT>::to_float8(src + first, x);
+    }
+    C out[kAppendElements];
+#pragma unroll
+    for (int e = 0; e < kAppendElements; ++e) out[e] = CacheElement<kCacheDtype>::from(x[e], scale, scaled);
+    constexpr int kWords = sizeof(out) / 8;  // 8-byte stores: 1, 2 or 4
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) reinterpret_cast<uint2 *>(dst)[w] = reinterpret_cast<const uint2 *>(out)[w];
+  } else {
+    for (int e = 0; e < count; ++e) {
+      dst[e] = CacheElement<kCacheDtype>::from(Element<NewT>::to_float(src[first + e]), scale, scaled);
+    }
   }
 }
 
-// x into element `index` of a cache of a runtime dtype: 16- and 32-bit
-// types round to nearest even; 8-bit ones quantize x / scale.
-__device__ __forceinline__ void store_cache(void *data, int32_t dtype, int64_t index, float x, float scale,
-                                            bool scaled) {
-  switch (dtype) {
-    case FD_DTYPE_F32: static_cast<float *>(data)[index] = x; return;
-    case FD_DTYPE_F16: static_cast<__half *>(data)[index] = __float2half_rn(x); return;
-    case FD_DTYPE_BF16: static_cast<__nv_bfloat16 *>(data)[index] = __float2bfloat16_rn(x); return;
-    default: static_cast<uint8_t *>(data)[index] = quantize(scaled ? __fdiv_rn(x, scale) : x, dtype); return;
-  }
-}
-
+template <class NewT, int kCacheDtype, bool kVector>
 __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const AppendParams p) {
+  // Launched programmatically (sm_90+), it waits for the kernel before it
+  // (which may write k_new) and lets the decode after it be scheduled; the
+  // decode waits for this grid to finish before it reads the cache.
+  split_kernel_prologue();
+  const int groups = (p.head_dim + kAppendElements - 1) / kAppendElements;
+  const int item = static_cast<int>(blockIdx.x) * kAppendThreads + static_cast<int>(threadIdx.x);
+  if (item >= p.kv_heads * groups) return;
+  const int h = item / groups;
+  const int first = (item - h * groups) * kAppendElements;
+  const int count = min(kAppendElements, p.head_dim - first);
   // Only the last `landing` new tokens can have a position in the cache.
   const int64_t landing = min(p.new_len, p.kv_capacity);
-  const int64_t groups_per_row = (p.head_dim + kAppendElements - 1) / kAppendElements;
-  const int64_t total = p.batch * landing * p.kv_heads * groups_per_row;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t group = t % groups_per_row;
-    int64_t rest = t / groups_per_row;
-    const int h = static_cast<int>(rest % p.kv_heads);
-    rest /= p.kv_heads;
-    const int64_t i = p.new_len - landing + rest % landing;
-    const int64_t b = rest / landing;
-
+  for (int64_t token = blockIdx.y; token < p.batch * landing; token += gridDim.y) {
+    const int64_t b = token / landing;
+    const int64_t i = p.new_len - landing + (token - b * landing);
     int64_t len = p.kv_capacity;
     if (p.seq_lens != nullptr) len = min(max(static_cast<int64_t>(p.seq_lens[b * p.seq_lens_stride]), int64_t{0}), len);
     const int64_t pos = len - p.new_len + i;
@@ -69,26 +107,22 @@ __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const AppendP
       if (outer < 0 || outer >= p.num_pages) continue;  // never outside the pool
       slot = pos - column * p.page_size;
     }
-    const float k_scale =
-        p.k_scale != nullptr
-            ? p.k_scale[outer * p.k_scale_strides[0] + slot * p.k_scale_strides[1] + h * p.k_scale_strides[2]]
-            : 1.0f;
-    const float v_scale =
-        p.v_scale != nullptr
-            ? p.v_scale[outer * p.v_scale_strides[0] + slot * p.v_scale_strides[1] + h * p.v_scale_strides[2]]
-            : 1.0f;
-    const int64_t k_row = outer * p.k_strides[0] + slot * p.k_strides[1] + h * p.k_strides[2];
-    const int64_t v_row = outer * p.v_strides[0] + slot * p.v_strides[1] + h * p.v_strides[2];
-    const int64_t k_new_row = b * p.k_new_strides[0] + i * p.k_new_strides[1] + h * p.k_new_strides[2];
-    const int64_t v_new_row = b * p.v_new_strides[0] + i * p.v_new_strides[1] + h * p.v_new_strides[2];
-    const int first = static_cast<int>(group) * kAppendElements;
-    const int last = min(first + kAppendElements, p.head_dim);
-    for (int d = first; d < last; ++d) {
-      store_cache(p.k, p.cache_dtype, k_row + d, load_float(p.k_new, p.k_new_dtype, k_new_row + d), k_scale,
-                  p.k_scale != nullptr);
-      store_cache(p.v, p.cache_dtype, v_row + d, load_float(p.v_new, p.v_new_dtype, v_new_row + d), v_scale,
-                  p.v_scale != nullptr);
+    float k_scale = 1.0f, v_scale = 1.0f;
+    if (p.k_scale != nullptr) {
+      k_scale = p.k_scale[outer * p.k_scale_strides[0] + slot * p.k_scale_strides[1] + h * p.k_scale_strides[2]];
     }
+    if (p.v_scale != nullptr) {
+      v_scale = p.v_scale[outer * p.v_scale_strides[0] + slot * p.v_scale_strides[1] + h * p.v_scale_strides[2]];
+    }
+    using C = typename CacheElement<kCacheDtype>::type;
+    C *k_row = static_cast<C *>(p.k) + outer * p.k_strides[0] + slot * p.k_strides[1] + h * p.k_strides[2];
+    C *v_row = static_cast<C *>(p.v) + outer * p.v_strides[0] + slot * p.v_strides[1] + h * p.v_strides[2];
+    const NewT *k_new =
+        static_cast<const NewT *>(p.k_new) + b * p.k_new_strides[0] + i * p.k_new_strides[1] + h * p.k_new_strides[2];
+    const NewT *v_new =
+        static_cast<const NewT *>(p.v_new) + b * p.v_new_strides[0] + i * p.v_new_strides[1] + h * p.v_new_strides[2];
+    append_chunk<NewT, kCacheDtype, kVector>(k_new, k_row, first, count, k_scale, p.k_scale != nullptr);
+    append_chunk<NewT, kCacheDtype, kVector>(v_new, v_row, first, count, v_scale, p.v_scale != nullptr);
   }
 }
 

@@ -86,10 +86,10 @@ __device__ void load_query(const SplitParams &p, int64_t b, QueryRow row, int la
 // 8-bit caches (T = uint8_t, kv_format): per-token scales come from the
 // stage (with_*_scales), others were folded into q and are applied to the
 // result by the caller.
-template <class T, class Traits, bool kVariants>
+template <class T, class Traits, bool kVariants, int kFormat>
 __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector], SoftmaxState &state, int lane,
                             int first_token, int steps, int64_t tile_begin, int64_t end, int tile_key,
-                            const RowScoring &scoring, int kv_format, bool with_k_scales, bool with_v_scales) {
+                            const RowScoring &scoring, bool with_k_scales, bool with_v_scales) {
   const T *k_rows = reinterpret_cast<const T *>(stage);
   const T *v_rows = reinterpret_cast<const T *>(stage + Traits::kTileTokens * Traits::kRowBytes);
   [[maybe_unused]] const float *k_scales = reinterpret_cast<const float *>(stage + Traits::kScaleOffset);
@@ -101,7 +101,7 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float k[kVector];
       if constexpr (Traits::kScales) {
-        dequantize8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, kv_format, k);
+        dequantize8<kFormat>(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
       } else {
         Element<T>::to_float8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
       }
@@ -129,7 +129,7 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float v[kVector];
       if constexpr (Traits::kScales) {
-        dequantize8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, kv_format, v);
+        dequantize8<kFormat>(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
         const float weight = state.weight(score[i]);
         state.add_scaled(weight, with_v_scales ? weight * v_scales[t0 + i] : weight, v);
       } else {
@@ -212,10 +212,24 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
         FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
         if (tile + Traits::kStages - 1 < tiles) load(tile + Traits::kStages - 1);  // into tile - 1's stage
         cp_async_commit();
-        attend_tile<KV, Traits, kVariants>(
-            smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane, token_group * tokens_per_group,
-            heads_per_cta, begin + tile * Traits::kTileTokens, end, static_cast<int>(tile * Traits::kTileTokens),
-            scoring, p.kv_format, p.k_scale_per_token, p.v_scale_per_token);
+        const auto attend = [&](auto format) {
+          attend_tile<KV, Traits, kVariants, decltype(format)::value>(
+              smem + (tile % Traits::kStages) * Traits::kStageBytes, q, state, lane, token_group * tokens_per_group,
+              heads_per_cta, begin + tile * Traits::kTileTokens, end, static_cast<int>(tile * Traits::kTileTokens),
+              scoring, p.k_scale_per_token, p.v_scale_per_token);
+        };
+        // 8-bit caches: the format is chosen once a tile, not once an element.
+        if constexpr (kQuantized) {
+          if (p.kv_format == FD_DTYPE_E5M2) {
+            attend(std::integral_constant<int, FD_DTYPE_E5M2>{});
+          } else if (p.kv_format == FD_DTYPE_I8) {
+            attend(std::integral_constant<int, FD_DTYPE_I8>{});
+          } else {
+            attend(std::integral_constant<int, FD_DTYPE_E4M3>{});
+          }
+        } else {
+          attend(std::integral_constant<int, 0>{});
+        }
       }
       cp_async_wait<0>();
       __syncthreads();  // the pipeline memory is free for the combine below

@@ -76,14 +76,15 @@ __device__ __forceinline__ uint32_t dequantize_pair_scaled(uint32_t raw, int hal
 }
 
 // Eight elements (8 bytes, 8-byte aligned) as floats, exactly.
-__device__ __forceinline__ void dequantize8(const unsigned char *src, int format, float (&dst)[8]) {
+template <int kFormat>
+__device__ __forceinline__ void dequantize8(const unsigned char *src, float (&dst)[8]) {
   const uint2 raw = *reinterpret_cast<const uint2 *>(src);
   const uint32_t words[2] = {raw.x, raw.y};
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float2 f = __half22float2(dequantize_pair(words[w], h, format));
+      const float2 f = __half22float2(dequantize_pair<kFormat>(words[w], h));
       dst[4 * w + 2 * h] = f.x;
       dst[4 * w + 2 * h + 1] = f.y;
     }
