@@ -2,8 +2,9 @@
 // The one place where runtime choices become template parameters, and the
 // table of split-kernel variants: each row names a variant and holds what
 // the host needs of it (names, shapes, preparation, launch), built from its
-// kernel family. Every kernel instantiation of the library is here; every
-// switch fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
+// kernel family (dispatch_families.cuh). Every kernel instantiation of the
+// library is here, but the 8-bit families' (dispatch_8bit.cu); every switch
+// fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
 #include "backend/cuda/dispatch.h"
 
 #include <type_traits>
@@ -12,343 +13,29 @@
 #include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/kernels/merge_states.cuh"
-#include "backend/cuda/kernels/split_cuda_core.cuh"
-#include "backend/cuda/kernels/split_tensor_core.cuh"
+#include "backend/cuda/dispatch_families.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
 
 namespace fd {
 namespace cuda {
 
-// A kernel family: a kernel template, the storage types it is built for,
-// whether it has a cluster-merge instantiation, and the shared memory a
-// block must be able to opt into for the family to be used at all.
-// T is the storage type of q (and, but for the 8-bit families, of K/V);
-// kQuantized families read 8-bit caches of any of the three formats.
-struct CudaCoreFamily {
-  static constexpr bool kQuantized = false;
-  template <class T>
-  static constexpr bool kTakes = true;
-  static constexpr bool kHasClusters = false;
-  static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
-  struct Kernel {
-    using Traits = SplitTraits<T, kBucket>;
-    static constexpr auto function = split_kernel<T, kBucket, kVariants>;
-  };
-};
+using namespace dispatch;  // NOLINT: the families and their templates (dispatch_families.cuh)
 
-// Wide tiles only where a block gets 200+ KiB of shared memory (sm_90 and
-// sm_100: 227 KiB), where they were measured; their 128 KiB would also fit
-// sm_80's 164 KiB, where nobody has timed them against the standard tiles.
-template <bool kWide>
-struct TensorCoreFamily {
-  static constexpr bool kQuantized = false;
-  template <class T>
-  static constexpr bool kTakes = sizeof(T) == 2;
-  static constexpr bool kHasClusters = true;
-  static constexpr int kMinSmemOptin = kWide ? 200 * 1024 : 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
-  struct Kernel {
-    using Traits = MmaTraits<T, kBucket, kWide>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster, kVariants>;
-  };
-};
-
-// 8-bit caches: the CUDA-core kernel for any q type, the tensor cores for
-// 16-bit q (standard tiles, no cluster merge).
-struct CudaCoreQuantizedFamily {
-  static constexpr bool kQuantized = true;
-  template <class T>
-  static constexpr bool kTakes = true;
-  static constexpr bool kHasClusters = false;
-  static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
-  struct Kernel {
-    using Traits = SplitTraits<uint8_t, kBucket>;
-    static constexpr auto function = split_kernel<T, kBucket, kVariants, true>;
-  };
-};
-
-struct TensorCoreQuantizedFamily {
-  static constexpr bool kQuantized = true;
-  template <class T>
-  static constexpr bool kTakes = sizeof(T) == 2;
-  static constexpr bool kHasClusters = false;
-  static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
-  struct Kernel {
-    using Traits = MmaTraits<T, kBucket, false, true>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, kVariants, true>;
-  };
-};
+namespace dispatch {
+// The 8-bit families' row functions are instantiated in dispatch_8bit.cu.
+#define FD_EXTERN_FAMILY(Family)                                                                 \
+  extern template bool family_takes<Family>(fd_dtype);                                           \
+  extern template SplitKernelShape family_shape<Family>(fd_dtype, int);                          \
+  extern template cudaError_t prepare_family<Family>(fd_dtype, int, const DeviceLimits &, int &, \
+                                                     int(&)[kMaxClusterSplits + 1]);             \
+  extern template cudaError_t launch_family<Family>(fd_dtype, fd_dtype, int, const SplitParams &, bool, cudaStream_t);
+FD_EXTERN_FAMILY(CudaCoreQuantizedFamily)
+FD_EXTERN_FAMILY(TensorCoreQuantizedFamily)
+#undef FD_EXTERN_FAMILY
+}  // namespace dispatch
 
 namespace {
-
-template <class Family, class T, bool kCluster, bool kVariants, class Body>
-auto with_bucket(int bucket, Body &&body) {
-  switch (bucket) {
-    case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants>{});
-    case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants>{});
-    case 256: return body(typename Family::template Kernel<T, 256, kCluster, kVariants>{});
-    default: break;
-  }
-  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for head-dim bucket %d", bucket);
-}
-
-// Kernels with the variants' scoring have no cluster merge (policy.cpp does
-// not choose it for them): one instantiation less per bucket.
-template <class Family, class T, class Body>
-auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
-  if constexpr (Family::kHasClusters) {
-    if (cluster && !variants) return with_bucket<Family, T, true, false>(bucket, body);
-  }
-  if (cluster) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
-  if (variants) return with_bucket<Family, T, false, true>(bucket, body);
-  return with_bucket<Family, T, false, false>(bucket, body);
-}
-
-// Calls body(Family::Kernel<T, bucket, cluster, variants>{}) for the storage
-// type T of q_dtype, K/V being kv_dtype: q's type, or 8-bit for the
-// quantized families.
-template <class Family, class Body>
-auto with_kernel(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, bool cluster, bool variants, Body &&body) {
-  if (is_quantized_dtype(kv_dtype) != Family::kQuantized || (!Family::kQuantized && q_dtype != kv_dtype)) {
-    fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel of this family for %s K/V with %s q", dtype_name(kv_dtype),
-         dtype_name(q_dtype));
-  }
-  switch (q_dtype) {
-    case FD_DTYPE_F32:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    case FD_DTYPE_F16:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    case FD_DTYPE_BF16:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    default: break;
-  }
-  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for q dtype %d", static_cast<int>(q_dtype));
-}
-
-// The q dtype whose kernel stands for a K/V dtype's in the tables (shape,
-// occupancy): q's own, or for 8-bit caches f16 (every q type's kernel of
-// these families has the same shape).
-fd_dtype representative_q(fd_dtype kv_dtype) { return is_quantized_dtype(kv_dtype) ? FD_DTYPE_F16 : kv_dtype; }
-
-constexpr fd_dtype kStorageDtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
-
-template <class Family>
-bool family_takes(fd_dtype dtype) {
-  if (Family::kQuantized) return is_quantized_dtype(dtype);
-  switch (dtype) {
-    case FD_DTYPE_F32: return Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>;
-    case FD_DTYPE_F16: return Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>;
-    case FD_DTYPE_BF16: return Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>;
-    default: return false;
-  }
-}
-
-// Programmatic stream serialization (sm_90+, see launch_decode): the kernel
-// may be scheduled while the previous kernel on the stream finishes, and
-// waits in griddepcontrol.wait before its first memory access.
-void allow_programmatic_launch(cudaLaunchConfig_t &config, cudaLaunchAttribute &attribute) {
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-}
-
-// Whether a kernel's loaded image was compiled for sm_90 or later: its
-// griddepcontrol and cluster code exist. An older PTX JIT-compiled for this
-// device reports the device's binaryVersion but its own ptxVersion.
-bool built_for_sm90(const cudaFuncAttributes &attributes) {
-  return attributes.ptxVersion >= 90 && attributes.binaryVersion >= 90;
-}
-
-// Clusters of `size` CTAs along x (the cluster merge: a unit's splits).
-cudaLaunchAttribute cluster_attribute(int size) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(size);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  return attribute;
-}
-
-template <class Kernel>
-cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream_t stream) {
-  using Traits = typename Kernel::Traits;
-  cudaLaunchConfig_t config = {};
-  const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
-  config.gridDim =
-      dim3(static_cast<unsigned>(ctas_per_sequence), static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = Traits::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  if (programmatic) allow_programmatic_launch(config, attributes[0]);
-  if (split.cluster_merge) {
-    attributes[config.numAttrs] = cluster_attribute(split.num_splits);
-    config.attrs = attributes;
-    ++config.numAttrs;
-  }
-  return cudaLaunchKernelEx(&config, Kernel::function, split);
-}
-
-template <class Kernel>
-cudaError_t prepare(int &ctas_per_sm) {
-  using Traits = typename Kernel::Traits;
-  cudaError_t e =
-      cudaFuncSetAttribute(Kernel::function, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  // All of L1 as shared memory: these kernels stream through shared memory
-  // and want as many CTAs resident as it holds.
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(Kernel::function, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-  }
-  if (e == cudaSuccess) {
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, Kernel::function, Traits::kThreads,
-                                                      Traits::kSmemBytes);
-  }
-  return e;
-}
-
-// Prepares a cluster-merge split kernel (see prepare) and counts the
-// clusters of 2..kMaxClusterSplits of its CTAs the device holds at once
-// ([n]). Left all 0 where cluster launch is unavailable (before sm_90; an
-// image compiled for an older architecture, including sm_80 PTX that the
-// driver JIT-compiles for this device: its merge_in_cluster is empty) or
-// any of this fails: the cluster merge is an optimisation, and the other
-// merges cover every problem, so this never fails the handle.
-template <class Kernel>
-cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
-  using Traits = typename Kernel::Traits;
-  cudaFuncAttributes attributes;
-  int ctas_per_sm = 0;
-  cudaError_t err = cudaFuncGetAttributes(&attributes, Kernel::function);
-  if (err == cudaSuccess && !built_for_sm90(attributes)) return cudaSuccess;
-  if (err == cudaSuccess) err = prepare<Kernel>(ctas_per_sm);
-  for (int size = 2; size <= kMaxClusterSplits && err == cudaSuccess; ++size) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(size));
-    config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kSmemBytes;
-    cudaLaunchAttribute attribute = cluster_attribute(size);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    err = cudaOccupancyMaxActiveClusters(&clusters[size], Kernel::function, &config);
-  }
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // not this library's caller's error: nothing is reported
-    for (int &count : clusters) count = 0;
-  }
-  return cudaSuccess;
-}
-
-// What prepare_variant needs to know of the device.
-struct DeviceLimits {
-  int smem_optin = 0;  // shared memory a block may opt into
-  bool cluster_launch = false;
-};
-
-// What the host needs to know about a split kernel, from its traits.
-template <class Traits>
-SplitKernelShape shape_of() {
-  SplitKernelShape shape;
-  shape.head_dim_bucket = Traits::kBucket;
-  shape.threads = Traits::kThreads;
-  shape.rows = Traits::kRows;
-  shape.tile_tokens = Traits::kTileTokens;
-  shape.stages = Traits::kStages;
-  shape.smem_bytes = Traits::kSmemBytes;
-  return shape;
-}
-
-template <class Family>
-SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
-  return with_kernel<Family>(representative_q(dtype), dtype, bucket, false, false,
-                             [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
-}
-
-// Whether the family has a kernel for q of q_dtype with K/V of kv_dtype.
-template <class Family>
-bool family_takes_q(fd_dtype q_dtype, fd_dtype kv_dtype) {
-  if (!family_takes<Family>(kv_dtype)) return false;
-  if (!Family::kQuantized) return q_dtype == kv_dtype;
-  switch (q_dtype) {
-    case FD_DTYPE_F32: return Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>;
-    case FD_DTYPE_F16: return Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>;
-    case FD_DTYPE_BF16: return Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>;
-    default: return false;
-  }
-}
-
-// Prepares the family's kernels for one dtype and bucket: resident CTAs and
-// clusters, or 0 where the device cannot run them.
-template <class Family>
-cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &device, int &ctas,
-                           int (&clusters)[kMaxClusterSplits + 1]) {
-  if (Family::kMinSmemOptin > 0 && (device.smem_optin < Family::kMinSmemOptin ||
-                                    family_shape<Family>(dtype, bucket).smem_bytes > device.smem_optin)) {
-    return cudaSuccess;
-  }
-  const fd_dtype q_dtype = representative_q(dtype);
-  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, false,
-                                        [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
-  // The variants' kernel has the plain one's shape, and so do the other q
-  // types' kernels of an 8-bit family: their occupancy is not planned with
-  // (plain plans stay as they were), only their attributes set.
-  int other_ctas = 0;
-  for (fd_dtype q : kStorageDtypes) {
-    if (!family_takes_q<Family>(q, dtype)) continue;
-    for (int variants = 0; variants < 2 && err == cudaSuccess; ++variants) {
-      if (q == q_dtype && variants == 0) continue;
-      err = with_kernel<Family>(q, dtype, bucket, false, variants == 1,
-                                [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
-    }
-  }
-  if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {
-    err = with_kernel<Family>(q_dtype, dtype, bucket, true, false,
-                              [&](auto kernel) { return prepare_clusters<decltype(kernel)>(clusters); });
-  }
-  return err;
-}
-
-template <class Family>
-cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &split, bool programmatic,
-                          cudaStream_t stream) {
-  return with_kernel<Family>(q_dtype, kv_dtype, bucket, split.cluster_merge, split.variant_scores,
-                             [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
-}
-
-// A variant: its names per head-dim bucket, and its family's functions.
-struct SplitVariantRow {
-  SplitVariant variant;
-  const char *names[kBucketCount];
-  bool (*takes)(fd_dtype);
-  SplitKernelShape (*shape)(fd_dtype, int bucket);
-  cudaError_t (*prepare)(fd_dtype, int bucket, const DeviceLimits &, int &ctas, int (&clusters)[kMaxClusterSplits + 1]);
-  cudaError_t (*launch)(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &, bool programmatic,
-                        cudaStream_t);
-};
-
-template <class Family>
-constexpr SplitVariantRow row(SplitVariant variant, const char *name_64, const char *name_128, const char *name_256) {
-  return {variant,
-          {name_64, name_128, name_256},
-          family_takes<Family>,
-          family_shape<Family>,
-          prepare_family<Family>,
-          launch_family<Family>};
-}
 
 // In SplitVariant order (row_of checks).
 const SplitVariantRow kSplitVariants[kSplitVariantCount] = {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
 #include "backend/cuda/prims/softmax.cuh"
