@@ -4,8 +4,9 @@
 // that describe them. Host code only, no CUDA types: policy.cpp reads this.
 //
 // Adding a variant: a value here, a row in dispatch.cu's kSplitVariants
-// (name, traits, launch), its kernel under kernels/, and the policy rule
-// that picks it (policy.cpp). Nothing else indexes variants.
+// (name, and a family of dispatch_families.cuh: traits, launch), its kernel
+// under kernels/, and the policy rule that picks it (policy.cpp). Nothing
+// else indexes variants.
 #pragma once
 
 #include <cstdint>
