@@ -885,8 +885,12 @@ typedef struct fd_plan_info {
   size_t struct_size;     /**< sizeof(fd_plan_info) as the caller compiled it; set by fd_plan_info_init(). */
   fd_backend backend;     /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
   int32_t num_splits;     /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's
-                               choice when that is 0. */
-  int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty). */
+                               choice when that is 0. Since 0.3, 0 on CUDA when the device cuts each
+                               sequence from its length (per-sequence lengths with automatic splits and
+                               no split_tokens: each of `blocks` thread blocks takes an equal share of the
+                               batch's keys, and a sequence is split where the shares end). */
+  int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty); when num_splits
+                               is 0, the tile whose multiples the device cuts at. */
   size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never

@@ -388,8 +388,8 @@ func (m Merge) String() string {
 // PlanInfo is what Decode would run for a problem (fd_plan_info).
 type PlanInfo struct {
 	Backend        Backend
-	NumSplits      int    // splits of the KV sequence (requested, or the planner's choice)
-	SplitTokens    int    // KV tokens per split
+	NumSplits      int    // splits of the KV sequence (requested, or the planner's choice); 0: the device cuts each sequence from its length (CUDA, per-sequence lengths)
+	SplitTokens    int    // KV tokens per split; with 0 splits, the tile the device cuts at
 	WorkspaceBytes int    // as WorkspaceSize reports
 	Kernel         string // the split kernel, e.g. "tensor-core-wide-128" or "cpu"; for logs
 	Merge          Merge

@@ -344,8 +344,8 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
     std::memset(&described, 0, sizeof described);
     described.struct_size = caller_size;
     described.backend = h.backend->kind();
-    described.num_splits = planned.plan.num_splits;
-    described.split_tokens = planned.plan.split_tokens;
+    described.num_splits = launch.device_cut_tokens > 0 ? 0 : planned.plan.num_splits;
+    described.split_tokens = launch.device_cut_tokens > 0 ? launch.device_cut_tokens : planned.plan.split_tokens;
     described.workspace_bytes = planned.plan.workspace_bytes;
     described.kernel = launch.kernel;
     described.merge = launch.merge;

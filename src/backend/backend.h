@@ -19,6 +19,10 @@ struct LaunchSummary {
   fd_merge merge = FD_MERGE_SEPARATE;
   int32_t launches = 0;
   int64_t blocks = 0;
+  // > 0: the split kernel cuts each sequence on the device, from its length,
+  // at multiples of this many tokens (the CUDA backend's balanced schedule):
+  // fd_plan_info reports 0 splits of this many tokens.
+  int64_t device_cut_tokens = 0;
 };
 
 class Backend {

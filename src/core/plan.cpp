@@ -89,7 +89,8 @@ PlanKey plan_key(const Problem &p) {
   return key;
 }
 
-Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity, size_t header_bytes) {
+Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity, size_t header_bytes,
+                 size_t min_states) {
   Plan plan;
   granularity = std::max<int64_t>(1, granularity);
   const int64_t span = planned_kv_span(p);
@@ -128,7 +129,7 @@ Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity
       !__builtin_mul_overflow(p.batch, p.q_len, &plan.rows) &&
       !__builtin_mul_overflow(plan.rows, p.q_heads, &plan.rows) && plan.rows >= 0 &&
       !__builtin_mul_overflow(static_cast<size_t>(plan.rows), static_cast<size_t>(plan.num_splits), &states) &&
-      !__builtin_mul_overflow(states, sizeof(float), &state_bytes) &&
+      !__builtin_mul_overflow(std::max(states, min_states), sizeof(float), &state_bytes) &&
       !__builtin_mul_overflow(state_bytes, static_cast<size_t>(p.head_dim), &acc_bytes) &&
       place(0, header_bytes, &plan.m_offset) && place(plan.m_offset, state_bytes, &plan.l_offset) &&
       place(plan.l_offset, state_bytes, &plan.acc_offset) && place(plan.acc_offset, acc_bytes, &plan.workspace_bytes);

@@ -89,7 +89,11 @@ void require_allocatable_workspace(size_t bytes, const char *what);
 // every problem of a backend, so that no plan's partials overwrite it.
 // Every offset is computed with overflow checks; throws FD_ERROR_INVALID_SHAPE
 // when the workspace would exceed kMaxWorkspaceBytes.
-Plan layout_plan(const Problem &problem, int32_t automatic_splits, int64_t granularity, size_t header_bytes);
+// min_states: at least this many partial states (m, l, head_dim of acc),
+// for a backend whose kernels may also lay them out another way (the CUDA
+// backend's balanced schedule).
+Plan layout_plan(const Problem &problem, int32_t automatic_splits, int64_t granularity, size_t header_bytes,
+                 size_t min_states = 0);
 
 // Everything a plan depends on: problems with equal keys get equal plans
 // (Backend::plan may read only these fields), so a handle reuses its last

@@ -576,7 +576,7 @@ def ceilings(sweep, no_sweep=None):
 # one shape
 
 
-def run_shape(fd, handle, anchor, shape, dtype, args):
+def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
     sid, batch, q_heads, kv_heads, head_dim, page = shape[:6]
     dtype_name = str(dtype).replace("torch.", "")
     data = make_inputs(shape, dtype, args.rotation_mib << 20, args.seed)
@@ -597,6 +597,16 @@ def run_shape(fd, handle, anchor, shape, dtype, args):
         return calls
 
     builds = [("fd", build_fd)]
+    for name, base_fd, base_handle in bases or []:  # --base-lib: other builds, for an A/B in this process
+
+        def build_base(base_fd=base_fd, base_handle=base_handle):
+            base_args = fd_args_per_set(base_fd, data)
+            calls = flashdecode_calls(base_fd, base_handle, base_args)
+            calls.info = plan_info(base_fd, base_handle, base_args[0])
+            calls.args = base_args  # the calls point into these structs: keep them alive
+            return calls
+
+        builds.append((name, build_base))
     for impl, tensor_cores in (("fi-cc", False), ("fi-tc", True)):
         if anchor is None or anchor.fi is None:
             builds.append((impl, anchor.reason if anchor is not None else "FlashInfer not asked for (--no-fi)"))
@@ -634,8 +644,9 @@ def run_shape(fd, handle, anchor, shape, dtype, args):
             continue
         try:
             calls = build()
-            if impl == "fd":
-                fd_calls = calls
+            if impl.startswith("fd"):
+                if impl == "fd":
+                    fd_calls = calls
                 row["fd_plan_info"] = calls.info
                 if calls.info:
                     info = calls.info
@@ -791,6 +802,9 @@ def report(rows, dtypes, ceiling_gbps, plot_path):
             notes = [first["note"]] if first.get("note") else []
             if fd.get("plan"):
                 notes.append(f"fd: {fd['plan']}")
+            for other, r in impls.items():
+                if other.startswith("fd-") and "us" in fd and "us" in r:
+                    notes.append(f"fd / {other} {fd['us'] / r['us']:.3f}")
             failed = [i for i, r in impls.items() if r.get("ok") is False or r.get("graph_update_ok") is False]
             if failed:
                 notes.append("FAILED: " + ", ".join(failed))
@@ -906,6 +920,13 @@ def main():
         help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh); else an installed flashinfer",
     )
     parser.add_argument("--no-fi", action="store_true", help="skip the FlashInfer rows")
+    parser.add_argument(
+        "--base-lib",
+        action="append",
+        default=[],
+        help="NAME=PATH (or PATH: NAME base) of another build of libflashdecode.so.0, timed as row fd-NAME (A/B); "
+        "repeatable",
+    )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -942,6 +963,11 @@ def main():
     handle = fd.create_cuda_handle(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     print(f"flashdecode {fd.version}, torch {torch.__version__}, {props.name}, {props.multi_processor_count} SMs")
+    bases = []
+    for spec in args.base_lib:
+        name, _, path = spec.rpartition("=")
+        base_fd = FlashDecode(path)
+        bases.append(("fd-" + (name or "base"), base_fd, base_fd.create_cuda_handle(torch.cuda.current_device())))
     anchor = None if args.no_fi else FlashInfer(args.fi_dir)
     if anchor is not None and anchor.reason:
         print(f"FlashInfer rows n/a: {anchor.reason}")
@@ -958,7 +984,7 @@ def main():
     rows = []
     for dtype_name in dtypes:
         for shape in shapes:
-            rows.extend(run_shape(fd, handle, anchor, shape, getattr(torch, dtype_name), args))
+            rows.extend(run_shape(fd, handle, anchor, shape, getattr(torch, dtype_name), args, bases))
             torch.cuda.empty_cache()  # the shape's pools, now unreferenced
     fd.lib.fd_destroy(handle)
     log("read ceiling at the end")

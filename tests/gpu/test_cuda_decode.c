@@ -852,6 +852,87 @@ static void test_ragged_batches(void **state) {
   }
 }
 
+/* ---- the balanced schedule ----------------------------------------------------- */
+/* Paged caches with per-sequence lengths and automatic splits run the
+ * balanced schedule (prims/schedule.cuh): every resident CTA takes an equal
+ * run of the batch's real keys, and units cut between runs merge in the
+ * split kernel. Lengths that stress the cut, each against the reference and
+ * twice bitwise equal: a few long sequences among many short and empty
+ * ones, one long sequence cut across every worker, a batch past one warp's
+ * scan with several query tokens under a window, float outputs on the
+ * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
+ * hold (the fixed schedule). `long_every`: every long_every-th sequence is
+ * kv_len long, the others at most kv_len / 16 (0: the generated lengths). */
+static void test_balanced_schedule(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype, out_dtype, kv_dtype;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
+    int long_every;
+    int balanced; /* whether fd_describe_plan must report the device's cut (0 splits) */
+  } spec[] = {
+      {"skewed", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 60, 8, 2, 128, 6000, 1, 0, 10, 1},
+      {"one sequence", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 1, 8, 1, 128, 30000, 1, 0, 1, 1},
+      {"q_len 3, window", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 45, 16, 4, 64, 3000, 3, 700, 0, 1},
+      {"MHA, head_dim 64", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 16, 16, 64, 3000, 1, 0, 7, 1},
+      {"float out", FD_DTYPE_F16, FD_DTYPE_F32, 0, FDT_PAGED_NHD, 50, 8, 2, 96, 2000, 1, 0, 5, 1},
+      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 36, 32, 8, 128, 1500, 1, 0, 0, 1},
+      {"units past the counters", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2100, 8, 8, 32, 32, 1, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t kv_len = g_quick && spec[i].kv_len > 1000 ? spec[i].kv_len / 4 : spec[i].kv_len;
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
+                            g_seed + 1300 + (uint64_t)i);
+    c.out_dtype = spec[i].out_dtype;
+    c.kv_dtype = spec[i].kv_dtype;
+    if (c.kv_dtype != 0) c.scale_mode = FDT_SCALE_TENSOR;
+    c.layout = spec[i].layout;
+    c.page_size = 16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    int64_t *lens = malloc((size_t)c.batch * sizeof *lens);
+    if (lens == NULL) fail_msg("out of host memory");
+    if (spec[i].long_every > 0) {
+      uint64_t rng = g_seed + 1350 + (uint64_t)i;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t short_len = (int64_t)((rng >> 33) % (uint64_t)(kv_len / 16 + 1));
+        lens[b] = b % spec[i].long_every == spec[i].long_every / 2 ? kv_len - (b % 3) : short_len;
+        if (b % 11 == 3) lens[b] = 0;
+      }
+      c.lens = lens;
+    }
+    gpu_case t;
+    open_case(&t, &c);
+    free(lens);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    unsigned char *first = malloc(t.p.out_bytes);
+    if (first == NULL) fail_msg("out of host memory");
+    int bad = 0, same = 1;
+    for (int run = 0; run < 2 && !bad; ++run) {
+      if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
+      bad = check_case(&t);
+      if (run == 0) memcpy(first, t.p.out, t.p.out_bytes);
+      else same = memcmp(first, t.p.out, t.p.out_bytes) == 0;
+    }
+    if ((plan.num_splits == 0) != spec[i].balanced) {
+      fail_msg("balanced schedule, %s: planned %d splits of %lld", spec[i].what, (int)plan.num_splits,
+               (long long)plan.split_tokens);
+    }
+    print_message("balanced schedule, %s: %lldx%lld/%lld, capacity %lld x %lld (%s, %lld blocks, merge %d): %s\n",
+                  spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)kv_len,
+                  (long long)c.head_dim, plan.kernel, (long long)plan.blocks, (int)plan.merge, t.report);
+    free(first);
+    close_case(&t);
+    if (bad) fail_msg("balanced schedule, %s: %s", spec[i].what, t.report);
+    if (!same) fail_msg("balanced schedule, %s: two runs differ", spec[i].what);
+  }
+}
+
 /* ---- the merge paths and the workspace's counters ---------------------------- */
 /* With several splits, on sm_90+ the tensor-core kernel's 2-8 splits of a
  * unit (sequence, KV head, chunk) run as one cluster and merge through
@@ -1935,6 +2016,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_capture_without_reserve);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_paths_on_caller_workspace);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_batches);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_balanced_schedule);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);

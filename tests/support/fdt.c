@@ -435,9 +435,11 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     if (c->ragged) {
       len = b < 6 ? edge_lens[b] : fdt_int(&rng, 0, N);
       if (len < 0 || len > N) len = N;
+      if (c->lens != NULL) len = c->lens[b] < 0 ? 0 : c->lens[b] > N ? N : c->lens[b];
     }
     p->lens[b] = len;
   }
+  p->c.lens = NULL; /* read: p->lens holds them, and the caller's array need not outlive the problem */
   /* An 8-bit cache: scales and stored bytes per logical element, from a
    * generator of their own (a float cache draws the same data as before). */
   uint8_t *kq = NULL, *vq = NULL;

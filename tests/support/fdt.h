@@ -87,7 +87,8 @@ typedef struct fdt_case {
   fd_dtype dtype;
   fd_dtype out_dtype; /* dtype, or FD_DTYPE_F32 */
   fdt_layout layout;
-  int ragged; /* per-sequence lengths: random in [0, kv_len], including 0 and kv_len */
+  int ragged;          /* per-sequence lengths: random in [0, kv_len], including 0 and kv_len */
+  const int64_t *lens; /* ragged: these [batch] lengths (clamped to [0, kv_len]) instead; NULL: random */
   int with_lse;
   int32_t num_splits;   /* 0 = automatic */
   double softmax_scale; /* 0 = default */

@@ -44,9 +44,11 @@ pub enum Merge {
 pub struct PlanInfo {
     /// The handle's backend.
     pub backend: Backend,
-    /// Splits of the KV sequence (requested, or the planner's choice).
+    /// Splits of the KV sequence (requested, or the planner's choice); 0 on
+    /// CUDA when the device cuts each sequence from its length (per-sequence
+    /// lengths with automatic splits: the balanced schedule).
     pub num_splits: i32,
-    /// KV tokens of each split.
+    /// KV tokens of each split; with 0 splits, the tile the device cuts at.
     pub split_tokens: i64,
     /// As [`Handle::workspace_size`] reports.
     pub workspace_bytes: usize,

@@ -89,6 +89,13 @@ struct SplitParams {
 
   int32_t num_splits = 1;
   int64_t split_tokens = 0;
+  // > 0: the balanced schedule (prims/schedule.cuh): the grid is this many
+  // workers, each taking an equal run of the batch's units laid end to end,
+  // a unit costing its tiles plus piece_overhead_tiles; partial states live
+  // in 2 slots of heads_per_chunk rows per worker, and cut units merge in
+  // the split kernel (merge_counters). num_splits and split_tokens are unused.
+  int32_t balanced_workers = 0;
+  int32_t piece_overhead_tiles = 1;
 
   // Partial results (num_splits > 1).
   float *m = nullptr;

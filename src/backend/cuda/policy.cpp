@@ -47,6 +47,29 @@ constexpr int64_t kInvariantWideMinSplitTokens = FD_INVARIANT_WIDE_MIN_SPLIT_TOK
 // short CTAs pay over and over ("MHA on CUDA cores").
 constexpr int64_t kMhaCudaCoreMinWaves = 16;
 
+// The balanced schedule (prims/schedule.cuh) for per-sequence lengths with
+// automatic splits; 0 at build time turns it off for A/B measurements
+// ("Balanced schedule").
+#ifndef FD_BALANCED_SCHEDULE
+#define FD_BALANCED_SCHEDULE 1
+#endif
+
+// Its workers: this many waves of every resident CTA. Overridable at build
+// time for A/B measurements (2 and 4 measured slower: every worker pays the
+// walk over the lengths, and more runs cut more sequences).
+#ifndef FD_BALANCED_WAVES
+#define FD_BALANCED_WAVES 1
+#endif
+
+// Batches of at least this many waves of units keep the fixed schedule: one
+// CTA a unit, which the hardware already balances, measured faster there
+// than workers walking a dozen pieces each ("Balanced schedule").
+constexpr int64_t kBalancedMaxUnitWaves = 8;
+
+// What a piece of the balanced schedule costs beyond its keys (pipeline
+// fill, query load, epilogue), in tokens: rounded up to whole tiles.
+constexpr int64_t kPieceOverheadTokens = 64;
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int next_power_of_two(int64_t n) {
@@ -250,6 +273,28 @@ bool paged_fits_32bit(const Problem &p) {
   return p.block_table.strides[1] == 0 || p.block_table.shape[1] < kLimit / p.block_table.strides[1];
 }
 
+// The balanced schedule: per-sequence lengths, automatic splits, not batch
+// invariant (its cut depends on the whole batch). Lengths on the device are
+// what it is for: every CTA reads them and cuts the batch's real keys into
+// equal runs, so long and short sequences finish together and nothing is
+// planned from lengths on the host.
+// Paged caches only: on dense ones the wide tiles' fixed schedule measured
+// faster ("Balanced schedule").
+bool balanced_schedule_takes(const Problem &p) {
+  return FD_BALANCED_SCHEDULE && p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant();
+}
+
+// Its workers: every CTA of `variant` the device holds at once.
+int64_t balanced_workers(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  return int64_t{FD_BALANCED_WAVES} * device.sm_count * resident_ctas(p, variant, device);
+}
+
+// The partial states it needs on `variant`: two slots a worker of a chunk's rows.
+int64_t balanced_states(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  const HeadTiling heads = tile_heads(p.rows_per_kv_head(), shape_of(p, variant).rows);
+  return 2 * balanced_workers(p, variant, device) * heads.heads_per_chunk;
+}
+
 }  // namespace
 
 Plan plan_decode(const Problem &p, const DeviceProfile &device) {
@@ -258,7 +303,14 @@ Plan plan_decode(const Problem &p, const DeviceProfile &device) {
   const int32_t automatic = p.requested_splits > 0 || p.batch_invariant() ? 0
                             : choice.estimated                            ? choice.estimate.splits
                                                                           : estimate_splits(p, model).splits;
-  Plan plan = layout_plan(p, automatic, model.split_granularity, kMergeCounterBytes);
+  // The balanced schedule's slots, for the planned variant and the one
+  // launch falls back to (choose_launch); the fixed split count stays
+  // planned for launches that cannot balance.
+  int64_t min_states = 0;
+  if (balanced_schedule_takes(p)) {
+    min_states = std::max(balanced_states(p, choice.variant, device), balanced_states(p, fallback_variant(p), device));
+  }
+  Plan plan = layout_plan(p, automatic, model.split_granularity, kMergeCounterBytes, static_cast<size_t>(min_states));
   plan.kernel_variant = static_cast<uint8_t>(index_of(choice.variant));
   return plan;
 }
@@ -273,6 +325,16 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
   launch.variant_scores = needs_variant_scores(p);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
+  // Balanced where every unit has a merge counter (plan_decode sized the
+  // slots for this variant) and the units are few waves.
+  const int64_t workers = balanced_workers(p, launch.variant, device);
+  if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots &&
+      launch.units < kBalancedMaxUnitWaves * workers) {
+    launch.balanced_workers = static_cast<int32_t>(workers);
+    launch.piece_overhead_tiles = static_cast<int32_t>(ceil_div(kPieceOverheadTokens, shape.tile_tokens));
+    launch.merge = FD_MERGE_FUSED;
+    return launch;
+  }
   if (plan.num_splits == 1) return launch;
   // Batch-invariant plans merge several splits in the merge kernel, whose
   // order of sums they fix: the fused and cluster merges order them
@@ -302,7 +364,8 @@ LaunchSummary summarize(const Problem &p, const Plan &plan, const LaunchChoice &
   summary.kernel = split_variant_name(launch.variant, head_dim_bucket(p.head_dim));
   summary.merge = launch.merge;
   summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
-  summary.blocks = launch.units * plan.num_splits;
+  summary.blocks = launch.balanced_workers > 0 ? launch.balanced_workers : launch.units * plan.num_splits;
+  if (launch.balanced_workers > 0) summary.device_cut_tokens = shape_of(p, launch.variant).tile_tokens;
   return summary;
 }
 

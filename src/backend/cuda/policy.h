@@ -43,6 +43,9 @@ struct LaunchChoice {
   int64_t units = 0;     // (sequence, KV head, chunk) units; each runs plan.num_splits CTAs
   fd_merge merge = FD_MERGE_NONE;
   bool variant_scores = false;  // SplitParams::variant_scores (needs_variant_scores)
+  // > 0: the balanced schedule with this many worker CTAs (SplitParams::balanced_workers).
+  int32_t balanced_workers = 0;
+  int32_t piece_overhead_tiles = 1;
 };
 
 bool needs_variant_scores(const Problem &problem);

@@ -88,8 +88,10 @@ class PlanInfo:
 
     Attributes:
         backend: the handle's backend.
-        num_splits: splits of the KV sequence (requested, or the planner's choice).
-        split_tokens: KV tokens of each split.
+        num_splits: splits of the KV sequence (requested, or the planner's choice); 0 on
+            CUDA when the device cuts each sequence from its length (per-sequence
+            lengths with automatic splits: the balanced schedule).
+        split_tokens: KV tokens of each split; with 0 splits, the tile the device cuts at.
         workspace_bytes: as :meth:`Handle.workspace_size` reports.
         kernel: the split kernel, e.g. ``"tensor-core-wide-128"`` or ``"cpu"``; for logs.
         merge: how the splits are combined (a plain int for a kind a later library added).

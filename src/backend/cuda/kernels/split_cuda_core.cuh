@@ -29,6 +29,7 @@
 #include "backend/cuda/prims/load.cuh"
 #include "backend/cuda/prims/quantized.cuh"
 #include "backend/cuda/prims/query_rows.cuh"
+#include "backend/cuda/prims/schedule.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
 
@@ -162,19 +163,17 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
   const int token_groups = Traits::kRows / heads_per_cta;
   const int tokens_per_group = Traits::kTileTokens / token_groups;
 
-  // blockIdx.x = chunk + head_chunks * (kv_head + kv_heads * split): the
-  // chunks of one group are neighbours, so their reads of the same K/V meet
-  // in L2.
-  const int chunk = blockIdx.x % p.head_chunks;
-  const int kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
-  const int split = blockIdx.x / (p.head_chunks * p.kv_heads);
-  const int row_in_kv_head = chunk * p.heads_per_chunk + head_slot;
-  const bool head_real = head_slot < p.heads_per_chunk && row_in_kv_head < p.kv_rows;
-  const QueryRow query = query_row(row_in_kv_head, p.group_size, kv_head);
   const bool lane_real = lane * kVector < p.head_dim;
 
-  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    const TokenRange range = split_range(p, b, split);
+  // The CTA's pieces of work (prims/schedule.cuh).
+  for_each_piece<Traits::kTileTokens>(p, [&](const Piece &piece) {
+    const int64_t b = piece.b;
+    const int kv_head = piece.kv_head;
+    const int chunk = piece.chunk;
+    const int row_in_kv_head = chunk * p.heads_per_chunk + head_slot;
+    const bool head_real = head_slot < p.heads_per_chunk && row_in_kv_head < p.kv_rows;
+    const QueryRow query = query_row(row_in_kv_head, p.group_size, kv_head);
+    const TokenRange range = piece.range;
     const int64_t begin = range.begin;
     const int64_t end = range.end;
 
@@ -273,7 +272,7 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
     }
 
     if (token_group == 0 && head_real && lane_real) {
-      if (p.write_output) {
+      if (piece_writes_output(p, piece)) {
         if (p.out_f32) {
           write_output<float>(p.output, b, query.token, query.q_head, lane * kVector, state.acc, state.m, state.l,
                               lane == 0);
@@ -282,7 +281,7 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
                           lane == 0);
         }
       } else {
-        const int64_t index = workspace_row(p, b, kv_head, row_in_kv_head) * p.num_splits + split;
+        const int64_t index = partial_state_index(p, piece, row_in_kv_head - chunk * p.heads_per_chunk);
         if (lane == 0) {
           p.m[index] = state.m;
           p.l[index] = state.l;
@@ -293,9 +292,12 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
       }
     }
     FD_TIMELINE_MARK(timeline, 4);
-    if (fused_merge_if_last<T, Traits::kThreads, true>(p, b, kv_head, chunk, smem)) FD_TIMELINE_MERGED(timeline);
-    __syncthreads();  // shared memory is reused by the next sequence
-  }
+    if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, true>(p, piece)
+                               : fused_merge_if_last<T, Traits::kThreads, true>(p, b, kv_head, chunk, smem)) {
+      FD_TIMELINE_MERGED(timeline);
+    }
+    __syncthreads();  // shared memory is reused by the next piece
+  });
   FD_TIMELINE_END(timeline, "cuda-core", p.q);
 }
 

@@ -45,11 +45,18 @@
 #include "backend/cuda/prims/mma.cuh"
 #include "backend/cuda/prims/quantized.cuh"
 #include "backend/cuda/prims/query_rows.cuh"
+#include "backend/cuda/prims/schedule.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
 
 namespace fd {
 namespace cuda {
+
+// Stages of the 16-bit tiles' pipeline; overridable at build time for A/B
+// measurements.
+#ifndef FD_MMA_STAGES
+#define FD_MMA_STAGES 2
+#endif
 
 // Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages
 // (for 16-bit elements), two stages, two CTAs per multiprocessor (by
@@ -94,7 +101,7 @@ struct MmaTraits {
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
   // 32 KiB (wide: 64 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
-  static constexpr int kStages = Quantized && !kTokenWarps ? 4 : 2;
+  static constexpr int kStages = Quantized ? (kTokenWarps ? 2 : 4) : Wide ? 2 : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
   // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
@@ -129,7 +136,7 @@ struct MmaTraits {
   // subnormal. The factor cancels in acc / l; the stored max is lowered by
   // it, so the LSE and every merge see the true state. P stays below 2^15.
   static constexpr float kProbabilityShift = 15.0f;
-  static_assert(kSmemBytes <= (Wide ? 200 : 96) * 1024, "mma kernel shared memory budget");
+  static_assert(kSmemBytes <= (Wide ? 200 : 110) * 1024, "mma kernel shared memory budget");
   static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
   static_assert(Quantized || kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kHeads * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
@@ -400,18 +407,16 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
   const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
   const int quad_lane = lane & 3;
 
-  // CTAs are numbered chunk-fastest, then KV head, then split; with the
-  // cluster merge split-fastest, a unit's splits forming one cluster.
-  const unsigned unit_cta = kCluster ? blockIdx.x / p.num_splits : blockIdx.x;
-  const int chunk = unit_cta % p.head_chunks;
-  const int kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
-  const int split = kCluster ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
-  const int first_row = chunk * p.heads_per_chunk;  // within the KV head's rows
-  const int heads_here = min(p.heads_per_chunk, p.kv_rows - first_row);
   unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
-  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    const TokenRange range = split_range(p, b, split);
+  // The CTA's pieces of work (prims/schedule.cuh).
+  for_each_piece<Traits::kTileTokens, kCluster>(p, [&](const Piece &piece) {
+    const int64_t b = piece.b;
+    const int kv_head = piece.kv_head;
+    const int chunk = piece.chunk;
+    const int first_row = chunk * p.heads_per_chunk;  // within the KV head's rows
+    const int heads_here = min(p.heads_per_chunk, p.kv_rows - first_row);
+    const TokenRange range = piece.range;
     const int64_t begin = range.begin;
     const int64_t end = range.end;
     const TileLoader<Traits> loader(p, b, kv_head, reinterpret_cast<int32_t *>(smem + Traits::kPipelineBytes));
@@ -631,7 +636,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
       }
       const float m_max = row_max[row];
       const float l_sum = row_l[row];
-      if (p.write_output) {
+      if (piece_writes_output(p, piece)) {
         const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
         const float merged[1] = {acc};
         if (p.out_f32) {
@@ -647,7 +652,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
           Partial::l(cluster_partial, row) = l_sum;
         }
       } else {
-        const int64_t index = workspace_row(p, b, kv_head, first_row + row) * p.num_splits + split;
+        const int64_t index = partial_state_index(p, piece, row);
         p.acc[index * p.head_dim + d] = acc;
         if (d == 0) {
           p.m[index] = m_max;
@@ -659,11 +664,12 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
     if constexpr (kCluster) {
       merge_in_cluster<T, Traits::kThreads, Traits::kHeads, kBucket>(p, b, kv_head, first_row, heads_here,
                                                                      cluster_partial);
-    } else if (fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
+    } else if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false>(p, piece)
+                                      : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
       FD_TIMELINE_MERGED(timeline);
     }
-    __syncthreads();  // shared memory is reused by the next sequence
-  }
+    __syncthreads();  // shared memory is reused by the next piece
+  });
   FD_TIMELINE_END(timeline, "mma", p.q);
 }
 

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which work a split CTA does: the pieces (sequence, KV head, chunk of its
+// query rows, token range) it attends, under one of two schedules.
+//
+// Fixed (SplitParams::balanced_workers == 0): CTA (x, y) takes split
+// x / (head_chunks * kv_heads) of unit x % (head_chunks * kv_heads) for
+// sequences y, y + gridDim.y, ...: every split covers split_tokens of every
+// sequence, so with per-sequence lengths most CTAs of short sequences find
+// nothing to do while the long ones' splits run late.
+//
+// Balanced (balanced_workers > 0; policy.cpp, "Balanced schedule"): the
+// kernel is launched with one CTA per worker (every resident CTA of the
+// device). Each unit (sequence, KV head, chunk) costs its tiles of real keys
+// plus a fixed overhead in tile equivalents; the batch's units are laid end
+// to end in (sequence, KV head, chunk) order and every worker takes an equal
+// run of that line. A unit inside one run is a whole piece and writes the
+// output; a unit cut by run boundaries becomes one piece per worker that
+// touches it, each storing a partial state in its worker's slot, and the
+// last of them to finish merges them in worker order (deterministic: the
+// cut depends only on the lengths). The workers compute the cut from the
+// device-resident lengths at the start of the kernel, so a captured graph
+// rebalances every replay without the host.
+//
+// Slots: worker w owns partial-state slots 2w and 2w + 1. A piece of a unit
+// that began in an earlier run continues it and takes slot 2w; the one piece
+// of w that continues into a later run and did not begin earlier takes
+// 2w + 1. A unit's pieces are therefore slot 2 w_first + 1, then 2 w for
+// w_first < w <= w_last.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/params.h"
+#include "backend/cuda/prims/load.cuh"
+#include "backend/cuda/prims/query_rows.cuh"
+
+namespace fd {
+namespace cuda {
+
+// One piece of a CTA's work.
+struct Piece {
+  int64_t b = 0;
+  int kv_head = 0;
+  int chunk = 0;
+  TokenRange range = {0, 0, 0};
+  int split = 0;         // fixed schedule: the split (the workspace index of its partial)
+  int slot = -1;         // balanced: the partial-state slot; -1: the whole unit
+  int pieces = 1;        // balanced: the unit's pieces (the merge counter's target)
+  int first_worker = 0;  // balanced: the worker of the unit's first piece
+};
+
+namespace schedule_detail {
+
+__device__ __forceinline__ int64_t warp_sum(int64_t v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int64_t other = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += other;
+  }
+  return v;
+}
+
+// A sequence's tiles of keys its queries see (from first_key: the window).
+template <int kTileTokens>
+__device__ __forceinline__ int64_t sequence_tiles(const SplitParams &p, int64_t b, int64_t &len, int64_t &first) {
+  len = sequence_length(p, b);
+  first = first_key(p, len);
+  return (len - first + kTileTokens - 1) / kTileTokens;
+}
+
+template <int kTileTokens>
+__device__ __forceinline__ int64_t unit_cost(const SplitParams &p, int64_t b) {
+  int64_t len, first;
+  return sequence_tiles<kTileTokens>(p, b, len, first) + p.piece_overhead_tiles;
+}
+
+}  // namespace schedule_detail
+
+// Pieces are handed out in batches through shared memory: warp 0 walks the
+// schedule and writes up to kPieceBatch pieces and where it stopped, then
+// every warp runs them. Nothing of the walk stays in registers while the
+// kernels' main loops run.
+constexpr int kPieceBatch = 8;
+
+// 128-byte aligned (and so sized): the kernels' dynamic shared memory,
+// which follows it, keeps the alignment of a shared window's start.
+struct alignas(128) PieceBatch {
+  Piece pieces[kPieceBatch];
+  int count;
+  // Where the walk stands: the next sequence (fixed schedule: the next of
+  // blockIdx.y, gridDim.y, ...); balanced: its next unit (-1: the run's
+  // first, still to be found), where its units start on the line, and this
+  // worker's run [run_begin, run_end) of a line cut in runs of `run`.
+  int64_t b;
+  int unit;
+  int64_t sequence_start, run, run_begin, run_end;
+};
+
+namespace schedule_detail {
+
+// The balanced schedule's start (warp 0, all lanes): this worker's run and
+// the sequence whose units hold its beginning.
+template <int kTileTokens>
+__device__ void start_balanced_walk(const SplitParams &p, PieceBatch &batch) {
+  const int lane = threadIdx.x % 32;
+  const int64_t units_per_sequence = static_cast<int64_t>(p.head_chunks) * p.kv_heads;
+  int64_t lane_total = 0;
+  for (int64_t b = lane; b < p.batch; b += 32) lane_total += unit_cost<kTileTokens>(p, b);
+  const int64_t total = warp_sum(lane_total) * units_per_sequence;
+  const int64_t run = (total + p.balanced_workers - 1) / p.balanced_workers;
+  const int64_t run_begin = static_cast<int64_t>(blockIdx.x) * run;
+  const int64_t run_end = min(total, run_begin + run);
+  int64_t b = p.batch;  // none: an empty run
+  int64_t sequence_start = 0;
+  if (run_begin < run_end) {
+    for (int64_t base = 0; base < p.batch; base += 32) {
+      const int64_t mine = base + lane < p.batch ? unit_cost<kTileTokens>(p, base + lane) * units_per_sequence : 0;
+      const int64_t inclusive = warp_inclusive_scan(mine, lane);
+      const unsigned past = __ballot_sync(0xffffffffu, sequence_start + inclusive > run_begin);
+      if (past != 0) {
+        const int found = __ffs(past) - 1;
+        b = base + found;
+        sequence_start += __shfl_sync(0xffffffffu, inclusive - mine, found);
+        break;
+      }
+      sequence_start += __shfl_sync(0xffffffffu, inclusive, 31);
+    }
+  }
+  if (lane == 0) {
+    batch.b = b;
+    batch.unit = -1;
+    batch.sequence_start = sequence_start;
+    batch.run = run;
+    batch.run_begin = run_begin;
+    batch.run_end = run_end;
+  }
+}
+
+// The next pieces of the balanced schedule (warp 0; lane 0 writes). A
+// sequence's length is read once for all its units, and only a unit cut by
+// a run boundary pays the divisions that find its workers.
+template <int kTileTokens>
+__device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
+  const int units_per_sequence = p.head_chunks * p.kv_heads;
+  int64_t b = batch.b;
+  int unit = batch.unit;
+  int64_t sequence_start = batch.sequence_start;
+  const int64_t run = batch.run, run_begin = batch.run_begin, run_end = batch.run_end;
+  int count = 0;
+  while (b < p.batch && count < kPieceBatch) {
+    int64_t len, first;
+    const int64_t tiles = sequence_tiles<kTileTokens>(p, b, len, first);
+    const int64_t cost = tiles + p.piece_overhead_tiles;
+    if (unit < 0) unit = static_cast<int>(max(int64_t{0}, run_begin - sequence_start) / cost);
+    for (; unit < units_per_sequence && count < kPieceBatch; ++unit) {
+      const int64_t unit_start = sequence_start + unit * cost;  // its overhead; its tiles follow
+      if (unit_start >= run_end) break;
+      const int64_t tiles_start = unit_start + p.piece_overhead_tiles;
+      const int64_t tiles_end = tiles_start + tiles;
+      Piece piece;
+      piece.b = b;
+      piece.kv_head = unit / p.head_chunks;
+      piece.chunk = unit - piece.kv_head * p.head_chunks;
+      bool mine;
+      if (tiles == 0) {
+        // No keys: the worker whose run holds the unit's start writes it.
+        mine = unit_start >= run_begin;
+        piece.range = {first, first, len};
+      } else {
+        const int64_t t0 = max(run_begin, tiles_start) - tiles_start;
+        const int64_t t1 = min(run_end, tiles_end) - tiles_start;
+        mine = t0 < t1;  // else the run holds only the unit's overhead
+        piece.range = {first + t0 * kTileTokens, min(len, first + t1 * kTileTokens), len};
+        if (mine && (tiles_start < run_begin || tiles_end > run_end)) {  // cut: which workers share it
+          const int64_t first_worker = tiles_start / run;
+          piece.first_worker = static_cast<int>(first_worker);
+          piece.pieces = static_cast<int>((tiles_end - 1) / run - first_worker + 1);
+          piece.slot = static_cast<int>(2 * blockIdx.x + (blockIdx.x == first_worker ? 1 : 0));
+        }
+      }
+      if (mine && threadIdx.x == 0) batch.pieces[count] = piece;
+      count += mine ? 1 : 0;
+    }
+    if (unit < units_per_sequence) {
+      if (count < kPieceBatch) b = p.batch;  // the run is done
+      break;
+    }
+    sequence_start += cost * units_per_sequence;
+    ++b;
+    unit = 0;
+  }
+  __syncwarp();  // every lane has read the walk's state before lane 0 moves it on
+  if (threadIdx.x == 0) {
+    batch.count = count;
+    batch.b = b;
+    batch.unit = unit;
+    batch.sequence_start = sequence_start;
+  }
+}
+
+// The next pieces of the fixed schedule (warp 0; lane 0 writes).
+template <bool kSplitFastest>
+__device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
+  if (threadIdx.x != 0) return;
+  const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
+  Piece piece;
+  piece.chunk = unit_cta % p.head_chunks;
+  piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
+  piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
+  int count = 0;
+  int64_t b = batch.b;
+  for (; b < p.batch && count < kPieceBatch; b += gridDim.y) {
+    piece.b = b;
+    piece.range = split_range(p, b, piece.split);
+    batch.pieces[count++] = piece;
+  }
+  batch.b = b;
+  batch.count = count;
+}
+
+}  // namespace schedule_detail
+
+// Calls piece_body(const Piece &) for every piece of this CTA's work, in
+// order, with every thread of the CTA (the body may use __syncthreads).
+// kSplitFastest: the fixed schedule's CTAs are numbered split-fastest (the
+// cluster merge: a unit's splits form one cluster), else chunk-fastest,
+// then KV head, then split (the chunks of one KV head are neighbours, so
+// their reads of the same K/V meet in L2).
+template <int kTileTokens, bool kSplitFastest = false, class Body>
+__device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piece_body) {
+  using namespace schedule_detail;
+  __shared__ PieceBatch batch;
+  const bool balanced = !kSplitFastest && p.balanced_workers > 0;
+  if (threadIdx.x < 32) {
+    if (balanced) {
+      start_balanced_walk<kTileTokens>(p, batch);
+    } else if (threadIdx.x == 0) {
+      batch.b = blockIdx.y;
+    }
+  }
+  for (;;) {
+    if (threadIdx.x < 32) {
+      __syncwarp();
+      if (balanced) {
+        next_balanced_pieces<kTileTokens>(p, batch);
+      } else {
+        next_fixed_pieces<kSplitFastest>(p, batch);
+      }
+    }
+    __syncthreads();  // the batch is written
+    const int count = batch.count;
+    for (int i = 0; i < count; ++i) piece_body(batch.pieces[i]);
+    if (count < kPieceBatch) return;
+    __syncthreads();  // everyone has read the batch: warp 0 refills it
+  }
+}
+
+// Where a piece's partial state of its chunk's row `row` (0 .. rows of the
+// chunk) goes: the fixed schedule's workspace layout (core/plan.h: rows in
+// workspace_row order, splits inside), or the balanced schedule's slots of
+// heads_per_chunk rows each.
+__device__ __forceinline__ int64_t partial_state_index(const SplitParams &p, const Piece &piece, int row) {
+  if (p.balanced_workers > 0) return static_cast<int64_t>(piece.slot) * p.heads_per_chunk + row;
+  return workspace_row(p, piece.b, piece.kv_head, piece.chunk * p.heads_per_chunk + row) * p.num_splits + piece.split;
+}
+
+// Whether the piece writes out and lse itself (else a partial state).
+__device__ __forceinline__ bool piece_writes_output(const SplitParams &p, const Piece &piece) {
+  return p.balanced_workers > 0 ? piece.slot < 0 : p.write_output;
+}
+
+}  // namespace cuda
+}  // namespace fd
