@@ -10,9 +10,7 @@ package flashdecode_test
 // library's backend still refuses them as it did before it had them.
 
 import (
-	"errors"
 	"math"
-	"strings"
 	"testing"
 
 	"github.com/flashdecode/flashdecode/bindings/go"
@@ -28,37 +26,6 @@ const (
 	scaleHead
 	scaleToken
 )
-
-func lacksIt(err error) bool {
-	var failure *flashdecode.Error
-	return errors.As(err, &failure) &&
-		(failure.Status == flashdecode.ErrUnsupported || failure.Status == flashdecode.ErrInternal) &&
-		(strings.Contains(failure.Message, "cpu backend") || strings.Contains(failure.Message, "not implemented"))
-}
-
-func skipWithout8BitDecode(t *testing.T, handle *flashdecode.Handle) {
-	t.Helper()
-	q, out, cache := make([]float32, 64), make([]float32, 64), make([]int8, 4*64)
-	err := handle.Decode(&flashdecode.DecodeArgs{
-		Q: flashdecode.Float32(q, 1, 1, 1, 64), K: flashdecode.Int8(cache, 1, 4, 1, 64),
-		V: flashdecode.Int8(cache, 1, 4, 1, 64), Out: flashdecode.Float32(out, 1, 1, 1, 64),
-	})
-	if lacksIt(err) {
-		t.Skipf("the CPU backend has no 8-bit decode yet (%v)", err)
-	}
-}
-
-func skipWithoutAppend(t *testing.T, handle *flashdecode.Handle) {
-	t.Helper()
-	newKV, k, v := make([]float32, 64), make([]int8, 4*64), make([]int8, 4*64)
-	err := handle.AppendKV(&flashdecode.AppendArgs{
-		KNew: flashdecode.Float32(newKV, 1, 1, 1, 64), VNew: flashdecode.Float32(newKV, 1, 1, 1, 64),
-		K: flashdecode.Int8(k, 1, 4, 1, 64), V: flashdecode.Int8(v, 1, 4, 1, 64),
-	})
-	if lacksIt(err) {
-		t.Skipf("the CPU backend has no fd_append_kv yet (%v)", err)
-	}
-}
 
 // dequantize is the value of an 8-bit cache element.
 func dequantize(b uint8, dtype flashdecode.DType) float64 {
@@ -153,7 +120,6 @@ func scaleTensorOf(mode scaleMode, scales []float32, cacheShape []int64) flashde
 func TestQuantizedDecodeMatchesTheDequantizedReference(t *testing.T) {
 	needs03(t)
 	handle := cpuHandle(t)
-	skipWithout8BitDecode(t, handle)
 	p := problem{batch: 2, heads: 4, kvHeads: 2, kvLen: 40, dim: 32}
 	lens := []int32{40, 17}
 	qValues := values(p.batch*p.heads*p.dim, 1)
@@ -227,7 +193,6 @@ func TestQuantizedDecodeMatchesTheDequantizedReference(t *testing.T) {
 func TestAppendRoundsAsTheHeaderSays(t *testing.T) {
 	needs03(t)
 	handle := cpuHandle(t)
-	skipWithoutAppend(t, handle)
 	batch, capacity, heads, dim, newLen := 3, 6, 2, 16, 2
 	lens := []int32{6, 3, 1} // the last sequence: one new token falls before position 0
 	shape := []int64{int64(batch), int64(capacity), int64(heads), int64(dim)}

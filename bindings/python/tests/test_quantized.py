@@ -12,62 +12,19 @@ exact refusals it gives then), those tests are skipped with that reason."""
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 import pytest
 
 import flashdecode
-from reference import FP8_VALUES, as_float64, attention, dequantize, from_bf16_bits, quantize, to_bf16_bits
+from reference import FP8_VALUES, attention, dequantize, from_bf16_bits, quantize, to_bf16_bits
 
 CACHE_DTYPES = ("float8_e4m3fn", "float8_e5m2", "int8")
 Q_DTYPES = ("float32", "float16", "bfloat16")
 SCALE_MODES = ("none", "tensor", "head", "token")
 TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 BATCH, KV_LEN, KV_HEADS, HEADS, HEAD_DIM = 3, 70, 2, 8, 64
-
-
-# ---- whether the library's CPU backend has the 8-bit paths ---------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_missing() -> Optional[str]:
-    cache = np.zeros((1, 4, 1, 64), np.int8)
-    try:
-        with flashdecode.Handle("cpu", num_threads=1) as handle:
-            handle.decode(np.zeros((1, 1, 1, 64), np.float32), cache, cache)
-    except (flashdecode.UnsupportedError, flashdecode.InternalError) as error:
-        if "cpu backend" in str(error) or "not implemented" in str(error):
-            return f"this library's CPU backend has no 8-bit decode yet ({error})"
-        raise
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _append_missing() -> Optional[str]:
-    cache = np.zeros((1, 4, 1, 64), np.int8)
-    new = np.zeros((1, 1, 1, 64), np.float32)
-    try:
-        with flashdecode.Handle("cpu", num_threads=1) as handle:
-            handle.append_kv(new, new, cache, cache)
-    except (flashdecode.UnsupportedError, flashdecode.InternalError) as error:
-        if "not implemented" in str(error) or "cpu backend" in str(error):
-            return f"this library's CPU backend has no fd_append_kv yet ({error})"
-        raise
-    return None
-
-
-def needs_decode() -> None:
-    reason = _decode_missing()
-    if reason:
-        pytest.skip(reason)
-
-
-def needs_append() -> None:
-    reason = _append_missing()
-    if reason:
-        pytest.skip(reason)
 
 
 # ---- inputs ----------------------------------------------------------------------------
@@ -140,7 +97,6 @@ def query_float64(q: np.ndarray, dtype: str) -> np.ndarray:
 @pytest.mark.parametrize("q_dtype", Q_DTYPES)
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 def test_decode_matches_dequantized_reference(cpu, rng, cache_dtype, q_dtype, scale_mode, form) -> None:
-    needs_decode()
     shape = (BATCH, KV_LEN, KV_HEADS)
     k_scale, k_scales = scales_for(rng, scale_mode, shape)
     v_scale, v_scales = scales_for(rng, scale_mode, shape)
@@ -173,7 +129,6 @@ def test_decode_matches_dequantized_reference(cpu, rng, cache_dtype, q_dtype, sc
 def test_hnd_paged_cache_with_per_token_scales(cpu, rng, cache_dtype) -> None:
     """A page pool in HND order ([pages, kv_heads, page_size, head_dim]) whose per-token scales are
     [pages, kv_heads, page_size]: the binding orders both as the layout says."""
-    needs_decode()
     pages, page_size = 7, 16
     nhd_scales = rng.uniform(0.01, 0.05, (pages, page_size, KV_HEADS)).astype(np.float32)
     k_stored = stored_cache(rng, cache_dtype, (pages, page_size, KV_HEADS, HEAD_DIM), nhd_scales.astype(np.float64))
@@ -205,7 +160,6 @@ def test_hnd_paged_cache_with_per_token_scales(cpu, rng, cache_dtype) -> None:
 
 def test_scales_are_read_per_call_on_the_fast_path(cpu, rng) -> None:
     """The same signature with other scale arrays (and values changed in place) gives their results."""
-    needs_decode()
     stored = stored_cache(rng, "int8", (1, 20, 1, 32), np.full((1, 20, 1), 0.02))
     q = rng.standard_normal((1, 1, 2, 32)).astype(np.float32)
     scale_a, scale_b = np.array([0.02], np.float32), np.array([0.04], np.float32)
@@ -221,7 +175,6 @@ def test_scales_are_read_per_call_on_the_fast_path(cpu, rng) -> None:
 
 
 def test_flash_decode_takes_scales(rng) -> None:
-    needs_decode()
     stored = stored_cache(rng, "float8_e4m3fn", (2, 30, 2, 64), None)
     q = rng.standard_normal((2, 4, 1, 64)).astype(np.float32)
     hnd = np.ascontiguousarray(stored.swapaxes(1, 2))
@@ -256,7 +209,6 @@ def same_values(got: np.ndarray, expected: np.ndarray, dtype: str) -> None:
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 def test_append_rounds_as_the_header_says(cpu, rng, cache_dtype, scale_mode) -> None:
-    needs_append()
     shape = (BATCH, 12, KV_HEADS)
     k_scale, k_scales = scales_for(rng, scale_mode, shape)
     v_scale, v_scales = scales_for(rng, scale_mode, shape)
@@ -283,7 +235,6 @@ def test_append_rounds_as_the_header_says(cpu, rng, cache_dtype, scale_mode) -> 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16", "bfloat16"])
 def test_append_to_a_wide_cache_rounds_to_nearest_even(cpu, rng, cache_dtype) -> None:
-    needs_append()
     k_new = rng.standard_normal((2, 2, 2, 32)).astype(np.float32)
     lens = np.array([4, 2], np.int32)
     if cache_dtype == "bfloat16":
@@ -304,8 +255,6 @@ def test_append_to_a_wide_cache_rounds_to_nearest_even(cpu, rng, cache_dtype) ->
 def test_append_then_decode_on_a_paged_cache(cpu, rng) -> None:
     """An engine's step: append this step's token (its position's per-token scale written first),
     then decode with the same lengths; the pool's other pages are untouched."""
-    needs_append()
-    needs_decode()
     pages, page_size = 6, 8
     k = np.zeros((pages, page_size, KV_HEADS, HEAD_DIM), np.uint8)
     v = np.zeros_like(k)
@@ -338,7 +287,6 @@ def test_append_then_decode_on_a_paged_cache(cpu, rng) -> None:
 
 
 def test_module_append_kv_uses_the_thread_handle(rng) -> None:
-    needs_append()
     k = np.zeros((1, 2, 1, 16), np.int8)
     v = k.copy()
     new = np.full((1, 1, 1, 16), 2.6, np.float32)
@@ -471,7 +419,6 @@ def test_torch_tensors_of_every_cache_dtype(cpu, rng, cache_dtype) -> None:
 
 def test_torch_decode_append_and_the_op(cpu, rng) -> None:
     torch = pytest.importorskip("torch")
-    needs_decode()
     stored = stored_cache(rng, "float8_e5m2", (2, 24, 2, 32), None)
     k = torch.from_numpy(stored.view(np.uint8)).view(torch.float8_e5m2)
     q = torch.from_numpy(rng.standard_normal((2, 1, 4, 32)).astype(np.float32)).to(torch.bfloat16)
@@ -487,7 +434,6 @@ def test_torch_decode_append_and_the_op(cpu, rng) -> None:
 
 def test_torch_compile_passes_scales_to_the_op(rng) -> None:
     torch = pytest.importorskip("torch")
-    needs_decode()
     stored = stored_cache(rng, "int8", (1, 16, 1, 32), np.full((1, 16, 1), 0.05))
     k = torch.from_numpy(stored)
     q = torch.from_numpy(rng.standard_normal((1, 1, 2, 32)).astype(np.float32))
@@ -504,7 +450,6 @@ def test_torch_compile_passes_scales_to_the_op(rng) -> None:
 
 def test_torch_append(rng) -> None:
     torch = pytest.importorskip("torch")
-    needs_append()
     k = torch.zeros((1, 3, 2, 16), dtype=torch.float8_e4m3fn)
     v = torch.zeros((1, 3, 2, 16), dtype=torch.int8)
     new = torch.full((1, 1, 2, 16), 1000.0)

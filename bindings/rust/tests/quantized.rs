@@ -7,7 +7,7 @@
 //! backend's 8-bit decode and fd_append_kv, and are skipped (with a line on
 //! stderr) while a library's backend still refuses them as it did before it had them.
 
-use flashdecode::{AppendArgs, DType, DecodeArgs, Error, Handle, Library, Options, Status, Tensor, TensorMut};
+use flashdecode::{AppendArgs, DType, DecodeArgs, Handle, Library, Options, Status, Tensor, TensorMut};
 
 mod common;
 use common::{bf16_bits_to_f64, f16_bits_to_f64, f32_to_bf16_bits, f32_to_f16_bits, values};
@@ -29,45 +29,6 @@ fn cpu_handle() -> Handle {
         .expect("load libflashdecode (set FLASHDECODE_LIBRARY)")
         .create_handle(&Options::cpu().num_threads(2))
         .expect("CPU handle")
-}
-
-/// Whether `error` is the refusal of a backend that lacks the 8-bit paths.
-fn backend_lacks_it(error: &Error) -> bool {
-    matches!(error.status(), Some(Status::Unsupported) | Some(Status::Internal))
-        && (error.message().contains("cpu backend") || error.message().contains("not implemented"))
-}
-
-fn decode_missing(handle: &mut Handle) -> bool {
-    let (q, mut out, cache) = (vec![0f32; 64], vec![0f32; 64], vec![0i8; 4 * 64]);
-    let q = Tensor::f32(&q, &[1, 1, 1, 64]).unwrap();
-    let k = Tensor::i8(&cache, &[1, 4, 1, 64]).unwrap();
-    let out = TensorMut::f32(&mut out, &[1, 1, 1, 64]).unwrap();
-    match handle.decode(&mut DecodeArgs::new(q, k, k, out)) {
-        Err(error) if backend_lacks_it(&error) => {
-            eprintln!("skipped: the CPU backend has no 8-bit decode yet ({})", error);
-            true
-        }
-        _ => false,
-    }
-}
-
-fn append_missing(handle: &mut Handle) -> bool {
-    let new = vec![0f32; 64];
-    let (mut k, mut v) = (vec![0i8; 4 * 64], vec![0i8; 4 * 64]);
-    let new_t = Tensor::f32(&new, &[1, 1, 1, 64]).unwrap();
-    let mut args = AppendArgs::new(
-        new_t,
-        new_t,
-        TensorMut::i8(&mut k, &[1, 4, 1, 64]).unwrap(),
-        TensorMut::i8(&mut v, &[1, 4, 1, 64]).unwrap(),
-    );
-    match handle.append_kv(&mut args) {
-        Err(error) if backend_lacks_it(&error) => {
-            eprintln!("skipped: the CPU backend has no fd_append_kv yet ({})", error);
-            true
-        }
-        _ => false,
-    }
 }
 
 // ---- the formats ------------------------------------------------------------------
@@ -168,9 +129,6 @@ fn scale_tensor<'a>(mode: Scales, scales: &'a [f32], cache_shape: &[i64]) -> Opt
 #[test]
 fn decode_matches_dequantized_reference() {
     let mut handle = cpu_handle();
-    if decode_missing(&mut handle) {
-        return;
-    }
     let (batch, kv_len, kv_heads, heads, dim) = (2usize, 40usize, 2usize, 4usize, 32usize);
     let shape = [batch, kv_len, kv_heads];
     let cache_shape = [batch as i64, kv_len as i64, kv_heads as i64, dim as i64];
@@ -312,9 +270,6 @@ fn decode_matches_dequantized_reference() {
 #[test]
 fn append_rounds_as_the_header_says() {
     let mut handle = cpu_handle();
-    if append_missing(&mut handle) {
-        return;
-    }
     let (batch, capacity, kv_heads, dim, new_len) = (3usize, 6usize, 2usize, 16usize, 2usize);
     let shape = [batch, capacity, kv_heads];
     let cache_shape = [batch as i64, capacity as i64, kv_heads as i64, dim as i64];
