@@ -134,6 +134,24 @@ static int check_case(gpu_case *t) {
   return fdt_check(&t->p, t->report, sizeof t->report, &t->out_error, &t->lse_error);
 }
 
+/* check_case twice, the outputs poisoned before each run; *same says
+ * whether the two runs wrote bitwise-equal outputs. Returns nonzero on a
+ * mismatch with the reference (the second run is skipped then). */
+static int check_case_twice(gpu_case *t, int *same) {
+  unsigned char *first = malloc(t->p.out_bytes);
+  if (first == NULL) fail_msg("out of host memory");
+  int bad = 0;
+  *same = 1;
+  for (int run = 0; run < 2 && !bad; ++run) {
+    if (fdt_cuda_poison_outputs(&t->p, &t->d) != 0) fail_msg("poisoning failed");
+    bad = check_case(t);
+    if (run == 0) memcpy(first, t->p.out, t->p.out_bytes);
+    else *same = memcmp(first, t->p.out, t->p.out_bytes) == 0;
+  }
+  free(first);
+  return bad;
+}
+
 static void close_case(gpu_case *t) {
   fdt_cuda_free(&t->d);
   fdt_problem_free(&t->p);
@@ -833,19 +851,11 @@ static void test_ragged_batches(void **state) {
     gpu_case t;
     open_case(&t, &c);
     const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    unsigned char *first = malloc(t.p.out_bytes);
-    if (first == NULL) fail_msg("out of host memory");
-    int bad = 0, same = 1;
-    for (int run = 0; run < 2 && !bad; ++run) {
-      if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
-      bad = check_case(&t);
-      if (run == 0) memcpy(first, t.p.out, t.p.out_bytes);
-      else same = memcmp(first, t.p.out, t.p.out_bytes) == 0;
-    }
+    int same = 1;
+    const int bad = check_case_twice(&t, &same);
     print_message("ragged batch %zu: %lldx%lld/%lldx%lldx%lld (%s, %d x %lld, merge %d): %s\n", i, (long long)c.batch,
                   (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len, (long long)c.head_dim, plan.kernel,
                   (int)plan.num_splits, (long long)plan.split_tokens, (int)plan.merge, t.report);
-    free(first);
     close_case(&t);
     if (bad) fail_msg("ragged batch %zu: %s", i, t.report);
     if (!same) fail_msg("ragged batch %zu: two runs differ", i);
@@ -910,15 +920,8 @@ static void test_balanced_schedule(void **state) {
     open_case(&t, &c);
     free(lens);
     const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    unsigned char *first = malloc(t.p.out_bytes);
-    if (first == NULL) fail_msg("out of host memory");
-    int bad = 0, same = 1;
-    for (int run = 0; run < 2 && !bad; ++run) {
-      if (fdt_cuda_poison_outputs(&t.p, &t.d) != 0) fail_msg("poisoning failed");
-      bad = check_case(&t);
-      if (run == 0) memcpy(first, t.p.out, t.p.out_bytes);
-      else same = memcmp(first, t.p.out, t.p.out_bytes) == 0;
-    }
+    int same = 1;
+    const int bad = check_case_twice(&t, &same);
     if ((plan.num_splits == 0) != spec[i].balanced) {
       fail_msg("balanced schedule, %s: planned %d splits of %lld", spec[i].what, (int)plan.num_splits,
                (long long)plan.split_tokens);
@@ -926,7 +929,6 @@ static void test_balanced_schedule(void **state) {
     print_message("balanced schedule, %s: %lldx%lld/%lld, capacity %lld x %lld (%s, %lld blocks, merge %d): %s\n",
                   spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)kv_len,
                   (long long)c.head_dim, plan.kernel, (long long)plan.blocks, (int)plan.merge, t.report);
-    free(first);
     close_case(&t);
     if (bad) fail_msg("balanced schedule, %s: %s", spec[i].what, t.report);
     if (!same) fail_msg("balanced schedule, %s: two runs differ", spec[i].what);
