@@ -895,9 +895,11 @@ typedef struct fd_plan_info {
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never
    * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
-   * `"tensor-core-<bucket>"` or `"tensor-core-wide-<bucket>"` with the
-   * head_dim bucket (64, 128 or 256) whose code runs. For logs: the names
-   * may change between versions.
+   * `"tensor-core-<bucket>"`, `"tensor-core-wide-<bucket>"`,
+   * `"tensor-core-rows-<bucket>"` (over 16 query rows a KV head: q_len x
+   * group) or `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"`
+   * (8-bit caches) with the head_dim bucket (64, 128 or 256) whose code
+   * runs. For logs: the names may change between versions.
    */
   const char *kernel;
   fd_merge merge;   /**< How the splits' partial results are combined. */

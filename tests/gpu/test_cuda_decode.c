@@ -935,6 +935,68 @@ static void test_balanced_schedule(void **state) {
   }
 }
 
+/* ---- over 32 query rows a KV head -------------------------------------------- */
+/* Several query tokens x the GQA group, or a group above 32: the rows kernel
+ * takes up to 64 rows of a KV head in one CTA (m-tiles on separate warps,
+ * warps of m-tiles without real rows idle). Against the float64 reference,
+ * twice bitwise equal, and the plan names the kernel: 33-64 rows, 128 rows
+ * in two chunks, the variants' scoring, splits and merges, paged and
+ * balanced, head_dim 64/96/128; 32 rows and head_dim 256 keep the standard
+ * tiles. */
+static void test_rows_kernel(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
+    double softcap;
+    int alibi, sinks, ragged;
+    int32_t splits;
+    int rows; /* whether the plan must name the rows kernel */
+  } spec[] = {
+      {"q_len 8 x group 4: 32 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 8, 0, 0.0, 0, 0, 0, 0, 0},
+      {"q_len 8 x group 8, window", FD_DTYPE_BF16, FDT_PAGED_NHD, 4, 64, 8, 128, 2500, 8, 700, 0.0, 0, 0, 1, 0, 1},
+      {"q_len 16 x group 8: two chunks", FD_DTYPE_F16, FDT_BHND, 2, 16, 2, 128, 2000, 16, 0, 0.0, 0, 1, 1, 3, 1},
+      {"q_len 9 x group 4, softcap, ALiBi", FD_DTYPE_BF16, FDT_BNHD_PADDED, 3, 16, 4, 96, 1800, 9, 0, 30.0, 1, 0, 1, 0,
+       1},
+      {"group 64, one token", FD_DTYPE_F16, FDT_BNHD, 4, 64, 1, 64, 4000, 1, 0, 0.0, 0, 0, 1, 0, 1},
+      {"q_len 3 x group 12, manual splits", FD_DTYPE_F16, FDT_PAGED_HND, 5, 24, 2, 64, 3000, 3, 0, 0.0, 0, 1, 0, 9, 1},
+      {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 6, 0, 0.0, 0, 0, 1, 0, 1},
+      {"head_dim 256", FD_DTYPE_F16, FDT_BNHD, 2, 32, 4, 256, 1500, 8, 0, 0.0, 0, 0, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
+                            g_seed + 1400 + (uint64_t)i);
+    c.layout = spec[i].layout;
+    c.page_size = 16;
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    c.softcap = spec[i].softcap;
+    c.alibi = spec[i].alibi;
+    c.sinks = spec[i].sinks;
+    c.ragged = spec[i].ragged;
+    c.num_splits = spec[i].splits;
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    int same = 1;
+    const int bad = check_case_twice(&t, &same);
+    print_message("rows, %s: %lldx%lld/%lld x %lld x %lld, q_len %lld (%s, %d splits, merge %d): %s\n", spec[i].what,
+                  (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)kv_len,
+                  (long long)c.head_dim, (long long)c.q_len, plan.kernel, (int)plan.num_splits, (int)plan.merge,
+                  t.report);
+    close_case(&t);
+    if (starts_with(plan.kernel, "tensor-core-rows-") != spec[i].rows) {
+      fail_msg("rows, %s: kernel %s", spec[i].what, plan.kernel);
+    }
+    if (bad) fail_msg("rows, %s: %s", spec[i].what, t.report);
+    if (!same) fail_msg("rows, %s: two runs differ", spec[i].what);
+  }
+}
+
 /* ---- the merge paths and the workspace's counters ---------------------------- */
 /* With several splits, on sm_90+ the tensor-core kernel's 2-8 splits of a
  * unit (sequence, KV head, chunk) run as one cluster and merge through
@@ -1603,42 +1665,58 @@ static void test_batch_invariant(void **state) {
 }
 
 /* fd_merge_states on the device: the cache decoded in parts (each with its
- * LSE, states in f32 or the output's dtype) and merged equals the whole
- * within the output's bound; also in place, over state 0's own out and lse. */
+ * LSE) and merged equals the whole within the output's bound; also in place,
+ * over state 0's own out and lse. The cases reach both kernels: up to 8
+ * aligned states of one dtype (the vector kernel, head_dim 40 leaving lanes
+ * idle), and more states, or mixed state dtypes (the general one).
+ * Ragged lengths leave some parts empty (LSE -inf). */
 static void test_merge_states(void **state) {
   (void)state;
-  enum { kParts = 3 };
-  const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
-  for (int k = 0; k < 6; ++k) {
-    fdt_case c = dense_case(dtypes[k % 3], 9, 32, 8, k < 3 ? 128 : 64, 3000, g_seed + 480 + (uint64_t)k);
+  enum { kMaxParts = 12 };
+  enum state_dtypes { kSame, kF32, kMixed };
+  static const struct {
+    fd_dtype dtype;
+    int64_t head_dim;
+    int parts;
+    enum state_dtypes states;
+  } cases[] = {
+      {FD_DTYPE_F16, 128, 3, kSame},   {FD_DTYPE_BF16, 128, 3, kSame}, {FD_DTYPE_F32, 128, 3, kSame},
+      {FD_DTYPE_F16, 64, 3, kF32},     {FD_DTYPE_BF16, 64, 8, kF32},   {FD_DTYPE_F32, 64, 3, kF32},
+      {FD_DTYPE_F16, 40, 5, kSame},    {FD_DTYPE_BF16, 256, 2, kSame}, {FD_DTYPE_F16, 128, 12, kSame},
+      {FD_DTYPE_BF16, 128, 4, kMixed}, {FD_DTYPE_F16, 72, 6, kMixed},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    fdt_case c = dense_case(cases[k].dtype, 9, 32, 8, cases[k].head_dim, 3000, g_seed + 480 + (uint64_t)k);
     c.ragged = 1;
     c.with_lse = 1;
     gpu_case t;
     open_case(&t, &c);
     fdt_problem *p = &t.p;
-    const fd_dtype state_dtype = k >= 3 ? FD_DTYPE_F32 : c.dtype;
-    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + kParts - 1) / kParts;
-    void *outs[kParts];
-    float *lses[kParts];
-    int32_t *lens[kParts];
-    fd_tensor states_out[kParts], states_lse[kParts];
+    const int parts = cases[k].parts;
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + parts - 1) / parts;
+    void *outs[kMaxParts];
+    float *lses[kMaxParts];
+    int32_t *lens[kMaxParts];
+    fd_dtype state_dtypes[kMaxParts];
+    fd_tensor states_out[kMaxParts], states_lse[kMaxParts];
     CUDA_CHECK(cudaDeviceSynchronize());
-    for (int s = 0; s < kParts; ++s) {
+    for (int s = 0; s < parts; ++s) {
+      state_dtypes[s] = cases[k].states == kSame || (cases[k].states == kMixed && s % 2 == 0) ? c.dtype : FD_DTYPE_F32;
       const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
       int32_t host_lens[64];
       fdt_part_lengths(p->lens, B, start, n, host_lens);
-      CUDA_CHECK(cudaMalloc(&outs[s], (size_t)(B * H * D) * fdt_dtype_size(state_dtype)));
+      CUDA_CHECK(cudaMalloc(&outs[s], (size_t)(B * H * D) * fdt_dtype_size(state_dtypes[s])));
       CUDA_CHECK(cudaMalloc((void **)&lses[s], (size_t)(B * H) * sizeof(float)));
       CUDA_CHECK(cudaMalloc((void **)&lens[s], (size_t)B * sizeof(int32_t)));
       CUDA_CHECK(cudaMemcpy(lens[s], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[s], outs[s], state_dtype, lses[s]);
+      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[s], outs[s], state_dtypes[s], lses[s]);
       if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
       states_out[s] = a.out;
       states_lse[s] = a.lse;
     }
     fd_merge_args m;
     fd_merge_args_init(&m, sizeof m);
-    m.num_states = kParts;
+    m.num_states = parts;
     m.states_out = states_out;
     m.states_lse = states_lse;
     m.out = t.d.args.out;
@@ -1648,9 +1726,10 @@ static void test_merge_states(void **state) {
     if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
     char report[256];
     int bad = fdt_check(p, report, sizeof report, NULL, NULL);
-    /* In place over state 0 (f32 states only: out's dtype must match). */
+    /* In place over state 0 (when its dtype is out's). */
     int in_place_bad = 0;
-    if (state_dtype == c.out_dtype) {
+    const int in_place = state_dtypes[0] == c.out_dtype;
+    if (in_place) {
       unsigned char *expected = malloc(p->out_bytes);
       memcpy(expected, p->out, p->out_bytes);
       m.out = states_out[0];
@@ -1663,16 +1742,16 @@ static void test_merge_states(void **state) {
       free(got);
       free(expected);
     }
-    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s\n", kParts,
-                  fdt_dtype_name(state_dtype), fdt_dtype_name(c.out_dtype), (long long)D, report,
-                  state_dtype == c.out_dtype ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a");
-    for (int s = 0; s < kParts; ++s) {
+    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s\n", parts,
+                  cases[k].states == kMixed ? "mixed" : fdt_dtype_name(state_dtypes[0]), fdt_dtype_name(c.out_dtype),
+                  (long long)D, report, in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a");
+    for (int s = 0; s < parts; ++s) {
       CUDA_CHECK(cudaFree(outs[s]));
       CUDA_CHECK(cudaFree(lses[s]));
       CUDA_CHECK(cudaFree(lens[s]));
     }
     close_case(&t);
-    if (bad || in_place_bad) fail_msg("merge case %d: %s", k, report);
+    if (bad || in_place_bad) fail_msg("merge case %zu: %s", k, report);
   }
 }
 
@@ -2028,6 +2107,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_allowed_sharing);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

@@ -23,7 +23,8 @@ namespace cuda {
 using namespace dispatch;  // NOLINT: the families and their templates (dispatch_families.cuh)
 
 namespace dispatch {
-// The 8-bit families' row functions are instantiated in dispatch_8bit.cu.
+// The 8-bit families' row functions are instantiated in dispatch_8bit.cu,
+// the rows family's in dispatch_rows.cu.
 #define FD_EXTERN_FAMILY(Family)                                                                 \
   extern template bool family_takes<Family>(fd_dtype);                                           \
   extern template SplitKernelShape family_shape<Family>(fd_dtype, int);                          \
@@ -32,6 +33,7 @@ namespace dispatch {
   extern template cudaError_t launch_family<Family>(fd_dtype, fd_dtype, int, const SplitParams &, bool, cudaStream_t);
 FD_EXTERN_FAMILY(CudaCoreQuantizedFamily)
 FD_EXTERN_FAMILY(TensorCoreQuantizedFamily)
+FD_EXTERN_FAMILY(TensorCoreRowsFamily)
 #undef FD_EXTERN_FAMILY
 }  // namespace dispatch
 
@@ -47,6 +49,8 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
                                  "cuda-core-8bit-256"),
     row<TensorCoreQuantizedFamily>(SplitVariant::tensor_core_8bit, "tensor-core-8bit-64", "tensor-core-8bit-128",
                                    "tensor-core-8bit-256"),
+    row<TensorCoreRowsFamily>(SplitVariant::tensor_core_rows, "tensor-core-rows-64", "tensor-core-rows-128",
+                              "tensor-core-rows-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {
@@ -175,14 +179,49 @@ cudaError_t probe_kernel_image() {
   return cudaFuncGetAttributes(&attributes, merge_kernel<float>);
 }
 
+namespace {
+
+// True when data and every stride (in elements of `bytes`) keep 16-byte alignment.
+bool rows_aligned_16(const void *data, const int64_t (&strides)[3], size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
+  for (int64_t stride : strides) {
+    if ((stride * static_cast<int64_t>(bytes)) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// merge_aligned_states_kernel's conditions: few states of one dtype, rows
+// whole 16-byte vectors of kVector elements.
+bool states_aligned(const MergeStatesParams &merge) {
+  if (merge.num_states > kMergeStatesBatch || merge.head_dim % kVector != 0) return false;
+  for (int s = 0; s < merge.num_states; ++s) {
+    const MergeStateView &state = merge.states[s];
+    if (state.dtype != merge.states[0].dtype) return false;
+    if (!rows_aligned_16(state.out, state.out_strides, dtype_bytes(static_cast<fd_dtype>(state.dtype)))) return false;
+  }
+  return true;
+}
+
+// Calls body(T{}) with the storage type of a float dtype; fails closed.
+template <class Body>
+void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
+  switch (dtype) {
+    case FD_DTYPE_F32: return body(StorageOf<FD_DTYPE_F32>::type{});
+    case FD_DTYPE_F16: return body(StorageOf<FD_DTYPE_F16>::type{});
+    case FD_DTYPE_BF16: return body(StorageOf<FD_DTYPE_BF16>::type{});
+    default: break;
+  }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for %s dtype %s", what, dtype_name(dtype));
+}
+
+}  // namespace
+
 cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream) {
-  constexpr int64_t kRowsPerBlock = kMergeStatesThreads / 32;
-  const int64_t blocks = (merge.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  const dim3 grid(static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)));
   // Up to 8 states (the common case) launch with an 8-state parameter struct:
   // a launch's parameters are copied with it, 4.7 KiB of them for 64 states.
-  MergeStatesParamsFor<8> few;
-  const bool use_few = merge.num_states <= 8;
+  static_assert(kMergeStatesBatch == 8, "the small parameter struct holds one batch of states");
+  MergeStatesParamsFor<kMergeStatesBatch> few;
+  const bool use_few = merge.num_states <= kMergeStatesBatch;
   if (use_few) {
     few.num_states = merge.num_states;
     few.head_dim = merge.head_dim;
@@ -197,12 +236,30 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     }
     for (int s = 0; s < merge.num_states; ++s) few.states[s] = merge.states[s];
   }
-  const auto launch = [&](auto out_type) {
+  const auto grid_for = [&](int64_t rows_per_block) {
+    const int64_t blocks = (merge.rows + rows_per_block - 1) / rows_per_block;
+    return dim3(static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)));
+  };
+  if (states_aligned(merge)) {
+    int row_lanes_log2 = 0;
+    while ((kVector << row_lanes_log2) < merge.head_dim) ++row_lanes_log2;  // head_dim <= 32 * kVector
+    const bool vector_out = rows_aligned_16(merge.out, merge.out_strides, dtype_bytes(out_dtype));
+    const dim3 grid = grid_for((kMergeStatesThreads / 32) * (32 >> row_lanes_log2));
+    with_storage_type(out_dtype, "output", [&](auto out_type) {
+      with_storage_type(static_cast<fd_dtype>(merge.states[0].dtype), "state", [&](auto state_type) {
+        merge_aligned_states_kernel<decltype(out_type), decltype(state_type)>
+            <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, vector_out);
+      });
+    });
+    return cudaGetLastError();
+  }
+  const dim3 grid = grid_for(kMergeStatesThreads / 32);
+  with_storage_type(out_dtype, "output", [&](auto out_type) {
     using OutT = decltype(out_type);
     const auto with_states = [&](auto per_lane) {
       constexpr int kPerLane = decltype(per_lane)::value;
       if (use_few) {
-        merge_states_kernel<OutT, kPerLane, 8><<<grid, kMergeStatesThreads, 0, stream>>>(few);
+        merge_states_kernel<OutT, kPerLane, kMergeStatesBatch><<<grid, kMergeStatesThreads, 0, stream>>>(few);
       } else {
         merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES><<<grid, kMergeStatesThreads, 0, stream>>>(merge);
       }
@@ -215,13 +272,7 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
       default: break;
     }
     fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for head_dim %d", merge.head_dim);
-  };
-  switch (out_dtype) {
-    case FD_DTYPE_F32: launch(float{}); break;
-    case FD_DTYPE_F16: launch(__half{}); break;
-    case FD_DTYPE_BF16: launch(__nv_bfloat16{}); break;
-    default: fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for output dtype %s", dtype_name(out_dtype));
-  }
+  });
   return cudaGetLastError();
 }
 

@@ -21,8 +21,10 @@ namespace cuda {
 namespace dispatch {
 
 // A kernel family: a kernel template, the storage types it is built for,
-// whether it has a cluster-merge instantiation, and the shared memory a
-// block must be able to opt into for the family to be used at all.
+// whether it has a cluster-merge instantiation, whether it is built only
+// with the variants' scoring, its largest head-dim bucket (larger ones have
+// no kernel: 0 resident CTAs), and the shared memory a block must be able
+// to opt into for the family to be used at all.
 // T is the storage type of q (and, but for the 8-bit families, of K/V);
 // kQuantized families read 8-bit caches of any of the three formats.
 struct CudaCoreFamily {
@@ -30,6 +32,8 @@ struct CudaCoreFamily {
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kVariantsOnly = false;
+  static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
@@ -47,6 +51,8 @@ struct TensorCoreFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = true;
+  static constexpr bool kVariantsOnly = false;
+  static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = kWide ? 200 * 1024 : 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
@@ -62,6 +68,8 @@ struct CudaCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kVariantsOnly = false;
+  static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
@@ -75,6 +83,8 @@ struct TensorCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kVariantsOnly = false;
+  static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
@@ -83,12 +93,34 @@ struct TensorCoreQuantizedFamily {
   };
 };
 
+// Query rows past 16 a KV head (several query tokens x the GQA group, which
+// only the variants' scoring has) on kRowsMTiles m-tiles in one CTA
+// (MmaTraits' MTiles), 16-bit K/V up to head_dim 128.
+constexpr int kRowsMTiles = 4;
+struct TensorCoreRowsFamily {
+  static constexpr bool kQuantized = false;
+  template <class T>
+  static constexpr bool kTakes = sizeof(T) == 2;
+  static constexpr bool kHasClusters = false;
+  static constexpr bool kVariantsOnly = true;
+  static constexpr int kMaxBucket = 128;
+  static constexpr int kMinSmemOptin = 0;
+  template <class T, int kBucket, bool kCluster, bool kVariants>
+  struct Kernel {
+    using Traits = MmaTraits<T, kBucket, false, false, kRowsMTiles>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, true, false, kRowsMTiles>;
+  };
+};
+
 template <class Family, class T, bool kCluster, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
     case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants>{});
     case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants>{});
-    case 256: return body(typename Family::template Kernel<T, 256, kCluster, kVariants>{});
+    case 256:
+      if constexpr (Family::kMaxBucket >= 256)
+        return body(typename Family::template Kernel<T, 256, kCluster, kVariants>{});
+      break;
     default: break;
   }
   fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for head-dim bucket %d", bucket);
@@ -102,8 +134,13 @@ auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
     if (cluster && !variants) return with_bucket<Family, T, true, false>(bucket, body);
   }
   if (cluster) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
-  if (variants) return with_bucket<Family, T, false, true>(bucket, body);
-  return with_bucket<Family, T, false, false>(bucket, body);
+  if constexpr (Family::kVariantsOnly) {
+    if (!variants) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has only the variants' scoring");
+    return with_bucket<Family, T, false, true>(bucket, body);
+  } else {
+    if (variants) return with_bucket<Family, T, false, true>(bucket, body);
+    return with_bucket<Family, T, false, false>(bucket, body);
+  }
 }
 
 // Calls body(Family::Kernel<T, bucket, cluster, variants>{}) for the storage
@@ -273,7 +310,7 @@ SplitKernelShape shape_of() {
 
 template <class Family>
 SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
-  return with_kernel<Family>(representative_q(dtype), dtype, bucket, false, false,
+  return with_kernel<Family>(representative_q(dtype), dtype, bucket, false, Family::kVariantsOnly,
                              [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
@@ -295,12 +332,14 @@ bool family_takes_q(fd_dtype q_dtype, fd_dtype kv_dtype) {
 template <class Family>
 cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &device, int &ctas,
                            int (&clusters)[kMaxClusterSplits + 1]) {
+  if (bucket > Family::kMaxBucket) return cudaSuccess;
   if (Family::kMinSmemOptin > 0 && (device.smem_optin < Family::kMinSmemOptin ||
                                     family_shape<Family>(dtype, bucket).smem_bytes > device.smem_optin)) {
     return cudaSuccess;
   }
   const fd_dtype q_dtype = representative_q(dtype);
-  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, false,
+  const bool planned_variants = Family::kVariantsOnly;  // the kernel whose occupancy plans are made with
+  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, planned_variants,
                                         [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
   // The variants' kernel has the plain one's shape, and so do the other q
   // types' kernels of an 8-bit family: their occupancy is not planned with
@@ -308,8 +347,8 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
   int other_ctas = 0;
   for (fd_dtype q : kStorageDtypes) {
     if (!family_takes_q<Family>(q, dtype)) continue;
-    for (int variants = 0; variants < 2 && err == cudaSuccess; ++variants) {
-      if (q == q_dtype && variants == 0) continue;
+    for (int variants = Family::kVariantsOnly ? 1 : 0; variants < 2 && err == cudaSuccess; ++variants) {
+      if (q == q_dtype && (variants == 1) == planned_variants) continue;
       err = with_kernel<Family>(q, dtype, bucket, false, variants == 1,
                                 [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
     }

@@ -66,6 +66,12 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 // than workers walking a dozen pieces each ("Balanced schedule").
 constexpr int64_t kBalancedMaxUnitWaves = 8;
 
+// Query rows a KV head above which the rows kernel runs (rows_kernel_takes).
+#ifndef FD_ROWS_KERNEL_MIN_ROWS
+#define FD_ROWS_KERNEL_MIN_ROWS 32
+#endif
+constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
+
 // What a piece of the balanced schedule costs beyond its keys (pipeline
 // fill, query load, epilogue), in tokens: rounded up to whole tiles.
 constexpr int64_t kPieceOverheadTokens = 64;
@@ -171,6 +177,18 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   return choice;
 }
 
+// Over 32 query rows a KV head (several query tokens x the GQA group, or a
+// group above 32): the rows kernel reads each K/V tile once for up to 64 of
+// them, where the standard tiles' chunks of 16 rows would each stream the
+// keys again. It is issue-bound: with 32 rows, two standard chunks measured
+// as fast or faster, with 64 rows it is faster (docs/performance.md, "Rows kernel").
+// It scores through the variants (plain scoring is their special case),
+// and depends on no batch field.
+bool rows_kernel_takes(const Problem &p, const DeviceProfile &device) {
+  return p.rows_per_kv_head() > kRowsKernelMinRows &&
+         device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0;
+}
+
 // Which split kernel a problem is planned for, from PlanKey fields alone.
 // The tensor cores where they take the problem (but see
 // kMhaCudaCoreMinWaves). Wide tiles where the device has them, for dense
@@ -190,6 +208,10 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
     return choice;
   }
   choice.variant = SplitVariant::tensor_core;
+  if (rows_kernel_takes(p, device)) {
+    choice.variant = SplitVariant::tensor_core_rows;
+    return choice;
+  }
   if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
     const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
@@ -323,7 +345,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = fallback_variant(p);
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
-  launch.variant_scores = needs_variant_scores(p);
+  launch.variant_scores = needs_variant_scores(p) || launch.variant == SplitVariant::tensor_core_rows;
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
   // Balanced where every unit has a merge counter (plan_decode sized the
   // slots for this variant) and the units are few waves.

@@ -23,8 +23,9 @@ enum class SplitVariant : uint8_t {
   tensor_core_wide,  // the same with wide tiles (GPUs with 200+ KiB of shared memory a block)
   cuda_core_8bit,    // 8-bit K/V (e4m3, e5m2, i8) with any q: the fallback for them
   tensor_core_8bit,  // 8-bit K/V, 16-bit q and out, 16-byte aligned rows, dequantized into 16-bit tiles
+  tensor_core_rows,  // tensor_core's inputs with over 16 query rows a KV head (variants' scoring), in one CTA
 };
-constexpr int kSplitVariantCount = 5;
+constexpr int kSplitVariantCount = 6;
 
 // The variant at a table index (Plan::variant), failing closed
 // (FD_ERROR_INTERNAL) on an index no variant has.

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // fd_merge_states: partial attention results of the same rows combined by
-// their natural-log LSEs (flashdecode.h, fd_merge_args). One warp a row:
-// every lane reads the row's LSEs, and its own head_dim elements of each
-// non-empty state in state order; lane 0 writes the merged LSE once every
-// lane has read (out and lse may be a state's, in place).
+// their natural-log LSEs (flashdecode.h, fd_merge_args). Two kernels: for
+// up to 8 states of one dtype with 16-byte aligned rows (the common case,
+// merge_aligned_states_kernel), a row's lanes each take 8 elements with
+// vector loads; for anything else (more states, mixed dtypes, odd
+// alignment), one warp a row. Either way every lane reads the row's LSEs
+// and its own elements of each state in state order, and one lane writes
+// the merged LSE once every lane has read (out and lse may be a state's,
+// in place).
 #pragma once
 
 #include <cstdint>
@@ -129,6 +133,95 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
       }
     }
     if (lane == 0 && p.lse != nullptr) {
+      const float merged = finite ? m + logf(l) : (m == negative_infinity() ? m : nan);
+      p.lse[b * p.lse_strides[0] + t * p.lse_strides[1] + h * p.lse_strides[2]] = merged;
+    }
+  }
+}
+
+// The common case: up to kMergeStatesBatch states of one dtype whose rows
+// are 16-byte aligned and head_dim a multiple of kVector. A lane takes
+// kVector elements of a row (one 16-byte load of a 16-bit state, two of
+// f32), a row 2^row_lanes_log2 lanes (head_dim / kVector rounded up), a warp
+// 32 >> row_lanes_log2 rows. Each lane issues every state's raw loads before
+// converting any: the general kernel converts inside the branch that loads
+// (its per-state dtype switch), so it waits for each state's load in turn.
+// vector_out: out's rows are 16-byte aligned too.
+// Unlike the general kernel, it reads an empty state's elements (within
+// the state's tensor) and discards them: waiting for the LSEs before the
+// loads cost a second round trip to memory.
+// Resident blocks asked of the register allocator: 4 for 16-bit states
+// (64 registers, which their loads fit), 2 for f32 (twice the raw words).
+template <class OutT, class StateT>
+__global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 : 2)
+    merge_aligned_states_kernel(const __grid_constant__ MergeStatesParamsFor<kMergeStatesBatch> p, int row_lanes_log2,
+                                bool vector_out) {
+  constexpr int kLoads = kVector * static_cast<int>(sizeof(StateT)) / 16;
+  static_assert(kLoads >= 1, "a lane's elements are whole 16-byte loads");
+  const int lane = threadIdx.x % 32;
+  const int rows_per_warp = 32 >> row_lanes_log2;
+  const int d0 = (lane & ((1 << row_lanes_log2) - 1)) * kVector;
+  const bool has_elements = d0 < p.head_dim;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kMergeStatesThreads + threadIdx.x) / 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kMergeStatesThreads / 32);
+  for (int64_t first_row = warp * rows_per_warp; first_row < p.rows; first_row += warps * rows_per_warp) {
+    const int64_t row = first_row + (lane >> row_lanes_log2);  // the loop is warp-uniform: __syncwarp below
+    const bool active = row < p.rows;
+    const int64_t h = row % p.heads;
+    const int64_t t = (row / p.heads) % p.q_len;
+    const int64_t b = row / (p.heads * p.q_len);
+    // The LSEs and the states' elements load together, one round trip: an
+    // empty state's elements are read but never used (selected away below,
+    // so neither its NaN nor its infinity reaches the result).
+    float lse[kMergeStatesBatch];
+    uint4 raw[kMergeStatesBatch][kLoads];
+#pragma unroll
+    for (int s = 0; s < kMergeStatesBatch; ++s) {
+      const MergeStateView &state = p.states[s];
+      const bool present = active && s < p.num_states;
+      lse[s] = present ? state_lse(state, b, t, h) : negative_infinity();
+      const uint4 *src =
+          reinterpret_cast<const uint4 *>(static_cast<const StateT *>(state.out) + b * state.out_strides[0] +
+                                          t * state.out_strides[1] + h * state.out_strides[2] + d0);
+#pragma unroll
+      for (int k = 0; k < kLoads; ++k) raw[s][k] = present && has_elements ? src[k] : make_uint4(0, 0, 0, 0);
+    }
+    float m = negative_infinity();
+#pragma unroll
+    for (int s = 0; s < kMergeStatesBatch; ++s) m = max_nan(m, lse[s]);
+    const bool finite = m != negative_infinity() && m == m && m != -negative_infinity();
+    float acc[kVector];
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) acc[i] = 0.0f;
+    float l = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMergeStatesBatch; ++s) {  // in state order
+      const bool used = finite && lse[s] != negative_infinity();
+      const float w = used ? expf(lse[s] - m) : 0.0f;
+      float x[kVector];
+      Element<StateT>::to_float8(reinterpret_cast<const StateT *>(raw[s]), x);
+      l += w;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) acc[i] = used ? fmaf(w, x[i], acc[i]) : acc[i];
+    }
+    __syncwarp();  // every lane of a row has read its LSEs before one lane writes the merged LSE
+    if (!active) continue;
+    const float nan = __int_as_float(0x7fffffff);
+    const float inv_l = finite ? 1.0f / l : 0.0f;
+    const float fill = m == negative_infinity() ? 0.0f : nan;
+    if (has_elements) {
+      OutT *out = static_cast<OutT *>(p.out) + b * p.out_strides[0] + t * p.out_strides[1] + h * p.out_strides[2] + d0;
+      float values[kVector];
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) values[i] = finite ? acc[i] * inv_l : fill;
+      if (vector_out) {
+        Element<OutT>::from_float8(values, out);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) out[i] = Element<OutT>::from_float(values[i]);
+      }
+    }
+    if (d0 == 0 && p.lse != nullptr) {
       const float merged = finite ? m + logf(l) : (m == negative_infinity() ? m : nan);
       p.lse[b * p.lse_strides[0] + t * p.lse_strides[1] + h * p.lse_strides[2]] = merged;
     }

@@ -72,26 +72,43 @@ namespace cuda {
 // ldmatrix fall on different banks; fragments are dequantized in registers
 // (quant_key_fragments, quant_value_fragments). The stage ends with the
 // tile's per-token scales, K's then V's.
+//
+// Rows (MTiles > 1): a KV head's query rows past 16 (several query tokens x
+// the GQA group) on MTiles m-tiles of 16 rows in one CTA, warps along M, so
+// that up to 16 x MTiles rows share every K/V tile the CTA reads; the
+// standard tiles' chunks of 16 rows would each stream the keys again. The
+// warps form MTiles x kTokenGroups x kDSplits; a warp whose m-tile holds no
+// real row skips the tiles. Smaller tiles, more stages: a warp's
+// accumulators and S fragments stay within the standard kernel's registers.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
-template <class T, int Bucket, bool Wide = false, bool Quantized = false>
+template <class T, int Bucket, bool Wide = false, bool Quantized = false, int MTiles = 1>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
   static constexpr bool kWide = Wide;
   static constexpr bool kQuantized = Quantized;
-  static constexpr int kHeads = kMmaHeads;  // head slots: the MMA's M
-  static constexpr int kRows = kHeads;      // head slots of a CTA (SplitKernelShape::rows)
+  static constexpr int kHeads = kMmaHeads;       // head slots of an m-tile: the MMA's M
+  static constexpr int kMTiles = MTiles;         // m-tiles of a CTA, each its own warps
+  static constexpr int kRows = kHeads * MTiles;  // head slots of a CTA (SplitKernelShape::rows)
   // 8-bit caches up to head_dim 128: every warp takes its own tokens (no
   // d split, whose warps would each dequantize and score the same keys:
   // these kernels are bound by instructions, not bytes).
   static constexpr bool kTokenWarps = Quantized && Bucket <= 128;
-  static constexpr int kTokenGroups = kTokenWarps ? 8 : Wide || Bucket != 256 ? 4 : 2;  // warps along a tile's tokens
-  static constexpr int kDSplits = kTokenWarps ? 1 : 2;  // warps along head_dim for P V (S is computed by each)
-  static constexpr int kWarps = kTokenGroups * kDSplits;
+  // Warps along head_dim for P V (S is computed by each). Rows, bucket 64:
+  // one, so no warp repeats another's S (bucket 128's accumulators would
+  // not fit a warp's registers).
+  static constexpr int kDSplits = kTokenWarps || (MTiles > 1 && Bucket == 64) ? 1 : 2;
+  static constexpr int kTokenGroups =
+      kTokenWarps ? 8 : (Wide || Bucket != 256 ? 8 : 4) / (MTiles * kDSplits);  // warps along a tile's tokens
+  static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
   // Tokens per warp per tile.
-  static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
+  static constexpr int kWarpTokens = Wide         ? (Bucket == 64    ? 64
+                                                     : Bucket == 128 ? 32
+                                                                     : 16)
+                                     : MTiles > 1 ? 32
+                                                  : (Bucket == 64 ? 32 : 16);
   static constexpr int kTileTokens = kTokenGroups * kWarpTokens;             // 128, 64, 32 (wide: 256, 128, 64)
   static constexpr int kRowBytes = Bucket * kElementBytes;                   // K/V bytes of a row
   static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
@@ -101,18 +118,18 @@ struct MmaTraits {
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
   // 32 KiB (wide: 64 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
-  static constexpr int kStages = Quantized ? (kTokenWarps ? 2 : 4) : Wide ? 2 : FD_MMA_STAGES;
+  static constexpr int kStages = Quantized ? (kTokenWarps ? 2 : 4) : Wide ? 2 : MTiles > 1 ? 4 : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
   // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
   // spans at most kTileTokens + 1 pages), after the pipeline.
-  static constexpr int kTableSlots = Quantized ? 8 : 4;
+  static constexpr int kTableSlots = Quantized || MTiles > 1 ? 8 : 4;
   static constexpr int kTableSlotEntries = kTileTokens + 4;
   static constexpr int kTableBytes = kTableSlots * kTableSlotEntries * 4;
-  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kHeads * 4;
+  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
-  static constexpr int kClusterPartialBytes = ClusterPartial<kHeads, Bucket>::kFloats * 4;
+  static constexpr int kClusterPartialBytes = ClusterPartial<kRows, Bucket>::kFloats * 4;
   // 8-bit caches: the query's MMA fragments wait in shared memory, in lane
   // order (one 16-byte load per lane and k-step), not in 4 x kDSteps
   // registers: the dequantization needs them.
@@ -120,8 +137,11 @@ struct MmaTraits {
   static constexpr int kQueryFragmentBytes = Quantized ? kDStepsOf(Bucket) * 32 * 16 : 0;
   static constexpr int kLoopBytes = kQueryFragmentOffset + kQueryFragmentBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
-  static constexpr int kSTiles = kWarpTokens / 8;                // n-tiles of S per warp
-  static constexpr int kDSteps = Bucket / 16;                    // k-steps of S
+  static constexpr int kSTiles = kWarpTokens / 8;  // n-tiles of S per warp
+  static constexpr int kDSteps = Bucket / 16;      // k-steps of S
+  // Accumulator chains of S (attend_tile_mma): two where a warp's few
+  // n-tiles would leave each k-step's MMAs waiting on the last.
+  static constexpr int kChains = kDSteps >= 8 && MTiles == 1 ? 2 : 1;
   static constexpr int kDWidth = Bucket / kDSplits;              // output columns per warp
   static constexpr int kOTiles = kDWidth / 8;                    // n-tiles of O per warp
   static constexpr int kPSteps = kWarpTokens / 16;               // k-steps of P V
@@ -137,9 +157,12 @@ struct MmaTraits {
   // it, so the LSE and every merge see the true state. P stays below 2^15.
   static constexpr float kProbabilityShift = 15.0f;
   static_assert(kSmemBytes <= (Wide ? 200 : 110) * 1024, "mma kernel shared memory budget");
-  static_assert(kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes, "the cluster merge's state fits");
+  static_assert(MTiles > 1 || kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes,
+                "the cluster merge's state fits");
+  static_assert(MTiles == 1 || (!Wide && !Quantized && Bucket <= 128 && kTokenGroups >= 1),
+                "rows: standard 16-bit tiles up to head_dim 128");
   static_assert(Quantized || kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
-  static_assert(kHeads * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
+  static_assert(kRows * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
   static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
   static_assert(kTableSlots > kStages, "a slot is refilled only after its tile's copies were issued");
@@ -235,7 +258,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // or more k-steps each n-tile has two accumulators (even and odd k-steps),
   // two chains of dependent MMAs instead of one (a branch per k-step and one
   // chain left the kernel issue-bound).
-  constexpr int kChains = Traits::kDSteps >= 8 ? 2 : 1;
+  constexpr int kChains = Traits::kChains;
   float s_chain[kChains][Traits::kSTiles][4];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) {
@@ -387,11 +410,12 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // other launches time (docs/performance.md, "Kernel variants as template
 // parameters"). kVariants: scores go through the attention variants.
 // kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type).
-template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants, bool kQuantized = false>
-__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThreads,
-                                  MmaTraits<T, kBucket, kWide, kQuantized>::kMinBlocks)
+// kMTiles: m-tiles of query rows (MmaTraits' MTiles).
+template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants, bool kQuantized = false, int kMTiles = 1>
+__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>::kThreads,
+                                  MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<T, kBucket, kWide, kQuantized>;
+  using Traits = MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
@@ -401,7 +425,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int token_group = warp % Traits::kTokenGroups;
-  const int d_part = warp / Traits::kTokenGroups;
+  const int d_part = warp / Traits::kTokenGroups % Traits::kDSplits;
+  const int m_row = warp / (Traits::kTokenGroups * Traits::kDSplits) * Traits::kHeads;  // the warp's first row slot
   const int matrix = lane >> 3;
   const int r8 = lane & 7;
   const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
@@ -432,15 +457,15 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
     RowScoring scoring[2] = {};
     if constexpr (kVariants) {
       for (int r = 0; r < 2; ++r) {
-        scoring[r] =
-            row_scoring(p, begin, end, range.length, query_row(first_row + group_row + 8 * r, p.group_size, kv_head));
+        scoring[r] = row_scoring(p, begin, end, range.length,
+                                 query_row(first_row + m_row + group_row + 8 * r, p.group_size, kv_head));
       }
     }
 
-    // The query tile [16 row slots, bucket] goes through the last pipeline
+    // The query tile [kRows row slots, bucket] goes through the last pipeline
     // stage (first written by the main loop, after a barrier) into registers.
     constexpr int kQueryChunks = Traits::kQueryRowBytes / kChunkBytes;
-    for (int i = threadIdx.x; i < Traits::kHeads * kQueryChunks; i += Traits::kThreads) {
+    for (int i = threadIdx.x; i < Traits::kRows * kQueryChunks; i += Traits::kThreads) {
       const int row = i / kQueryChunks;
       const int column = i % kQueryChunks;
       using Word = typename RawElement<sizeof(T)>::type;
@@ -482,7 +507,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
     } else {
 #pragma unroll
       for (int kk = 0; kk < Traits::kDSteps; ++kk) {
-        ldmatrix_x4(qf[kk], q_stage + swizzled<Traits::kRowBytes>((matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+        ldmatrix_x4(qf[kk],
+                    q_stage + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
       }
     }
     __syncthreads();  // every warp has its query fragments: the last stage takes a tile
@@ -514,7 +540,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
       __syncthreads();                       // everyone's have
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
-      if (warp_begin < end) {  // warp-uniform
+      if (warp_begin < end && m_row < heads_here) {  // warp-uniform
         const unsigned char *loaded = smem + stage * Traits::kStageBytes;
         const float *tile_scales = reinterpret_cast<const float *>(loaded + Traits::kScaleOffset);
         const float *key_scales = kQuantized && p.k_scale_per_token ? tile_scales : nullptr;
@@ -558,33 +584,33 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
     // ones), and the accumulator, each d_part warp its columns; only the
     // chunk's real heads (the other slots hold zero queries).
     float *part_m = reinterpret_cast<float *>(smem);  // then each group's weight
-    float *part_l = part_m + Traits::kTokenGroups * Traits::kHeads;
-    float *row_l = part_l + Traits::kTokenGroups * Traits::kHeads;
-    float *row_max = row_l + Traits::kHeads;
-    float *part_o = row_max + Traits::kHeads;
-    static_assert((2 * Traits::kTokenGroups + 2) * Traits::kHeads * 4 % 8 == 0, "part_o holds float2 stores");
-    const bool row_real[2] = {group_row < heads_here, group_row + 8 < heads_here};
+    float *part_l = part_m + Traits::kTokenGroups * Traits::kRows;
+    float *row_l = part_l + Traits::kTokenGroups * Traits::kRows;
+    float *row_max = row_l + Traits::kRows;
+    float *part_o = row_max + Traits::kRows;
+    static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 8 == 0, "part_o holds float2 stores");
+    const int slot = token_group * Traits::kRows + m_row + group_row;  // this thread's first row in the parts
+    const bool row_real[2] = {m_row + group_row < heads_here, m_row + group_row + 8 < heads_here};
     if (quad_lane == 0 && d_part == 0) {
-      part_m[token_group * Traits::kHeads + group_row] = m[0];
-      part_m[token_group * Traits::kHeads + group_row + 8] = m[1];
-      part_l[token_group * Traits::kHeads + group_row] = l[0];
-      part_l[token_group * Traits::kHeads + group_row + 8] = l[1];
+      part_m[slot] = m[0];
+      part_m[slot + 8] = m[1];
+      part_l[slot] = l[0];
+      part_l[slot + 8] = l[1];
     }
     if constexpr (kQuantized) {
       // The n-tiles' columns as quant_value_fragments ordered them: of each
       // 16, tiles 2h and 2h + 1 hold this lane's 4q .. 4q + 3.
-      static_assert((2 * Traits::kTokenGroups + 2) * Traits::kHeads * 4 % 16 == 0, "part_o holds float4 stores");
+      static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0, "part_o holds float4 stores");
 #pragma unroll
       for (int t = 0; t < Traits::kOTiles; t += 2) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 4;
         if (row_real[0]) {
-          *reinterpret_cast<float4 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) = make_float4(
+          *reinterpret_cast<float4 *>(part_o + slot * kBucket + d) = make_float4(
               o[t][0] * value_scale, o[t + 1][0] * value_scale, o[t][1] * value_scale, o[t + 1][1] * value_scale);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float4 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
-              make_float4(o[t][2] * value_scale, o[t + 1][2] * value_scale, o[t][3] * value_scale,
-                          o[t + 1][3] * value_scale);
+          *reinterpret_cast<float4 *>(part_o + (slot + 8) * kBucket + d) = make_float4(
+              o[t][2] * value_scale, o[t + 1][2] * value_scale, o[t][3] * value_scale, o[t + 1][3] * value_scale);
         }
       }
     } else {
@@ -592,12 +618,10 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
       for (int t = 0; t < Traits::kOTiles; ++t) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
         if (row_real[0]) {
-          *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row) * kBucket + d) =
-              make_float2(o[t][0], o[t][1]);
+          *reinterpret_cast<float2 *>(part_o + slot * kBucket + d) = make_float2(o[t][0], o[t][1]);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float2 *>(part_o + (token_group * Traits::kHeads + group_row + 8) * kBucket + d) =
-              make_float2(o[t][2], o[t][3]);
+          *reinterpret_cast<float2 *>(part_o + (slot + 8) * kBucket + d) = make_float2(o[t][2], o[t][3]);
         }
       }
     }
@@ -605,17 +629,18 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
 
     // The token groups' weights exp2(m_group - m_max) and the merged l, once
     // per head slot, in group order.
-    if (threadIdx.x < Traits::kHeads) {
+    static_assert(Traits::kRows <= Traits::kThreads, "a thread per head slot");
+    if (threadIdx.x < Traits::kRows) {
       const int row = threadIdx.x;
       float m_max = negative_infinity();
 #pragma unroll
-      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = max_nan(m_max, part_m[g * Traits::kHeads + row]);
+      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = max_nan(m_max, part_m[g * Traits::kRows + row]);
       float l_sum = 0.0f;
 #pragma unroll
       for (int g = 0; g < Traits::kTokenGroups; ++g) {
-        const float weight = merge_weight(part_m[g * Traits::kHeads + row], m_max);
-        l_sum = fmaf(weight, part_l[g * Traits::kHeads + row], l_sum);
-        part_m[g * Traits::kHeads + row] = weight;
+        const float weight = merge_weight(part_m[g * Traits::kRows + row], m_max);
+        l_sum = fmaf(weight, part_l[g * Traits::kRows + row], l_sum);
+        part_m[g * Traits::kRows + row] = weight;
       }
       row_max[row] = m_max - Traits::kProbabilityShift;  // l and acc carry 2^kProbabilityShift
       row_l[row] = l_sum;
@@ -632,7 +657,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
       float acc = 0.0f;
 #pragma unroll
       for (int g = 0; g < Traits::kTokenGroups; ++g) {
-        acc = fmaf(part_m[g * Traits::kHeads + row], part_o[(g * Traits::kHeads + row) * kBucket + d], acc);
+        acc = fmaf(part_m[g * Traits::kRows + row], part_o[(g * Traits::kRows + row) * kBucket + d], acc);
       }
       const float m_max = row_max[row];
       const float l_sum = row_l[row];
@@ -645,7 +670,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
           write_output<T>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
         }
       } else if (kCluster) {
-        using Partial = ClusterPartial<Traits::kHeads, kBucket>;
+        using Partial = ClusterPartial<Traits::kRows, kBucket>;
         Partial::acc(cluster_partial, row, d) = acc;
         if (d == 0) {
           Partial::m(cluster_partial, row) = m_max;
@@ -662,8 +687,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized>::kThr
     }
     FD_TIMELINE_MARK(timeline, 4);
     if constexpr (kCluster) {
-      merge_in_cluster<T, Traits::kThreads, Traits::kHeads, kBucket>(p, b, kv_head, first_row, heads_here,
-                                                                     cluster_partial);
+      merge_in_cluster<T, Traits::kThreads, Traits::kRows, kBucket>(p, b, kv_head, first_row, heads_here,
+                                                                    cluster_partial);
     } else if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false>(p, piece)
                                       : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
       FD_TIMELINE_MERGED(timeline);

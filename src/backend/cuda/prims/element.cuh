@@ -31,6 +31,11 @@ struct Element<float> {
     dst[0] = a.x, dst[1] = a.y, dst[2] = a.z, dst[3] = a.w;
     dst[4] = b.x, dst[5] = b.y, dst[6] = b.z, dst[7] = b.w;
   }
+  // Eight floats to 16-byte aligned memory.
+  __device__ static void from_float8(const float (&src)[kVector], float *dst) {
+    reinterpret_cast<float4 *>(dst)[0] = make_float4(src[0], src[1], src[2], src[3]);
+    reinterpret_cast<float4 *>(dst)[1] = make_float4(src[4], src[5], src[6], src[7]);
+  }
 };
 
 template <>
@@ -47,6 +52,15 @@ struct Element<__half> {
       dst[2 * i + 1] = f.y;
     }
   }
+  __device__ static void from_float8(const float (&src)[kVector], __half *dst) {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 pair = __floats2half2_rn(src[2 * i], src[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t *>(&pair);
+    }
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
 };
 
 template <>
@@ -62,6 +76,15 @@ struct Element<__nv_bfloat16> {
       dst[2 * i] = f.x;
       dst[2 * i + 1] = f.y;
     }
+  }
+  __device__ static void from_float8(const float (&src)[kVector], __nv_bfloat16 *dst) {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(src[2 * i], src[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t *>(&pair);
+    }
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
   }
 };
 
