@@ -141,14 +141,14 @@ def checked(calls, outs, ref, dtype, what):
     return err
 
 
-def part_qlen(bench, dtype, rows):
+def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
     for shape in [s for s in SHAPES if s[0] in (1, 2, 3)]:
         sid, batch, hq, hkv, n, d, _ = shape
         gen = torch.Generator(device="cuda")
         gen.manual_seed(100 + sid)
         ks, vs = kv_sets(batch, hkv, n, d, dtype, gen)
         base = None
-        for t in (1, 2, 4, 8):
+        for t in q_lens:
             qs = [torch.randn(batch, hq, t, d, device="cuda", dtype=dtype, generator=gen) for _ in ks]
             outs = [torch.empty_like(q) for q in qs]
             args = [decode_args(bench.fd, q, k, v, o) for q, k, v, o in zip(qs, ks, vs, outs)]
@@ -326,6 +326,7 @@ def main():
     parser.add_argument("--lib", required=True)
     parser.add_argument("--parts", default="qlen,window,logits,merge")
     parser.add_argument("--dtypes", default="float16,bfloat16")
+    parser.add_argument("--q-lens", default="1,2,4,8", help="qlen part: query tokens per sequence (ratios to the first)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
@@ -341,7 +342,7 @@ def main():
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         if "qlen" in parts:
-            part_qlen(bench, dtype, rows)
+            part_qlen(bench, dtype, rows, [int(t) for t in args.q_lens.split(",")])
         if "window" in parts:
             part_window(bench, dtype, rows)
         if "logits" in parts:

