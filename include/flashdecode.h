@@ -968,10 +968,12 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
  * with m = max_s lse_s and w_s = exp(lse_s - m):
  * `out = sum_s w_s out_s / sum_s w_s`, `lse = m + log(sum_s w_s)`.
  * A state with LSE -inf is empty (a part with no keys): it weighs nothing and
- * its output is not read into the result, NaN included; a row whose states
- * are all empty is zeros with LSE -inf. A NaN LSE, or +inf, makes the row
- * NaN. Sums run in state order: the same inputs on the same backend give
- * bitwise the same result (the backends may differ in the last bits).
+ * its output never enters the result, NaN included (the CUDA backend may
+ * still load it with the other states' rows: it must be a valid tensor, its
+ * contents may be anything); a row whose states are all empty is zeros
+ * with LSE -inf. A NaN LSE, or +inf, makes the row NaN. Sums run in state
+ * order: the same inputs on the same backend give bitwise the same result
+ * (the backends may differ in the last bits).
  *
  * `out` may be one of the `states_out` (the same data, dtype and strides),
  * and `lse` one of the `states_lse`: the merge then runs in place.

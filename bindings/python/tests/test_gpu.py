@@ -481,7 +481,7 @@ def test_cuda_merge_states_streams_graphs_and_mixed_dtypes() -> None:
     outs = [torch.randn(shape, device="cuda", generator=generator) for _ in range(4)]
     lses = [torch.randn(lse_shape, device="cuda", generator=generator) * 4 for _ in range(4)]
     lses[2][3] = -math.inf  # an empty state for sequence 3
-    outs[2][3] = math.nan  # ... whose output is not read
+    outs[2][3] = math.nan  # ... whose output never enters the result
     out = torch.empty(shape, device="cuda", dtype=torch.float16)
     lse = torch.empty(lse_shape, device="cuda")
     expected, expected_lse = flashdecode.merge_states(

@@ -25,16 +25,9 @@ using namespace dispatch;  // NOLINT: the families and their templates (dispatch
 namespace dispatch {
 // The 8-bit families' row functions are instantiated in dispatch_8bit.cu,
 // the rows family's in dispatch_rows.cu.
-#define FD_EXTERN_FAMILY(Family)                                                                 \
-  extern template bool family_takes<Family>(fd_dtype);                                           \
-  extern template SplitKernelShape family_shape<Family>(fd_dtype, int);                          \
-  extern template cudaError_t prepare_family<Family>(fd_dtype, int, const DeviceLimits &, int &, \
-                                                     int(&)[kMaxClusterSplits + 1]);             \
-  extern template cudaError_t launch_family<Family>(fd_dtype, fd_dtype, int, const SplitParams &, bool, cudaStream_t);
-FD_EXTERN_FAMILY(CudaCoreQuantizedFamily)
-FD_EXTERN_FAMILY(TensorCoreQuantizedFamily)
-FD_EXTERN_FAMILY(TensorCoreRowsFamily)
-#undef FD_EXTERN_FAMILY
+FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedFamily)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily)
 }  // namespace dispatch
 
 namespace {

@@ -367,6 +367,16 @@ cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }
 
+// A family's row functions, for a translation unit that instantiates them
+// (kind `template`: dispatch_8bit.cu, dispatch_rows.cu, which compile in
+// parallel with dispatch.cu) and for dispatch.cu, which declares them
+// (kind `extern template`) and puts them in its table.
+#define FD_FAMILY_FUNCTIONS(kind, Family)                                                                             \
+  kind bool family_takes<Family>(fd_dtype);                                                                           \
+  kind SplitKernelShape family_shape<Family>(fd_dtype, int);                                                          \
+  kind cudaError_t prepare_family<Family>(fd_dtype, int, const DeviceLimits &, int &, int(&)[kMaxClusterSplits + 1]); \
+  kind cudaError_t launch_family<Family>(fd_dtype, fd_dtype, int, const SplitParams &, bool, cudaStream_t);
+
 // A variant: its names per head-dim bucket, and its family's functions.
 struct SplitVariantRow {
   SplitVariant variant;

@@ -8,14 +8,7 @@ namespace fd {
 namespace cuda {
 namespace dispatch {
 
-#define FD_INSTANTIATE_FAMILY(Family)                                                     \
-  template bool family_takes<Family>(fd_dtype);                                           \
-  template SplitKernelShape family_shape<Family>(fd_dtype, int);                          \
-  template cudaError_t prepare_family<Family>(fd_dtype, int, const DeviceLimits &, int &, \
-                                              int(&)[kMaxClusterSplits + 1]);             \
-  template cudaError_t launch_family<Family>(fd_dtype, fd_dtype, int, const SplitParams &, bool, cudaStream_t);
-FD_INSTANTIATE_FAMILY(TensorCoreRowsFamily)
-#undef FD_INSTANTIATE_FAMILY
+FD_FAMILY_FUNCTIONS(template, TensorCoreRowsFamily)
 
 }  // namespace dispatch
 }  // namespace cuda
