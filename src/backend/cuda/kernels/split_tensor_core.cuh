@@ -108,13 +108,9 @@ struct MmaTraits {
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
   // Tokens per warp per tile.
-  static constexpr int kWarpTokens = Wide         ? (Bucket == 64    ? 64
-                                                     : Bucket == 128 ? 32
-                                                                     : 16)
-                                     : MTiles > 1 ? (Bucket == 64 ? 32 : 16)
-                                                  : (Bucket == 64 ? 32 : 16);
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;             // 128, 64, 32 (wide: 256, 128, 64)
-  static constexpr int kRowBytes = Bucket * kElementBytes;                   // K/V bytes of a row
+  static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64; rows: 64, 32)
+  static constexpr int kRowBytes = Bucket * kElementBytes;        // K/V bytes of a row
   static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
   static constexpr int kQueryRowBytes = Bucket * static_cast<int>(sizeof(T));
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32 for 16-bit elements
