@@ -369,18 +369,11 @@ class CudaBackend final : public Backend {
     a.kv_capacity = p.kv_capacity;
     a.kv_heads = static_cast<int32_t>(p.kv_heads);
     a.head_dim = static_cast<int32_t>(p.head_dim);
-    const auto rows_on = [](const StridedView &view, size_t element_bytes, uintptr_t alignment) {
-      if (reinterpret_cast<uintptr_t>(view.data) % alignment != 0) return false;
-      for (int d = 0; d < 3; ++d) {
-        if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % alignment != 0)
-          return false;
-      }
-      return true;
-    };
     const size_t new_bytes = dtype_bytes(p.new_dtype);
     const size_t cache_bytes = dtype_bytes(p.kv_dtype);
-    a.vector = p.head_dim % cuda::kAppendVectorElements == 0 && rows_on(p.k_new, new_bytes, 16) &&
-               rows_on(p.v_new, new_bytes, 16) && rows_on(p.k, cache_bytes, 8) && rows_on(p.v, cache_bytes, 8);
+    a.vector = p.head_dim % cuda::kAppendVectorElements == 0 && cuda::rows_aligned(p.k_new, new_bytes) &&
+               cuda::rows_aligned(p.v_new, new_bytes) && cuda::rows_aligned(p.k, cache_bytes, 8) &&
+               cuda::rows_aligned(p.v, cache_bytes, 8);
     DeviceGuard guard(device_, primary_context_);
     check_cuda(cuda::launch_append_kv(a, programmatic_, reinterpret_cast<cudaStream_t>(stream)),
                "fd_append_kv: kernel launch");
@@ -403,7 +396,9 @@ class CudaBackend final : public Backend {
       m.lse = static_cast<float *>(p.lse.data);
       for (int d = 0; d < 3; ++d) m.lse_strides[d] = p.lse.strides[d];
     }
+    bool states_aligned = true;  // every state's rows on 16 bytes: the vector merge may take them
     for (int s = 0; s < p.num_states; ++s) {
+      states_aligned = states_aligned && cuda::rows_aligned(p.states_out[s], dtype_bytes(p.states_dtype[s]));
       cuda::MergeStateView &state = m.states[s];
       state.out = p.states_out[s].data;
       state.lse = static_cast<const float *>(p.states_lse[s].data);
@@ -415,8 +410,10 @@ class CudaBackend final : public Backend {
     }
     if (m.rows == 0) return;
     DeviceGuard guard(device_, primary_context_);
-    check_cuda(cuda::launch_merge_states(p.out_dtype, m, reinterpret_cast<cudaStream_t>(stream)),
-               "fd_merge_states: kernel launch");
+    const bool out_aligned = cuda::rows_aligned(p.out, dtype_bytes(p.out_dtype));
+    check_cuda(
+        cuda::launch_merge_states(p.out_dtype, m, states_aligned, out_aligned, reinterpret_cast<cudaStream_t>(stream)),
+        "fd_merge_states: kernel launch");
   }
 
   LaunchSummary describe(const Problem &p, const Plan &plan) const override {

@@ -174,23 +174,12 @@ cudaError_t probe_kernel_image() {
 
 namespace {
 
-// True when data and every stride (in elements of `bytes`) keep 16-byte alignment.
-bool rows_aligned_16(const void *data, const int64_t (&strides)[3], size_t bytes) {
-  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
-  for (int64_t stride : strides) {
-    if ((stride * static_cast<int64_t>(bytes)) % 16 != 0) return false;
-  }
-  return true;
-}
-
-// merge_aligned_states_kernel's conditions: few states of one dtype, rows
-// whole 16-byte vectors of kVector elements.
-bool states_aligned(const MergeStatesParams &merge) {
+// merge_aligned_states_kernel's conditions beyond the rows' alignment: few
+// states of one dtype, rows whole vectors of kVector elements.
+bool vector_merge_takes(const MergeStatesParams &merge) {
   if (merge.num_states > kMergeStatesBatch || merge.head_dim % kVector != 0) return false;
-  for (int s = 0; s < merge.num_states; ++s) {
-    const MergeStateView &state = merge.states[s];
-    if (state.dtype != merge.states[0].dtype) return false;
-    if (!rows_aligned_16(state.out, state.out_strides, dtype_bytes(static_cast<fd_dtype>(state.dtype)))) return false;
+  for (int s = 1; s < merge.num_states; ++s) {
+    if (merge.states[s].dtype != merge.states[0].dtype) return false;
   }
   return true;
 }
@@ -209,7 +198,8 @@ void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
 
 }  // namespace
 
-cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, cudaStream_t stream) {
+cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, bool states_aligned,
+                                bool out_aligned, cudaStream_t stream) {
   // Up to 8 states (the common case) launch with an 8-state parameter struct:
   // a launch's parameters are copied with it, 4.7 KiB of them for 64 states.
   static_assert(kMergeStatesBatch == 8, "the small parameter struct holds one batch of states");
@@ -233,15 +223,14 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     const int64_t blocks = (merge.rows + rows_per_block - 1) / rows_per_block;
     return dim3(static_cast<unsigned>(blocks < (int64_t{1} << 30) ? blocks : (int64_t{1} << 30)));
   };
-  if (states_aligned(merge)) {
+  if (states_aligned && vector_merge_takes(merge)) {
     int row_lanes_log2 = 0;
     while ((kVector << row_lanes_log2) < merge.head_dim) ++row_lanes_log2;  // head_dim <= 32 * kVector
-    const bool vector_out = rows_aligned_16(merge.out, merge.out_strides, dtype_bytes(out_dtype));
     const dim3 grid = grid_for((kMergeStatesThreads / 32) * (32 >> row_lanes_log2));
     with_storage_type(out_dtype, "output", [&](auto out_type) {
       with_storage_type(static_cast<fd_dtype>(merge.states[0].dtype), "state", [&](auto state_type) {
         merge_aligned_states_kernel<decltype(out_type), decltype(state_type)>
-            <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, vector_out);
+            <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
       });
     });
     return cudaGetLastError();

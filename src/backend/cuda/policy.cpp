@@ -265,17 +265,15 @@ bool needs_variant_scores(const Problem &p) {
   return (p.q_len > 1 && (p.causal || p.window > 0)) || p.softcap > 0.0f || p.has_alibi;
 }
 
-namespace {
-
-// Whether every K/V row the kernel reads starts on a 16-byte boundary, so
-// that it can use 16-byte cp.async copies.
-bool rows_aligned(const StridedView &view, size_t element_bytes) {
-  if (reinterpret_cast<uintptr_t>(view.data) % 16 != 0) return false;
+bool rows_aligned(const StridedView &view, size_t element_bytes, uintptr_t alignment) {
+  if (reinterpret_cast<uintptr_t>(view.data) % alignment != 0) return false;
   for (int d = 0; d < 3; ++d) {
-    if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % 16 != 0) return false;
+    if (view.shape[d] > 1 && (static_cast<uint64_t>(view.strides[d]) * element_bytes) % alignment != 0) return false;
   }
   return true;
 }
+
+namespace {
 
 // Whether the tensor-core kernel's paged loader (32-bit page and slot byte
 // offsets, widened once; TileLoader in prims/load.cuh) can address this pool
@@ -340,6 +338,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   LaunchChoice launch;
   launch.variant = split_variant_at(plan.kernel_variant);
   const size_t element_bytes = dtype_bytes(p.kv_dtype);
+  // 16-byte cp.async copies of every K/V row.
   launch.aligned = rows_aligned(p.k, element_bytes) && rows_aligned(p.v, element_bytes);
   if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = fallback_variant(p);
   const SplitKernelShape shape = shape_of(p, launch.variant);

@@ -50,6 +50,11 @@ struct LaunchChoice {
 
 bool needs_variant_scores(const Problem &problem);
 
+// Whether a tensor's data and every row it holds (its first three
+// dimensions' strides, those of extent 1 aside) start on an `alignment`-byte
+// boundary: the condition of the kernels' vector loads and copies.
+bool rows_aligned(const StridedView &view, size_t element_bytes, uintptr_t alignment = 16);
+
 // The plan's variant, unless these K/V rows are not 16-byte aligned or a
 // paged pool's strides are too large for the tensor-core loader: then the
 // CUDA-core kernel runs the same plan (it takes any split length). Then the
