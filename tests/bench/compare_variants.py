@@ -3,7 +3,8 @@
 """Times flashdecode's attention variants (issue 19's targets) on the CUDA backend.
 
     python3 tests/bench/compare_variants.py --lib build-h200/src/libflashdecode.so.0 \
-        [--parts qlen,window,logits,merge] [--dtypes float16,bfloat16] [--json out.json]
+        [--parts qlen,window,logits,merge] [--dtypes float16,bfloat16] [--json out.json] \
+        [--base-lib [name=]path ...]
 
 Same method as compare_sdpa.py (whose helpers it uses): every implementation
 under CUDA graph replay in one process on the same inputs, K/V sets rotated
@@ -28,6 +29,10 @@ output checked against a float64 reference before it is timed. Parts:
   measured in the same run (target: at least 80%), with the bytes read and
   written counted once; also against a copy of the same bytes under the same
   replay (what a call of this size reaches: launch and ramp included).
+
+--base-lib adds other builds of the library to the qlen and logits parts
+(rows "fd-<name>" on the same inputs in the same process: an A/B of a
+change; the ratios and overheads are flashdecode's, the --lib build's).
 """
 import argparse
 import ctypes
@@ -106,9 +111,11 @@ def decode_args(fd, q, k, v, out, block_table=None, **variants):
 
 
 class Bench:
-    def __init__(self, fd, replays, rounds):
+    def __init__(self, fd, replays, rounds, bases=()):
         self.fd, self.replays, self.rounds = fd, replays, rounds
         self.handle = fd.create_cuda_handle(torch.cuda.current_device())
+        # --base-lib: (row name, FlashDecode, handle) of other builds
+        self.bases = [(name, base, base.create_cuda_handle(torch.cuda.current_device())) for name, base in bases]
 
     def time(self, impls):
         """{name: calls()} timed in rounds (order reversed on odd rounds): {name: median seconds per call}."""
@@ -121,6 +128,14 @@ class Bench:
 
     def fd_calls(self, arg_list):
         return flashdecode_calls(self.fd, self.handle, arg_list)
+
+    def base_calls(self, arg_list, outs, ref, dtype, what):
+        """{row name: calls()} of the --base-lib builds on the same arguments, each output checked first."""
+        calls = {}
+        for name, base, handle in self.bases:
+            calls[name] = flashdecode_calls(base, handle, arg_list)
+            checked(calls[name], outs, ref, dtype, f"{what} ({name})")
+        return calls
 
 
 def kv_sets(batch, kv_heads, n, d, dtype, gen):
@@ -170,6 +185,7 @@ def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
                 return len(qs)
 
             impls = {"flashdecode": fd_calls, "fa2-unmasked": fa2}
+            impls.update(bench.base_calls(args, outs, reference(qs[0], ks[0], vs[0]), dtype, f"shape {sid} q_len {t}"))
             try:
                 checked(masked, outs, reference(qs[0], ks[0], vs[0]), dtype, "sdpa masked")
                 impls["sdpa-masked"] = masked
@@ -244,10 +260,15 @@ def part_logits(bench, dtype, rows):
         for name, v in variants.items():
             args = [decode_args(bench.fd, q, k, vv, o, **v) for q, k, vv, o in zip(qs, ks, vs, outs)]
             calls = bench.fd_calls(args)
-            checked(calls, outs, reference(qs[0], ks[0], vs[0], **v), dtype, f"shape {sid} {name}")
+            ref = reference(qs[0], ks[0], vs[0], **v)
+            checked(calls, outs, ref, dtype, f"shape {sid} {name}")
             impls[name] = calls
+            impls.update({f"{base} {name}": c for base, c in bench.base_calls(args, outs, ref, dtype, name).items()})
         times = bench.time(impls)
-        over = {k: times[k] / times["plain"] - 1 for k in times if k != "plain"}
+        over = {k: times[k] / times["plain"] - 1 for k in variants if k != "plain"}
+        for base, _, _ in bench.bases:
+            over.update({f"{base} {k}": times[f"{base} {k}"] / times[f"{base} plain"] - 1 for k in variants
+                         if k != "plain"})
         rows.append({"part": "logits", "shape": sid, "dtype": str(dtype)[6:],
                      "us": {k: v * 1e6 for k, v in times.items()}, "overhead": over})
         print(f"shape {sid} {str(dtype)[6:]}: " + "  ".join(f"{k} {v * 1e6:7.1f} us" for k, v in times.items()) +
@@ -330,10 +351,16 @@ def main():
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--base-lib", action="append", default=[], metavar="[NAME=]PATH",
+                        help="another build timed on the same inputs (qlen, logits): rows fd-NAME")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     fd = FlashDecode(args.lib)
-    bench = Bench(fd, args.replays, args.rounds)
+    bases = []
+    for spec in args.base_lib:
+        name, _, path = spec.rpartition("=")
+        bases.append(("fd-" + (name or "base"), FlashDecode(path)))
+    bench = Bench(fd, args.replays, args.rounds, bases)
     read_rate, copy_rate = bandwidth_ceilings()
     print(f"{fd.version} on {torch.cuda.get_device_name()}: read {read_rate / 1e12:.2f} TB/s, "
           f"copy {copy_rate / 1e12:.2f} TB/s")

@@ -241,7 +241,13 @@ __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_til
 // 8-bit caches (Traits::kQuantized): fragments are dequantized from the raw
 // stage (kFormat: SplitParams::kv_format); with per-token scales,
 // key_scales and value_scales point at the stage's.
-template <class T, class Traits, bool kVariants, int kFormat = 0>
+// kUpperRows: the m-tile has a real row in slots 8-15. Without one (q_len 1
+// and a group of up to 8) the thread's second row is skipped from the
+// scores to the rescale and its P is zero: half the score transforms and
+// exponentials, which bound a softcapped tile. A template parameter: a
+// runtime branch between the two rows' code kept the compiler from
+// interleaving them, and tiles with both rows real lost time.
+template <class T, class Traits, bool kVariants, int kFormat, bool kUpperRows>
 __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int row0, int d_part, int64_t warp_begin,
                                                 int64_t end, const uint32_t (&qf)[Traits::kDSteps][4],
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
@@ -331,6 +337,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // Scale, mask, and the new running max of this thread's two rows. With
   // the variants, a warp tile whose keys both rows see (all but the tiles
   // at a mask's or window's edge) skips the per-key tests.
+  constexpr int kRowsHere = kUpperRows ? 2 : 1;
   float block_max[2] = {negative_infinity(), negative_infinity()};
   [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
   [[maybe_unused]] const bool inside = kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
@@ -342,24 +349,24 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       if constexpr (kVariants) {
         const int key = warp_key + n * 8 + quad_lane * 2 + e;
         if (inside) {
-          s[n][e] = scoring[0].transform(s[n][e] * q_scale, key);
-          s[n][2 + e] = scoring[1].transform(s[n][2 + e] * q_scale, key);
+#pragma unroll
+          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = scoring[r].transform(s[n][2 * r + e] * q_scale, key);
         } else {
-          s[n][e] = scoring[0].score(s[n][e] * q_scale, key);
-          s[n][2 + e] = scoring[1].score(s[n][2 + e] * q_scale, key);
+#pragma unroll
+          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = scoring[r].score(s[n][2 * r + e] * q_scale, key);
         }
       } else {
         const bool valid = n * 8 + quad_lane * 2 + e < remaining;
-        s[n][e] = valid ? s[n][e] * q_scale : negative_infinity();
-        s[n][2 + e] = valid ? s[n][2 + e] * q_scale : negative_infinity();
+#pragma unroll
+        for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = valid ? s[n][2 * r + e] * q_scale : negative_infinity();
       }
-      block_max[0] = max_nan(block_max[0], s[n][e]);
-      block_max[1] = max_nan(block_max[1], s[n][2 + e]);
+#pragma unroll
+      for (int r = 0; r < kRowsHere; ++r) block_max[r] = max_nan(block_max[r], s[n][2 * r + e]);
     }
   }
   float p_base[2], alpha[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRowsHere; ++r) {
     block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
     block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
     const float m_new = max_nan(m[r], block_max[r]);
@@ -371,20 +378,27 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   }
 #pragma unroll
   for (int t = 0; t < Traits::kOTiles; ++t) {
-    o[t][0] *= alpha[0];
-    o[t][1] *= alpha[0];
-    o[t][2] *= alpha[1];
-    o[t][3] *= alpha[1];
+#pragma unroll
+    for (int r = 0; r < kRowsHere; ++r) {
+      o[t][2 * r] *= alpha[r];
+      o[t][2 * r + 1] *= alpha[r];
+    }
   }
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      s[n][e] = exp2f(s[n][e] - p_base[0]);
-      s[n][2 + e] = exp2f(s[n][2 + e] - p_base[1]);
+#pragma unroll
+      for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = exp2f(s[n][2 * r + e] - p_base[r]);
     }
-    l[0] += s[n][0] + s[n][1];
-    l[1] += s[n][2] + s[n][3];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (r < kRowsHere) {
+        l[r] += s[n][2 * r] + s[n][2 * r + 1];
+      } else {
+        s[n][2 * r] = s[n][2 * r + 1] = 0.0f;  // no real row: P is zero
+      }
+    }
   }
 
 #pragma unroll
@@ -559,10 +573,20 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
         const float *tile_scales = reinterpret_cast<const float *>(loaded + Traits::kScaleOffset);
         const float *key_scales = kQuantized && p.k_scale_per_token ? tile_scales : nullptr;
         const float *value_scales = kQuantized && p.v_scale_per_token ? tile_scales + Traits::kTileTokens : nullptr;
-        const auto attend = [&](auto format) {
-          attend_tile_mma<T, Traits, kVariants, decltype(format)::value>(
+        const auto attend_rows = [&](auto format, auto upper_rows) {
+          attend_tile_mma<T, Traits, kVariants, decltype(format)::value, decltype(upper_rows)::value>(
               loaded, token_group * Traits::kWarpTokens, d_part, warp_begin, end, qf, o, m, l, q_scale,
               static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, key_scales, value_scales);
+        };
+        // The rows kernel keeps one body: only its last m-tile can lack upper rows.
+        const auto attend = [&](auto format) {
+          if constexpr (Traits::kMTiles > 1) {
+            attend_rows(format, std::true_type{});
+          } else if (m_row + 8 < heads_here) {
+            attend_rows(format, std::true_type{});
+          } else {
+            attend_rows(format, std::false_type{});
+          }
         };
         // The 8-bit format is chosen once a tile, not once an element.
         if constexpr (kQuantized) {
