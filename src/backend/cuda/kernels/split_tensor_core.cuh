@@ -578,9 +578,11 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
               loaded, token_group * Traits::kWarpTokens, d_part, warp_begin, end, qf, o, m, l, q_scale,
               static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, key_scales, value_scales);
         };
-        // The rows kernel keeps one body: only its last m-tile can lack upper rows.
+        // One body for the rows kernel (only its last m-tile can lack upper
+        // rows) and for 8-bit caches (bound by dequantizing K and V, not by
+        // the softmax; a second body per format cost minutes of build).
         const auto attend = [&](auto format) {
-          if constexpr (Traits::kMTiles > 1) {
+          if constexpr (Traits::kMTiles > 1 || kQuantized) {
             attend_rows(format, std::true_type{});
           } else if (m_row + 8 < heads_here) {
             attend_rows(format, std::true_type{});
