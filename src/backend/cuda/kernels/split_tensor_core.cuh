@@ -579,8 +579,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
               static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, key_scales, value_scales);
         };
         // One body for the rows kernel (only its last m-tile can lack upper
-        // rows) and for 8-bit caches (bound by dequantizing K and V, not by
-        // the softmax; a second body per format cost minutes of build).
+        // rows) and for 8-bit caches, whose tiles are bound by dequantizing
+        // K and V rather than by the softmax.
         const auto attend = [&](auto format) {
           if constexpr (Traits::kMTiles > 1 || kQuantized) {
             attend_rows(format, std::true_type{});
