@@ -5,6 +5,7 @@
     eval "$(bash .anchors/flashinfer/setup.sh)"   # optional: FlashInfer rows (skipped with a reason without it)
     python3 tests/bench/compare_quantized.py --lib build-h200/src/libflashdecode.so.0 \
         [--dtypes float16,bfloat16] [--shapes 1,...,10] [--parts decode,append] [--json out.json] [--plot out.png]
+        [--base-lib NAME=PATH ...]
 
 Same method as compare_sdpa.py (whose helpers it imports): in one process, on
 the same inputs, every implementation runs under CUDA graph replay (one graph
@@ -36,6 +37,8 @@ table) and each q dtype (fp16; bf16 with --dtypes), rows:
   modules are prebuilt for an fp16 q only (the bundle in .anchors/flashinfer,
   see its gen_modules_fp8.py): for bf16 the rows run only with --fi-dtypes
   float16,bfloat16, which compiles them on first use (the time is printed).
+--base-lib adds another build's fd-NAME-16bit and per-tensor 8-bit rows (an
+A/B on the same inputs in the same process).
 Every output is checked against a float64 reference over the dequantized
 cache (stored value * scale) before timing: relative L2 error at most 2e-3
 for an fp16 q, 1e-2 for bf16. Effective bandwidth counts the K and V bytes
@@ -85,6 +88,7 @@ from compare_sdpa import (  # noqa: E402
     SHAPES,
     FlashDecode,
     bandwidth_ceilings,
+    base_libraries,
     fd_tensor,
     flashdecode_calls,
     plot,
@@ -387,19 +391,22 @@ def reference_of(data, shape, k, v):
     return reference(data["qs"][0], k, v, data["lens"])
 
 
-def implementations(fd, handle, shape, data, anchor):
+def implementations(fd, handle, shape, data, anchor, bases=()):
     """(name, build, reference) of each row: build() returns the row's calls
-    (see time_graph()), or is the reason the row is skipped."""
+    (see time_graph()), or is the reason the row is skipped. bases: (row
+    name, FlashDecode, handle) of other builds (--base-lib), whose 16-bit and
+    per-tensor 8-bit rows run too (NAME-16bit, NAME-e4m3, ...)."""
     kv_len = shape[4]
     qs, outs, lens, table = data["qs"], data["outs"], data["lens"], data["table"]
 
-    def fd_build(ks, vs, scales_of):
+    def fd_build(ks, vs, scales_of, lib=fd, lib_handle=handle):
         def build():
             args = [
-                decode_args(fd, qs[i], ks[i], vs[i], outs[i], lens, table, scales_of(i)) for i in range(data["sets"])
+                decode_args(lib, qs[i], ks[i], vs[i], outs[i], lens, table, scales_of(i))
+                for i in range(data["sets"])
             ]
-            calls = flashdecode_calls(fd, handle, args)
-            calls.plan = fd.plan(handle, args[0])
+            calls = flashdecode_calls(lib, lib_handle, args)
+            calls.plan = lib.plan(lib_handle, args[0])
             return calls
 
         return build
@@ -426,6 +433,19 @@ def implementations(fd, handle, shape, data, anchor):
         rows.append(
             (f"fd-{fmt}" + ("-tok" if per_token else ""), fd_build(q8["k"], q8["v"], scales_of), refs[fmt, per_token])
         )
+    for base_name, base_fd, base_handle in bases:
+        rows.append(
+            (f"{base_name}-16bit", fd_build(data["k16"], data["v16"], lambda i: None, base_fd, base_handle), rows[0][2])
+        )
+        for (fmt, per_token), q8 in data["quant"].items():
+            if per_token:
+                continue
+
+            def base_scales_of(i, q8=q8):
+                return cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), False, data["paged"])
+
+            build = fd_build(q8["k"], q8["v"], base_scales_of, base_fd, base_handle)
+            rows.append((f"{base_name}-{fmt}", build, refs[fmt, False]))
     for tensor_cores in (True, False):
         name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
         if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:
@@ -446,7 +466,7 @@ def implementations(fd, handle, shape, data, anchor):
     return rows
 
 
-def run_shape(fd, handle, anchor, shape, dtype, args):
+def run_shape(fd, handle, anchor, shape, dtype, args, bases=()):
     sid, batch, q_heads, kv_heads, kv_len, d, kind = shape
     dtype_name = str(dtype).replace("torch.", "")
     data = make_inputs(shape, dtype, args.rotation_mib << 20)
@@ -456,8 +476,8 @@ def run_shape(fd, handle, anchor, shape, dtype, args):
     qo_bytes = 2 * batch * q_heads * d * elem
     bound = BOUNDS[dtype_name]
     results, timed = [], []
-    for name, build, ref in implementations(fd, handle, shape, data, anchor):
-        kv_elem = elem if name == "fd-16bit" else 1
+    for name, build, ref in implementations(fd, handle, shape, data, anchor, bases):
+        kv_elem = elem if name.endswith("-16bit") else 1
         row = {
             "impl": name,
             "shape_id": sid,
@@ -815,6 +835,13 @@ def main():
         help="q dtypes of the FlashInfer rows: the bundle prebuilds fp8 modules for float16 only; bfloat16 "
         "compiles 6 modules on first use (20-40 s each)",
     )
+    parser.add_argument(
+        "--base-lib",
+        action="append",
+        default=[],
+        help="NAME=PATH (or PATH: NAME base) of another build, timed in the same process as rows fd-NAME-16bit, "
+        "fd-NAME-e4m3, ... (A/B); repeatable",
+    )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -842,6 +869,10 @@ def main():
 
     fd = FlashDecode(args.lib)
     handle = fd.create_cuda_handle(torch.cuda.current_device())
+    bases = [
+        (name, base_fd, base_fd.create_cuda_handle(torch.cuda.current_device()))
+        for name, base_fd in base_libraries(args.base_lib)
+    ]
     props = torch.cuda.get_device_properties(0)
     anchor = FlashInferAnchor(args.fi_dir, args.fi_dtypes.split(",")) if "decode" in parts else None
     if anchor is not None and anchor.reason:
@@ -858,7 +889,7 @@ def main():
         dtype = getattr(torch, dtype_name)
         if "decode" in parts:
             for shape in shapes:
-                got = run_shape(fd, handle, anchor, shape, dtype, args)
+                got = run_shape(fd, handle, anchor, shape, dtype, args, bases)
                 rows.extend(got)
                 times = ", ".join(f"{r['impl']} {r['us']:.1f}" if "us" in r else f"{r['impl']} n/a" for r in got)
                 print(

@@ -92,6 +92,16 @@ class FlashDecode:
         return handle
 
 
+def base_libraries(specs):
+    """--base-lib NAME=PATH (or PATH, named base) of the A/B scripts: a list of
+    (row name "fd-NAME", FlashDecode) for other builds timed in the same process."""
+    bases = []
+    for spec in specs:
+        name, _, path = spec.rpartition("=")
+        bases.append(("fd-" + (name or "base"), FlashDecode(path)))
+    return bases
+
+
 def fd_tensor(t, order):
     """An fd_tensor over torch tensor t, its dimensions taken in `order`."""
     desc = FdTensor()

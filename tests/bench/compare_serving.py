@@ -90,6 +90,7 @@ from compare_quantized import measure  # noqa: E402
 from compare_sdpa import (  # noqa: E402
     FlashDecode,
     bandwidth_ceilings,
+    base_libraries,
     decode_args,
     flashdecode_calls,
     rel_error,
@@ -963,11 +964,10 @@ def main():
     handle = fd.create_cuda_handle(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     print(f"flashdecode {fd.version}, torch {torch.__version__}, {props.name}, {props.multi_processor_count} SMs")
-    bases = []
-    for spec in args.base_lib:
-        name, _, path = spec.rpartition("=")
-        base_fd = FlashDecode(path)
-        bases.append(("fd-" + (name or "base"), base_fd, base_fd.create_cuda_handle(torch.cuda.current_device())))
+    bases = [
+        (name, base_fd, base_fd.create_cuda_handle(torch.cuda.current_device()))
+        for name, base_fd in base_libraries(args.base_lib)
+    ]
     anchor = None if args.no_fi else FlashInfer(args.fi_dir)
     if anchor is not None and anchor.reason:
         print(f"FlashInfer rows n/a: {anchor.reason}")

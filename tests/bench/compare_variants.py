@@ -4,7 +4,7 @@
 
     python3 tests/bench/compare_variants.py --lib build-h200/src/libflashdecode.so.0 \
         [--parts qlen,window,logits,merge] [--dtypes float16,bfloat16] [--json out.json] \
-        [--base-lib [name=]path ...]
+        [--base-lib [name=]path ...] [--fi-dir .anchors/flashinfer] [--no-fi]
 
 Same method as compare_sdpa.py (whose helpers it uses): every implementation
 under CUDA graph replay in one process on the same inputs, K/V sets rotated
@@ -18,7 +18,12 @@ output checked against a float64 reference before it is timed. Parts:
   (is_causal would align the mask top-left, wrong for decode: the unmasked
   call does the same reads and is the anchor's best case), and SDPA with the
   explicit causal-offset mask (which FlashAttention-2 cannot take: another
-  backend runs it).
+  backend runs it); and FlashInfer 0.7.2's BatchPrefillWithPagedKVCacheWrapper
+  (fa2 backend, causal, which aligns the mask bottom-right as decode does:
+  what engines call for speculative steps), the dense caches seen as pages of
+  16 tokens (no copy), q as its [B * q_len, H, D] rows, planned once on the
+  host (row fi-prefill; n/a with the reason without the anchor bundle in
+  --fi-dir, see ../shared/anchors/flashinfer).
 - window: one sequence of 32 query / 8 KV heads, head_dim 128: a 4096-token
   sliding window over a 32768-token cache against a 4096-token cache (target:
   at most 1.1x), dense and through pages of 16 tokens.
@@ -47,11 +52,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_sdpa import (SHAPES, FlashDecode, bandwidth_ceilings, fd_tensor, flashdecode_calls,  # noqa: E402
-                          rel_error, time_graph)
+from compare_sdpa import (SHAPES, FlashDecode, bandwidth_ceilings, base_libraries, fd_tensor,  # noqa: E402
+                          flashdecode_calls, rel_error, time_graph)
 from flashdecode._library import FdDecodeArgs, FdMergeArgs, FdTensor  # noqa: E402
 
 FD_MASK_CAUSAL = 0
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+FI_PAGE = 16  # tokens a page of the dense caches as FlashInfer sees them
+FI_WORKSPACE = 128 << 20  # bytes of a FlashInfer wrapper's float workspace (its recommended size)
 ROTATION_BYTES = 1 << 30  # K/V sets rotated per timed call: far beyond the 60 MiB L2
 BOUNDS = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
@@ -111,8 +119,9 @@ def decode_args(fd, q, k, v, out, block_table=None, **variants):
 
 
 class Bench:
-    def __init__(self, fd, replays, rounds, bases=()):
+    def __init__(self, fd, replays, rounds, bases=(), flashinfer=None):
         self.fd, self.replays, self.rounds = fd, replays, rounds
+        self.flashinfer = flashinfer  # the anchor bundle's fi_adapter, or None
         self.handle = fd.create_cuda_handle(torch.cuda.current_device())
         # --base-lib: (row name, FlashDecode, handle) of other builds
         self.bases = [(name, base, base.create_cuda_handle(torch.cuda.current_device())) for name, base in bases]
@@ -156,6 +165,43 @@ def checked(calls, outs, ref, dtype, what):
     return err
 
 
+def load_flashinfer(fi_dir):
+    """The anchor bundle's fi_adapter (FlashInfer loaded), or the reason it is not there."""
+    try:
+        sys.path.insert(0, fi_dir)
+        import fi_adapter  # noqa: E402
+
+        fi_adapter._ensure_flashinfer()
+        return fi_adapter, None
+    except Exception as error:
+        return None, f"FlashInfer not loaded ({fi_dir}): {str(error).splitlines()[0][:100] if str(error) else error}"
+
+
+def fi_prefill_calls(adapter, qs, ks, vs, t):
+    """FlashInfer's causal batch prefill over dense [B, Hkv, N, D] caches seen
+    as pages of FI_PAGE tokens, planned once: (calls(), outputs as [B, Hq, T, D] views)."""
+    fi = adapter._ensure_flashinfer()
+    batch, hq, _, d = qs[0].shape
+    hkv, n = ks[0].shape[1], ks[0].shape[2]
+    kv_indptr, indices, last = adapter.dense_pages(batch, hkv, n, d, FI_PAGE, qs[0].device)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * t
+    pages = [(adapter.dense_view(k, FI_PAGE), adapter.dense_view(v, FI_PAGE)) for k, v in zip(ks, vs)]
+    rows_q = [q.transpose(1, 2).reshape(batch * t, hq, d).contiguous() for q in qs]
+    rows_out = [torch.empty_like(q) for q in rows_q]
+    workspace = torch.zeros(FI_WORKSPACE, dtype=torch.uint8, device="cuda")
+    wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="HND", backend="fa2")
+    wrapper.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, FI_PAGE, causal=True, sm_scale=1.0 / math.sqrt(d),
+                 q_data_type=qs[0].dtype, kv_data_type=ks[0].dtype)
+
+    def calls():
+        for q, kv, o in zip(rows_q, pages, rows_out):
+            wrapper.run(q, kv, out=o)
+        return len(rows_q)
+
+    calls.keep = (wrapper, workspace, kv_indptr, indices, last, qo_indptr)
+    return calls, [o.view(batch, t, hq, d).transpose(1, 2) for o in rows_out]
+
+
 def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
     for shape in [s for s in SHAPES if s[0] in (1, 2, 3)]:
         sid, batch, hq, hkv, n, d, _ = shape
@@ -191,6 +237,13 @@ def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
                 impls["sdpa-masked"] = masked
             except Exception as error:  # no backend takes it: reported, not timed
                 print(f"shape {sid} q_len {t}: SDPA with a mask did not run: {error}")
+            if bench.flashinfer is not None:
+                try:
+                    fi_calls, fi_outs = fi_prefill_calls(bench.flashinfer, qs, ks, vs, t)
+                    checked(fi_calls, fi_outs, reference(qs[0], ks[0], vs[0]), dtype, "FlashInfer prefill")
+                    impls["fi-prefill"] = fi_calls
+                except (Exception, SystemExit) as error:  # reported, not timed
+                    print(f"shape {sid} q_len {t}: FlashInfer prefill did not run: {str(error).splitlines()[0][:160]}")
             times = bench.time(impls)
             if t == 1:
                 base = times["flashdecode"]
@@ -351,16 +404,20 @@ def main():
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--fi-dir", default=os.path.join(ROOT, ".anchors", "flashinfer"),
+                        help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh) for the qlen part's fi-prefill rows")
+    parser.add_argument("--no-fi", action="store_true", help="skip the fi-prefill rows")
     parser.add_argument("--base-lib", action="append", default=[], metavar="[NAME=]PATH",
                         help="another build timed on the same inputs (qlen, logits): rows fd-NAME")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     fd = FlashDecode(args.lib)
-    bases = []
-    for spec in args.base_lib:
-        name, _, path = spec.rpartition("=")
-        bases.append(("fd-" + (name or "base"), FlashDecode(path)))
-    bench = Bench(fd, args.replays, args.rounds, bases)
+    flashinfer = None
+    if "qlen" in args.parts.split(",") and not args.no_fi:
+        flashinfer, reason = load_flashinfer(args.fi_dir)
+        if reason:
+            print(f"fi-prefill rows n/a: {reason}")
+    bench = Bench(fd, args.replays, args.rounds, base_libraries(args.base_lib), flashinfer)
     read_rate, copy_rate = bandwidth_ceilings()
     print(f"{fd.version} on {torch.cuda.get_device_name()}: read {read_rate / 1e12:.2f} TB/s, "
           f"copy {copy_rate / 1e12:.2f} TB/s")
