@@ -201,7 +201,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   if (!tensor_cores_take(p)) return choice;
   // 8-bit caches: one tensor-core kernel, standard tiles, for every shape
   // it takes (with one query row per KV head too: the CUDA-core kernel
-  // measured 3-8% slower there, docs/performance.md).
+  // measured no faster there, docs/performance.md).
   if (p.kv_quantized) {
     choice.variant = SplitVariant::tensor_core_8bit;
     return choice;

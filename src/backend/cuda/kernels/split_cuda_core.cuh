@@ -11,12 +11,13 @@
 // split a tile's tokens when the rows are few (MHA with one query token).
 //
 // Per tile of kTileTokens tokens (cp.async, kStages deep), each row takes
-// kTokensPerStep tokens at a time: kLanes-wide dot products reduced with
-// warp shuffles, one rescale of the running state per step, then the value
-// accumulation. At the end the token groups of a head are merged in a fixed
-// order (deterministic), and the result goes either straight to out/lse
-// (one split) or to the workspace as a partial state for the merge (fused:
-// the last CTA of a unit merges it; see fused_merge.cuh).
+// kTokensPerStep tokens at a time: kLanes-wide dot products reduce-scattered
+// over the row's lanes (ScatteredDots: each lane scores one token), one
+// rescale of the running state per step, then the value accumulation. At
+// the end the token groups of a head are merged in a fixed order
+// (deterministic), and the result goes either straight to out/lse (one
+// split) or to the workspace as a partial state for the merge (fused: the
+// last CTA of a unit merges it; see fused_merge.cuh).
 #pragma once
 
 #include <cstdint>
@@ -79,6 +80,67 @@ __device__ void load_query(const SplitParams &p, int64_t b, QueryRow row, int la
   for (int i = 0; i < kVector; ++i) q[i] = Element<T>::to_float(src[i]) * p.q_scale;
 }
 
+// How a row's lanes share a step's kTokens dot products. Each lane starts
+// with its partial sum of every token's; a reduce-scatter (each level keeps
+// half the tokens and sends the other half to the partner lane kLanes / 2,
+// kLanes / 4, ... away) and then a butterfly over the lanes left give each
+// lane the whole dot of one token. The score's transform (softcap, ALiBi,
+// masking) and its exponential then run once a token, not once a lane, and
+// take fewer shuffles than an all-reduce of every token.
+template <int kLanes, int kTokens>
+struct ScatteredDots {
+  static_assert(kTokens >= 1 && (kTokens & (kTokens - 1)) == 0 && kTokens <= kLanes, "tokens per step");
+
+  // The token whose dot `lane` ends with.
+  __device__ static int token_of(int lane) {
+    int token = 0;
+#pragma unroll
+    for (int half = kTokens / 2, offset = kLanes / 2; half > 0; half /= 2, offset /= 2) {
+      if (lane & offset) token += half;
+    }
+    return token;
+  }
+
+  // A lane (within the row) that ends with token `token`'s dot.
+  __device__ static constexpr int owner(int token) {
+    int lane = 0;
+    for (int half = kTokens / 2, offset = kLanes / 2; half > 0; half /= 2, offset /= 2) {
+      if (token & half) lane += offset;
+    }
+    return lane;
+  }
+
+  // dots: this lane's partial sums (overwritten); returns the whole dot of
+  // token_of(lane), the same in every lane that holds that token.
+  __device__ static float reduce(float (&dots)[kTokens], int lane) {
+#pragma unroll
+    for (int count = kTokens, offset = kLanes / 2; count > 1; count /= 2, offset /= 2) {
+      const bool upper = (lane & offset) != 0;
+#pragma unroll
+      for (int j = 0; j < count / 2; ++j) {
+        const float keep = upper ? dots[j + count / 2] : dots[j];
+        const float send = upper ? dots[j] : dots[j + count / 2];
+        dots[j] = keep + __shfl_xor_sync(0xffffffffu, send, offset, kLanes);
+      }
+    }
+    float dot = dots[0];
+#pragma unroll
+    for (int offset = kLanes / (2 * kTokens); offset > 0; offset /= 2) {
+      dot += __shfl_xor_sync(0xffffffffu, dot, offset, kLanes);
+    }
+    return dot;
+  }
+
+  // The largest of the kTokens values the row's lanes hold (NaN wins).
+  __device__ static float max(float value) {
+#pragma unroll
+    for (int offset = kLanes / 2; offset >= kLanes / kTokens; offset /= 2) {
+      value = max_nan(value, __shfl_xor_sync(0xffffffffu, value, offset, kLanes));
+    }
+    return value;
+  }
+};
+
 // One row's part of a tile: `steps` steps of kTokensPerStep tokens starting
 // at tile row first_token. Every lane of a warp runs the same number of steps
 // (the shuffles need the whole warp); tokens at or past `end` are masked, and
@@ -91,13 +153,15 @@ template <class T, class Traits, bool kVariants, int kFormat>
 __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector], SoftmaxState &state, int lane,
                             int first_token, int steps, int64_t tile_begin, int64_t end, int tile_key,
                             const RowScoring &scoring, bool with_k_scales, bool with_v_scales) {
+  using Dots = ScatteredDots<Traits::kLanes, Traits::kTokensPerStep>;
   const T *k_rows = reinterpret_cast<const T *>(stage);
   const T *v_rows = reinterpret_cast<const T *>(stage + Traits::kTileTokens * Traits::kRowBytes);
   [[maybe_unused]] const float *k_scales = reinterpret_cast<const float *>(stage + Traits::kScaleOffset);
   [[maybe_unused]] const float *v_scales = k_scales + Traits::kTileTokens;
+  const int my_token = Dots::token_of(lane);
   for (int step = 0; step < steps; ++step) {
     const int t0 = first_token + step * Traits::kTokensPerStep;
-    float score[Traits::kTokensPerStep];
+    float dots[Traits::kTokensPerStep];
 #pragma unroll
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float k[kVector];
@@ -106,36 +170,40 @@ __device__ void attend_tile(const unsigned char *stage, const float (&q)[kVector
       } else {
         Element<T>::to_float8(k_rows + (t0 + i) * Traits::kBucket + lane * kVector, k);
       }
-      float dot = 0.0f;
+      dots[i] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVector; ++j) dot = fmaf(q[j], k[j], dot);
-#pragma unroll
-      for (int offset = Traits::kLanes / 2; offset > 0; offset /= 2) {
-        dot += __shfl_xor_sync(0xffffffffu, dot, offset, Traits::kLanes);
-      }
-      if constexpr (Traits::kScales) {
-        if (with_k_scales) dot *= k_scales[t0 + i];
-      }
-      if constexpr (kVariants) {
-        score[i] = scoring.score(dot, tile_key + t0 + i);
-      } else {
-        score[i] = tile_begin + t0 + i < end ? dot : negative_infinity();
-      }
+      for (int j = 0; j < kVector; ++j) dots[i] = fmaf(q[j], k[j], dots[i]);
     }
-    float block_max = score[0];
+    const int t = t0 + my_token;
+    float dot = Dots::reduce(dots, lane);
+    if constexpr (Traits::kScales) {
+      if (with_k_scales) dot *= k_scales[t];
+    }
+    float score;
+    if constexpr (kVariants) {
+      score = scoring.score(dot, tile_key + t);
+    } else {
+      score = tile_begin + t < end ? dot : negative_infinity();
+    }
+    const bool live = state.rescale(Dots::max(score));
+    // Every lane shuffles (the row's lanes agree on live, the warp's rows
+    // need not); without a finite max the weights are unused.
+    const float mine = state.weight(score);
+    float weight[Traits::kTokensPerStep];
 #pragma unroll
-    for (int i = 1; i < Traits::kTokensPerStep; ++i) block_max = max_nan(block_max, score[i]);
-    if (!state.rescale(block_max)) continue;
+    for (int i = 0; i < Traits::kTokensPerStep; ++i) {
+      weight[i] = __shfl_sync(0xffffffffu, mine, Dots::owner(i), Traits::kLanes);
+    }
+    if (!live) continue;
 #pragma unroll
     for (int i = 0; i < Traits::kTokensPerStep; ++i) {
       float v[kVector];
       if constexpr (Traits::kScales) {
         dequantize8<kFormat>(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
-        const float weight = state.weight(score[i]);
-        state.add_scaled(weight, with_v_scales ? weight * v_scales[t0 + i] : weight, v);
+        state.add_scaled(weight[i], with_v_scales ? weight[i] * v_scales[t0 + i] : weight[i], v);
       } else {
         Element<T>::to_float8(v_rows + (t0 + i) * Traits::kBucket + lane * kVector, v);
-        state.add(state.weight(score[i]), v);  // masked tokens: weight 0, and their V is zero-filled
+        state.add(weight[i], v);  // masked tokens: weight 0, and their V is zero-filled
       }
     }
   }
