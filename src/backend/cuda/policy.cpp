@@ -178,7 +178,7 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
 }
 
 // Over 16 query rows a KV head (several query tokens x the GQA group, or a
-// group above 16): the rows kernel reads each K/V tile once for up to 64 of
+// group above 16): the rows kernel reads each K/V tile once for up to 32 of
 // them, where the standard tiles' chunks of 16 rows would each stream the
 // keys again; measured faster from 32 rows on (docs/performance.md, "Rows
 // kernel"). It scores through the variants (plain scoring is their special

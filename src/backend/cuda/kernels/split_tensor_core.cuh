@@ -79,9 +79,9 @@ namespace cuda {
 // standard tiles' chunks of 16 rows would each stream the keys again. The
 // warps form MTiles x kTokenGroups, each with all of head_dim (no d split,
 // whose warps would each compute the same S and softmax); a warp whose
-// m-tile holds no real row skips the tiles. Smaller tiles in more stages,
-// and above head_dim 64 the query read from shared memory at each k-step,
-// keep a warp's accumulators within the standard kernel's registers.
+// m-tile holds no real row skips the tiles. Warp tiles of the standard
+// kernel's tokens, and above head_dim 64 the query read from shared memory
+// at each k-step, keep a warp's accumulators within its registers.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
 template <class T, int Bucket, bool Wide = false, bool Quantized = false, int MTiles = 1>
@@ -109,7 +109,7 @@ struct MmaTraits {
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
   // Tokens per warp per tile.
   static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64; rows: 64, 32)
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64; rows: 128, 64)
   static constexpr int kRowBytes = Bucket * kElementBytes;        // K/V bytes of a row
   static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
   static constexpr int kQueryRowBytes = Bucket * static_cast<int>(sizeof(T));
@@ -118,7 +118,11 @@ struct MmaTraits {
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
   // 32 KiB (wide: 64 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
-  static constexpr int kStages = Quantized ? (kTokenWarps ? 2 : 4) : Wide ? 2 : MTiles > 1 ? 4 : FD_MMA_STAGES;
+  // Rows: a 64 KiB pipeline, which leaves room for two CTAs a multiprocessor.
+  static constexpr int kStages = Quantized    ? (kTokenWarps ? 2 : 4)
+                                 : Wide       ? 2
+                                 : MTiles > 1 ? 64 * 1024 / kScaleOffset
+                                              : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
   // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
