@@ -97,8 +97,8 @@ struct TensorCoreQuantizedFamily {
 // only the variants' scoring has) on kRowsMTiles m-tiles in one CTA
 // (MmaTraits' MTiles), 16-bit K/V up to head_dim 128. Two: 32 rows keep all
 // 8 warps busy (with four m-tiles half of them idled), and above 32 rows a
-// CTA per 32 reading the keys again measured faster than four m-tiles
-// sharing them (docs/performance.md, "Rows kernel").
+// CTA per 32 rows, each reading the keys, measured about as fast as four
+// m-tiles sharing them (docs/performance.md, "Rows kernel").
 constexpr int kRowsMTiles = 2;
 struct TensorCoreRowsFamily {
   static constexpr bool kQuantized = false;
