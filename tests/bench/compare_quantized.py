@@ -418,6 +418,9 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
             reference_of(data, shape, data["k16"][0], data["v16"][0]),
         )
     ]
+    def scales_for(q8, per_token):
+        return lambda i: cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), per_token, data["paged"])
+
     refs = {}
     for (fmt, per_token), q8 in data["quant"].items():
         refs[fmt, per_token] = reference_of(
@@ -426,26 +429,16 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
             dequantize(q8["k"][0], q8["k_scale"][0], per_token),
             dequantize(q8["v"][0], q8["v_scale"][0], per_token),
         )
-
-        def scales_of(i, q8=q8, per_token=per_token):
-            return cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), per_token, data["paged"])
-
-        rows.append(
-            (f"fd-{fmt}" + ("-tok" if per_token else ""), fd_build(q8["k"], q8["v"], scales_of), refs[fmt, per_token])
-        )
+        build = fd_build(q8["k"], q8["v"], scales_for(q8, per_token))
+        rows.append((f"fd-{fmt}" + ("-tok" if per_token else ""), build, refs[fmt, per_token]))
     for base_name, base_fd, base_handle in bases:
         rows.append(
             (f"{base_name}-16bit", fd_build(data["k16"], data["v16"], lambda i: None, base_fd, base_handle), rows[0][2])
         )
         for (fmt, per_token), q8 in data["quant"].items():
-            if per_token:
-                continue
-
-            def base_scales_of(i, q8=q8):
-                return cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), False, data["paged"])
-
-            build = fd_build(q8["k"], q8["v"], base_scales_of, base_fd, base_handle)
-            rows.append((f"{base_name}-{fmt}", build, refs[fmt, False]))
+            if not per_token:
+                build = fd_build(q8["k"], q8["v"], scales_for(q8, False), base_fd, base_handle)
+                rows.append((f"{base_name}-{fmt}", build, refs[fmt, False]))
     for tensor_cores in (True, False):
         name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
         if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:

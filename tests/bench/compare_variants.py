@@ -54,12 +54,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_sdpa import (SHAPES, FlashDecode, bandwidth_ceilings, base_libraries, fd_tensor,  # noqa: E402
                           flashdecode_calls, rel_error, time_graph)
+from compare_serving import FI_WORKSPACE, FlashInfer  # noqa: E402
 from flashdecode._library import FdDecodeArgs, FdMergeArgs, FdTensor  # noqa: E402
 
 FD_MASK_CAUSAL = 0
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FI_PAGE = 16  # tokens a page of the dense caches as FlashInfer sees them
-FI_WORKSPACE = 128 << 20  # bytes of a FlashInfer wrapper's float workspace (its recommended size)
 ROTATION_BYTES = 1 << 30  # K/V sets rotated per timed call: far beyond the 60 MiB L2
 BOUNDS = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
@@ -163,18 +163,6 @@ def checked(calls, outs, ref, dtype, what):
     if not err <= BOUNDS[dtype]:
         raise SystemExit(f"{what}: relative error {err:.3g} above {BOUNDS[dtype]:g}")
     return err
-
-
-def load_flashinfer(fi_dir):
-    """The anchor bundle's fi_adapter (FlashInfer loaded), or the reason it is not there."""
-    try:
-        sys.path.insert(0, fi_dir)
-        import fi_adapter  # noqa: E402
-
-        fi_adapter._ensure_flashinfer()
-        return fi_adapter, None
-    except Exception as error:
-        return None, f"FlashInfer not loaded ({fi_dir}): {str(error).splitlines()[0][:100] if str(error) else error}"
 
 
 def fi_prefill_calls(adapter, qs, ks, vs, t):
@@ -414,9 +402,15 @@ def main():
     fd = FlashDecode(args.lib)
     flashinfer = None
     if "qlen" in args.parts.split(",") and not args.no_fi:
-        flashinfer, reason = load_flashinfer(args.fi_dir)
-        if reason:
-            print(f"fi-prefill rows n/a: {reason}")
+        anchor = FlashInfer(args.fi_dir)  # puts the bundle on sys.path
+        if anchor.reason:
+            print(f"fi-prefill rows n/a: {anchor.reason}")
+        elif not os.path.isfile(os.path.join(args.fi_dir, "fi_adapter.py")):
+            print(f"fi-prefill rows n/a: they need the anchor bundle's fi_adapter.py in {args.fi_dir}")
+        else:
+            import fi_adapter  # noqa: E402
+
+            flashinfer = fi_adapter
     bench = Bench(fd, args.replays, args.rounds, base_libraries(args.base_lib), flashinfer)
     read_rate, copy_rate = bandwidth_ceilings()
     print(f"{fd.version} on {torch.cuda.get_device_name()}: read {read_rate / 1e12:.2f} TB/s, "

@@ -121,7 +121,7 @@ struct MmaTraits {
   // Rows: a 64 KiB pipeline, which leaves room for two CTAs a multiprocessor.
   static constexpr int kStages = Quantized    ? (kTokenWarps ? 2 : 4)
                                  : Wide       ? 2
-                                 : MTiles > 1 ? 64 * 1024 / kScaleOffset
+                                 : MTiles > 1 ? 64 * 1024 / kStageBytes
                                               : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // Paged caches with small pages: the block table entries of the tiles
