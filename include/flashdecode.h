@@ -896,8 +896,9 @@ typedef struct fd_plan_info {
    * The split kernel, as a static NUL-terminated string (never NULL, never
    * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
    * `"tensor-core-<bucket>"`, `"tensor-core-wide-<bucket>"`,
-   * `"tensor-core-rows-<bucket>"` (over 16 query rows a KV head: q_len x
-   * group) or `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"`
+   * `"tensor-core-rows-<bucket>"` / `"tensor-core-rows64-<bucket>"` (17-32
+   * / over 32 query rows a KV head: q_len x group) or
+   * `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"`
    * (8-bit caches) with the head_dim bucket (64, 128 or 256) whose code
    * runs. For logs: the names may change between versions.
    */

@@ -24,10 +24,11 @@ using namespace dispatch;  // NOLINT: the families and their templates (dispatch
 
 namespace dispatch {
 // The 8-bit families' row functions are instantiated in dispatch_8bit.cu,
-// the rows family's in dispatch_rows.cu.
+// the rows families' in dispatch_rows.cu.
 FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedFamily)
-FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<2>)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<4>)
 }  // namespace dispatch
 
 namespace {
@@ -42,8 +43,10 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
                                  "cuda-core-8bit-256"),
     row<TensorCoreQuantizedFamily>(SplitVariant::tensor_core_8bit, "tensor-core-8bit-64", "tensor-core-8bit-128",
                                    "tensor-core-8bit-256"),
-    row<TensorCoreRowsFamily>(SplitVariant::tensor_core_rows, "tensor-core-rows-64", "tensor-core-rows-128",
-                              "tensor-core-rows-256"),
+    row<TensorCoreRowsFamily<2>>(SplitVariant::tensor_core_rows, "tensor-core-rows-64", "tensor-core-rows-128",
+                                 "tensor-core-rows-256"),
+    row<TensorCoreRowsFamily<4>>(SplitVariant::tensor_core_rows64, "tensor-core-rows64-64", "tensor-core-rows64-128",
+                                 "tensor-core-rows64-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {

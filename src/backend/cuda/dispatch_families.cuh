@@ -94,12 +94,11 @@ struct TensorCoreQuantizedFamily {
 };
 
 // Query rows past 16 a KV head (several query tokens x the GQA group, which
-// only the variants' scoring has) on kRowsMTiles m-tiles in one CTA
-// (MmaTraits' MTiles), 16-bit K/V up to head_dim 128. Two: 32 rows keep all
-// 8 warps busy (with four m-tiles half of them idled), and above 32 rows a
-// CTA per 32 rows, each reading the keys, measured about as fast as four
-// m-tiles sharing them (docs/performance.md, "Rows kernel").
-constexpr int kRowsMTiles = 2;
+// only the variants' scoring has) on kMTiles m-tiles in one CTA (MmaTraits'
+// MTiles), 16-bit K/V up to head_dim 128: two m-tiles for up to 32 rows,
+// four (a warp per m-tile over whole tiles) above (docs/performance.md,
+// "Rows kernels").
+template <int kMTiles>
 struct TensorCoreRowsFamily {
   static constexpr bool kQuantized = false;
   template <class T>
@@ -110,8 +109,8 @@ struct TensorCoreRowsFamily {
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, false, false, kRowsMTiles>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, true, false, kRowsMTiles>;
+    using Traits = MmaTraits<T, kBucket, false, false, kMTiles>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, true, false, kMTiles>;
   };
 };
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The rows family's kernels and row functions (dispatch_families.cuh), in a
+// The rows families' kernels and row functions (dispatch_families.cuh), in a
 // translation unit of their own so that they compile in parallel with
 // dispatch.cu, which declares them extern and puts them in its table.
 #include "backend/cuda/dispatch_families.cuh"
@@ -8,7 +8,8 @@ namespace fd {
 namespace cuda {
 namespace dispatch {
 
-FD_FAMILY_FUNCTIONS(template, TensorCoreRowsFamily)
+FD_FAMILY_FUNCTIONS(template, TensorCoreRowsFamily<2>)
+FD_FAMILY_FUNCTIONS(template, TensorCoreRowsFamily<4>)
 
 }  // namespace dispatch
 }  // namespace cuda

@@ -66,7 +66,8 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 // than workers walking a dozen pieces each ("Balanced schedule").
 constexpr int64_t kBalancedMaxUnitWaves = 8;
 
-// Query rows a KV head above which the rows kernel runs (rows_kernel_takes).
+// Query rows a KV head above which the rows kernels run (rows_kernel_takes):
+// one m-tile's.
 #ifndef FD_ROWS_KERNEL_MIN_ROWS
 #define FD_ROWS_KERNEL_MIN_ROWS 16
 #endif
@@ -177,15 +178,29 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   return choice;
 }
 
+// The rows kernels, built only with the variants' scoring.
+bool is_rows_variant(SplitVariant variant) {
+  return variant == SplitVariant::tensor_core_rows || variant == SplitVariant::tensor_core_rows64;
+}
+
 // Over 16 query rows a KV head (several query tokens x the GQA group, or a
-// group above 16): the rows kernel reads each K/V tile once for up to 32 of
-// them, where the standard tiles' chunks of 16 rows would each stream the
-// keys again; measured faster from 32 rows on (docs/performance.md, "Rows
-// kernel"). It scores through the variants (plain scoring is their special
-// case), and depends on no batch field.
-bool rows_kernel_takes(const Problem &p, const DeviceProfile &device) {
-  return p.rows_per_kv_head() > kRowsKernelMinRows &&
-         device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0;
+// group above 16): the rows kernels read each K/V tile once for up to 32
+// (two m-tiles) or, above 32 rows, 64 of them (four), where the standard
+// tiles' chunks of 16 rows would each stream the keys again
+// (docs/performance.md, "Rows kernels"). They score through the variants
+// (plain scoring is their special case) and depend on no batch field.
+// Returns whether one takes p, and which.
+bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, SplitVariant &variant) {
+  const int bucket = head_dim_bucket(p.head_dim);
+  if (p.rows_per_kv_head() <= kRowsKernelMinRows ||
+      device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, bucket) == 0) {
+    return false;
+  }
+  const bool above_two_tiles = p.rows_per_kv_head() > shape_of(p, SplitVariant::tensor_core_rows).rows;
+  variant = above_two_tiles && device.occupancy.ctas(SplitVariant::tensor_core_rows64, p.kv_dtype, bucket) > 0
+                ? SplitVariant::tensor_core_rows64
+                : SplitVariant::tensor_core_rows;
+  return true;
 }
 
 // Which split kernel a problem is planned for, from PlanKey fields alone.
@@ -207,10 +222,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
     return choice;
   }
   choice.variant = SplitVariant::tensor_core;
-  if (rows_kernel_takes(p, device)) {
-    choice.variant = SplitVariant::tensor_core_rows;
-    return choice;
-  }
+  if (rows_kernel_takes(p, device, choice.variant)) return choice;
   if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
     const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
@@ -343,7 +355,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = fallback_variant(p);
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
-  launch.variant_scores = needs_variant_scores(p) || launch.variant == SplitVariant::tensor_core_rows;
+  launch.variant_scores = needs_variant_scores(p) || is_rows_variant(launch.variant);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
   // Balanced where every unit has a merge counter (plan_decode sized the
   // slots for this variant) and the units are few waves.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Phase 1 on tensor cores, for 16-bit K/V with a 16-bit output: one CTA per
-// (chunk of up to 16 query rows of a KV head, KV head, split, sequence).
+// (chunk of up to 16 query rows of a KV head, or 32 or 64 for the rows
+// kernels, KV head, split, sequence).
 //
 // The query rows (query tokens x GQA group, prims/query_rows.cuh) are the M
 // dimension of mma.sync m16n8k16 (16 row slots; slots past the chunk hold
@@ -74,14 +75,20 @@ namespace cuda {
 // tile's per-token scales, K's then V's.
 //
 // Rows (MTiles > 1): a KV head's query rows past 16 (several query tokens x
-// the GQA group) on MTiles m-tiles of 16 rows in one CTA, warps along M, so
-// that up to 16 x MTiles rows share every K/V tile the CTA reads; the
-// standard tiles' chunks of 16 rows would each stream the keys again. The
-// warps form MTiles x kTokenGroups, each with all of head_dim (no d split,
-// whose warps would each compute the same S and softmax); a warp whose
-// m-tile holds no real row skips the tiles. Warp tiles of the standard
-// kernel's tokens, and above head_dim 64 the query read from shared memory
-// at each k-step, keep a warp's accumulators within its registers.
+// the GQA group) on MTiles m-tiles of 16 rows in one CTA, so that up to
+// 16 x MTiles rows share every K/V tile the CTA reads; the standard tiles'
+// chunks of 16 rows would each stream the keys again. Each warp takes all
+// of head_dim (a d split's warps would each compute the same S and
+// softmax), and a warp whose m-tile holds no real row skips the tiles. Two
+// layouts (docs/performance.md, "Rows kernels"):
+// - two m-tiles (up to 32 rows): four warps along each m-tile's tokens, 16
+//   a warp (32 at head_dim 64), which keeps all 8 warps busy;
+// - four m-tiles (up to 64 rows, kWholeTiles): a warp per m-tile over the
+//   whole 64-token tile, which needs no token groups to merge and issues
+//   fewer instructions per MMA: at 64 rows the kernel is bound by them.
+// Above head_dim 64 (and always with whole tiles) the query is read from
+// shared memory at each k-step, which leaves the registers to the
+// accumulators.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
 template <class T, int Bucket, bool Wide = false, bool Quantized = false, int MTiles = 1>
@@ -97,18 +104,22 @@ struct MmaTraits {
   // d split, whose warps would each dequantize and score the same keys:
   // these kernels are bound by instructions, not bytes).
   static constexpr bool kTokenWarps = Quantized && Bucket <= 128;
-  // Warps along head_dim for P V (S is computed by each). Rows: one, so no
-  // warp repeats another's S and softmax; above head_dim 64 the query then
-  // stays in shared memory (kQueryFromSmem), which frees the registers the
-  // whole row's accumulators need.
+  static constexpr bool kWholeTiles = MTiles >= 4;
+  // Warps along head_dim for P V (S is computed by each); rows: none.
   static constexpr int kDSplits = kTokenWarps || MTiles > 1 ? 1 : 2;
-  static constexpr bool kQueryFromSmem = MTiles > 1 && Bucket > 64;
-  static constexpr int kTokenGroups =
-      kTokenWarps ? 8 : (Wide || Bucket != 256 ? 8 : 4) / (MTiles * kDSplits);  // warps along a tile's tokens
+  static constexpr bool kQueryFromSmem = MTiles > 1 && (kWholeTiles || Bucket > 64);
+  static constexpr int kTokenGroups =  // warps along a tile's tokens
+      kTokenWarps   ? 8
+      : kWholeTiles ? 1
+                    : (Wide || Bucket != 256 ? 8 : 4) / (MTiles * kDSplits);
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
-  static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256)
+  static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256; rows: 256, whole tiles 128)
   // Tokens per warp per tile.
-  static constexpr int kWarpTokens = Wide ? (Bucket == 64 ? 64 : Bucket == 128 ? 32 : 16) : (Bucket == 64 ? 32 : 16);
+  static constexpr int kWarpTokens = kWholeTiles ? 64
+                                     : Wide      ? (Bucket == 64    ? 64
+                                                    : Bucket == 128 ? 32
+                                                                    : 16)
+                                                 : (Bucket == 64 ? 32 : 16);
   static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64; rows: 128, 64)
   static constexpr int kRowBytes = Bucket * kElementBytes;        // K/V bytes of a row
   static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
@@ -155,7 +166,8 @@ struct MmaTraits {
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
-  // 128 bucket is near that limit: read -Xptxas -v after each edit for spills).
+  // 128 bucket is near that limit: read -Xptxas -v after each edit for
+  // spills); whole-tile rows: two of 128 threads, about 230 registers.
   static constexpr int kMinBlocks = Wide ? 1 : 2;
   // P = exp2(score - max) is scaled by 2^kProbabilityShift before it is
   // rounded to 16 bits for P V: fp16 keeps full precision only down to 2^-14,
@@ -299,21 +311,20 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   } else {
 #pragma unroll
     for (int kk = 0; kk < Traits::kDSteps; ++kk) {
+      uint32_t a[4];
+      if constexpr (Traits::kQueryFromSmem) {
+        ldmatrix_x4(a, query_tile + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
+      }
 #pragma unroll
       for (int j = 0; j < Traits::kSTiles / 2; ++j) {
         uint32_t kb[4];
         ldmatrix_x4(
             kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
-        if constexpr (Traits::kQueryFromSmem) {
-          uint32_t a[4];
-          ldmatrix_x4(a,
-                      query_tile + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
-          Mma<T>::run(s_chain[kk % kChains][2 * j], a, kb[0], kb[1]);
-          Mma<T>::run(s_chain[kk % kChains][2 * j + 1], a, kb[2], kb[3]);
-        } else {
-          Mma<T>::run(s_chain[kk % kChains][2 * j], qf[kk], kb[0], kb[1]);
-          Mma<T>::run(s_chain[kk % kChains][2 * j + 1], qf[kk], kb[2], kb[3]);
-        }
+        Mma<T>::run(s_chain[kk % kChains][2 * j], a, kb[0], kb[1]);
+        Mma<T>::run(s_chain[kk % kChains][2 * j + 1], a, kb[2], kb[3]);
       }
     }
   }
@@ -346,13 +357,19 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
   [[maybe_unused]] const bool inside = kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
                                        warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
+  // Inside with neither a softcap nor ALiBi (a causal speculative step):
+  // scores are only scaled, without the per-score tests of transform().
+  [[maybe_unused]] const bool inside_plain = inside && scoring[0].plain() && scoring[1].plain();
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       if constexpr (kVariants) {
         const int key = warp_key + n * 8 + quad_lane * 2 + e;
-        if (inside) {
+        if (inside_plain) {
+#pragma unroll
+          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] *= q_scale;
+        } else if (inside) {
 #pragma unroll
           for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = scoring[r].transform(s[n][2 * r + e] * q_scale, key);
         } else {
@@ -380,12 +397,19 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     m[r] = m_new;
     l[r] *= alpha[r];
   }
+  // The rows kernel, bound by instructions: once the running maxima settle,
+  // most tiles leave every alpha of the warp at exactly 1 and skip the
+  // rescale of the accumulators (a product by 1 is exact: same results).
+  const bool rescale =
+      Traits::kMTiles == 1 || !__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[kRowsHere - 1] == 1.0f);
+  if (rescale) {
 #pragma unroll
-  for (int t = 0; t < Traits::kOTiles; ++t) {
+    for (int t = 0; t < Traits::kOTiles; ++t) {
 #pragma unroll
-    for (int r = 0; r < kRowsHere; ++r) {
-      o[t][2 * r] *= alpha[r];
-      o[t][2 * r + 1] *= alpha[r];
+      for (int r = 0; r < kRowsHere; ++r) {
+        o[t][2 * r] *= alpha[r];
+        o[t][2 * r + 1] *= alpha[r];
+      }
     }
   }
 #pragma unroll

@@ -102,6 +102,8 @@ struct RowScoring {
     if (softcap2 > 0.0f) s2 = softcapped(s2, softcap2, softcap_exp);
     return slope2 != 0.0f ? fmaf(slope2, static_cast<float>(key - position), s2) : s2;
   }
+  // Neither a softcap nor ALiBi: transform() only returns its score.
+  __device__ __forceinline__ bool plain() const { return softcap2 <= 0.0f && slope2 == 0.0f; }
   __device__ __forceinline__ bool sees(int key) const { return key >= begin && key < end; }
   // transform() of a key the row sees, else -inf (masked).
   __device__ __forceinline__ float score(float s2, int key) const {
