@@ -163,7 +163,8 @@ typedef enum fd_status {
                                           must be 1), strides place an element beyond 64-bit offsets or the
                                           address space, or an output's strides make its elements share memory. */
   FD_ERROR_INVALID_LENGTH = 8,       /**< A length or extent is out of range; with #FD_CHECK_CONTENTS, a
-                                          seq_lens entry outside [0, kv_capacity]. */
+                                          seq_lens entry outside [0, kv_capacity] or a q_lens entry outside
+                                          [0, q_len]. */
   FD_ERROR_INVALID_BLOCK_TABLE = 9,  /**< With #FD_CHECK_CONTENTS: a block table entry that a sequence uses points
                                           outside the page pool. */
   FD_ERROR_INVALID_SPLITS = 10,      /**< num_splits or split_tokens is negative, both are set, or the split count
@@ -495,7 +496,8 @@ typedef enum fd_attention_mask {
  * Lengths and block tables. Their contents are not validated by default
  * (a CUDA backend would have to synchronise to read them), and both backends
  * treat them alike:
- * - each seq_lens entry is clamped to [0, kv_capacity];
+ * - each seq_lens entry is clamped to [0, kv_capacity], each q_lens entry
+ *   to [0, q_len];
  * - the block-table entries a sequence's tokens use (the first
  *   ceil(len / page_size) of its row) must be in [0, num_pages); the rest
  *   are never read and may hold anything. A used entry outside the pool is
@@ -548,6 +550,19 @@ typedef enum fd_attention_mask {
  * every cache layout, dtype, GQA ratio, split and merge mode, with batch
  * invariance and under CUDA graph capture (slopes and sinks are read on the
  * device at run time, so a graph replays with their current values).
+ *
+ * Ragged query lengths (since 0.3). With `q_lens` (`[batch]`, #FD_DTYPE_I32)
+ * sequence b has its own number of query tokens, `q_lens[b]` of q's q_len
+ * (speculative steps with a different number of drafts per sequence): its
+ * tokens are `q[b, 0 .. q_lens[b])`, token i at position
+ * `L - q_lens[b] + i`, and everything above holds with q_lens[b] for q_len.
+ * The tokens past q_lens[b] are padding: they are never read from q (they
+ * may hold anything, NaN included) and get zeros and LSE -inf (LSE sink[h]
+ * with sinks), as a query token that sees no key. Entries are clamped to
+ * [0, q_len] and checked like the lengths (#FD_CHECK_CONTENTS:
+ * #FD_ERROR_INVALID_LENGTH); they are read on the device at run time, so a
+ * captured graph replays with their current values. The plan (kernel,
+ * splits, workspace) follows q_len, the largest count.
  *
  * Quantized caches (since 0.3). k and v may both be #FD_DTYPE_E4M3,
  * #FD_DTYPE_E5M2 or #FD_DTYPE_I8 (the same one) with q and out as
@@ -606,6 +621,9 @@ typedef struct fd_decode_args {
                                `[batch, kv_capacity, kv_heads]` (dense) or `[num_pages, page_size, kv_heads]`
                                (paged), strides of 0 broadcast (see "Quantized caches" above). */
   fd_tensor v_scale;      /**< Since 0.3: optional dequantization scales of an 8-bit @p v, as @p k_scale. */
+  fd_tensor q_lens;       /**< Since 0.3: optional per-sequence query token counts, `[batch]`, #FD_DTYPE_I32, in
+                               the memory of the other inputs (data NULL: every sequence has q_len). See
+                               "Ragged query lengths" above. */
 } fd_decode_args;
 
 /**
@@ -671,8 +689,9 @@ FD_API fd_status fd_decode(fd_handle *handle, const fd_decode_args *args, fd_cud
  * For handles created with #FD_CHECK_CONTENTS (see "Lengths and block
  * tables" at #fd_decode_args). On the CUDA backend the checks run on the
  * device: this synchronises @p stream, and if a decode on this handle has
- * found a seq_lens entry outside [0, kv_capacity] or a used block-table
- * entry outside the page pool since the last report, returns the status
+ * found a seq_lens entry outside [0, kv_capacity], a q_lens entry outside
+ * [0, q_len] or a used block-table entry outside the page pool since the
+ * last report, returns the status
  * fd_decode() would have (#FD_ERROR_INVALID_LENGTH or
  * #FD_ERROR_INVALID_BLOCK_TABLE) with a message naming the first bad
  * element, and clears the report. On the CPU backend fd_decode() itself

@@ -206,6 +206,7 @@ func TestWithoutThe03Header(t *testing.T) {
 			a.KScale = flashdecode.ScalePerTensor(slopes, 1, 100, 2, 64)
 		}},
 		{"DecodeArgs.VScale", func(a *flashdecode.DecodeArgs) { a.VScale = flashdecode.ScalePerHead(slopes, 1, 100, 2, 64) }},
+		{"DecodeArgs.QLens", func(a *flashdecode.DecodeArgs) { a.QLens = flashdecode.Int32([]int32{1}, 1) }},
 		{"an 8-bit cache", func(a *flashdecode.DecodeArgs) {
 			cache := make([]int8, 100*2*64)
 			a.K, a.V = flashdecode.Int8(cache, 1, 100, 2, 64), flashdecode.Int8(cache, 1, 100, 2, 64)

@@ -23,6 +23,7 @@
 // later) and needs a library at least as new at run time. Built against a
 // 0.2 header it has no 0.3 features: Options.CheckContents,
 // DecodeArgs.SplitTokens, the attention variants of DecodeArgs,
+// DecodeArgs.QLens,
 // Handle.CheckContents and Handle.MergeStates then fail with
 // ErrUnsupported, naming the version they need.
 //
@@ -66,6 +67,8 @@ static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_sca
   args->k_scale.data = k_scale;
   args->v_scale.data = v_scale;
 }
+static void fdgo_set_q_lens(fd_decode_args *args, fd_tensor q_lens) { args->q_lens = q_lens; }
+static void fdgo_set_q_lens_data(fd_decode_args *args, void *q_lens) { args->q_lens.data = q_lens; }
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   return fd_check_contents(handle, (fd_cuda_stream)stream);
 }
@@ -86,6 +89,8 @@ static void fdgo_set_scales(fd_decode_args *args, fd_tensor k_scale, fd_tensor v
 static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_scale) {
   (void)args; (void)k_scale; (void)v_scale;
 }
+static void fdgo_set_q_lens(fd_decode_args *args, fd_tensor q_lens) { (void)args; (void)q_lens; }
+static void fdgo_set_q_lens_data(fd_decode_args *args, void *q_lens) { (void)args; (void)q_lens; }
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   (void)handle;
   (void)stream;
@@ -99,8 +104,8 @@ static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
 // info) instead of decoding.
 static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, void *k, void *v, void *out,
                              void *lse, void *seq_lens, void *block_table, void *alibi_slopes, void *sinks,
-                             void *k_scale, void *v_scale, uintptr_t stream, int mode, size_t *bytes,
-                             fd_plan_info *info) {
+                             void *k_scale, void *v_scale, void *q_lens, uintptr_t stream, int mode,
+                             size_t *bytes, fd_plan_info *info) {
   args.q.data = q;
   args.k.data = k;
   args.v.data = v;
@@ -110,6 +115,7 @@ static fd_status fdgo_decode(fd_handle *handle, fd_decode_args args, void *q, vo
   args.block_table.data = block_table;
   fdgo_set_variant_data(&args, alibi_slopes, sinks);
   fdgo_set_scale_data(&args, k_scale, v_scale);
+  fdgo_set_q_lens_data(&args, q_lens);
   if (mode == FDGO_WORKSPACE_SIZE) return fd_workspace_size(handle, &args, bytes);
   if (mode == FDGO_DESCRIBE_PLAN) return fd_describe_plan(handle, &args, info);
   return fd_decode(handle, &args, (fd_cuda_stream)stream);
@@ -194,6 +200,12 @@ func setSplitTokens(raw *C.fd_decode_args, tokens int) {
 // without their data pointers.
 func setScales(raw *C.fd_decode_args, kScale, vScale C.fd_tensor) {
 	C.fdgo_set_scales(raw, kScale, vScale)
+}
+
+// setQLens sets fd_decode_args.q_lens (a 0.3 header's field), without its
+// data pointer.
+func setQLens(raw *C.fd_decode_args, qLens C.fd_tensor) {
+	C.fdgo_set_q_lens(raw, qLens)
 }
 
 // setVariants sets the attention variants' fields of fd_decode_args (a 0.3
@@ -459,7 +471,7 @@ func (h *Handle) run(args *DecodeArgs, stream uintptr, mode C.int, info *C.fd_pl
 	err = h.locked(func(handle *C.fd_handle) C.fd_status {
 		return C.fdgo_decode(handle, raw, args.Q.data(), args.K.data(), args.V.data(), args.Out.data(), args.LSE.data(),
 			args.SeqLens.data(), args.BlockTable.data(), args.AlibiSlopes.data(), args.Sinks.data(), args.KScale.data(),
-			args.VScale.data(), C.uintptr_t(stream), mode, &bytes, info)
+			args.VScale.data(), args.QLens.data(), C.uintptr_t(stream), mode, &bytes, info)
 	})
 	runtime.KeepAlive(args)
 	return int(bytes), err

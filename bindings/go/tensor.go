@@ -233,6 +233,8 @@ const (
 //     [batch, max_pages], Int32Type.
 //   - AlibiSlopes, Sinks (optional): [q_heads], Float32Type, in the memory
 //     of the other tensors.
+//   - QLens (optional): [batch], Int32Type, in the memory of the other
+//     tensors.
 //
 // Q heads must be a multiple of KV heads (grouped-query attention).
 //
@@ -283,6 +285,15 @@ type DecodeArgs struct {
 	// ScalePerHead, ScalePerToken. Absent: 1. On a 16- or 32-bit cache they
 	// fail with ErrInvalidDType.
 	KScale, VScale Tensor
+	// QLens (optional, since 0.3) are ragged query lengths: [batch],
+	// Int32Type, each sequence's own number of query tokens out of Q's
+	// q_len (absent: every sequence has q_len). Sequence b's tokens are
+	// Q[b, 0 .. QLens[b]), token i at position L - QLens[b] + i. The tokens
+	// past QLens[b] are padding: never read from Q (they may hold NaN), they
+	// get zeros and LSE -inf (sink[h] with Sinks), as a query token that
+	// sees no key. Entries are clamped to [0, q_len]; with
+	// Options.CheckContents one outside fails with ErrInvalidLength.
+	QLens Tensor
 }
 
 func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, error) {
@@ -308,6 +319,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 		{"DecodeArgs.LogitSoftcap", a.LogitSoftcap != 0}, {"DecodeArgs.AlibiSlopes", a.AlibiSlopes.present()},
 		{"DecodeArgs.Sinks", a.Sinks.present()}, {"DecodeArgs.KScale", a.KScale.present()},
 		{"DecodeArgs.VScale", a.VScale.present()}, {"an 8-bit cache", a.K.dtype.Is8Bit() || a.V.dtype.Is8Bit()},
+		{"DecodeArgs.QLens", a.QLens.present()},
 	} {
 		if variant.set {
 			if err := require03(variant.name); err != nil {
@@ -318,8 +330,8 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	if int(C.int(a.Mask)) != int(a.Mask) {
 		return raw, refuse(ErrInvalidArgument, fmt.Sprintf("mask %d does not fit in a C int", a.Mask))
 	}
-	// The slopes and sinks are described here, and set with the scalar variants below.
-	var slopes, sinks, kScale, vScale C.fd_tensor
+	// The 0.3 fields are described here, and set below where the header has them.
+	var slopes, sinks, kScale, vScale, qLens C.fd_tensor
 	roles := []struct {
 		name   string
 		tensor Tensor
@@ -328,7 +340,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 		{"q", a.Q, &raw.q}, {"k", a.K, &raw.k}, {"v", a.V, &raw.v}, {"out", a.Out, &raw.out},
 		{"lse", a.LSE, &raw.lse}, {"seq_lens", a.SeqLens, &raw.seq_lens}, {"block_table", a.BlockTable, &raw.block_table},
 		{"alibi_slopes", a.AlibiSlopes, &slopes}, {"sinks", a.Sinks, &sinks},
-		{"k_scale", a.KScale, &kScale}, {"v_scale", a.VScale, &vScale},
+		{"k_scale", a.KScale, &kScale}, {"v_scale", a.VScale, &vScale}, {"q_lens", a.QLens, &qLens},
 	}
 	for _, role := range roles {
 		if !role.tensor.present() {
@@ -346,6 +358,7 @@ func (a *DecodeArgs) describe(onDevice bool, device int) (C.fd_decode_args, erro
 	if HeaderHas03 {
 		setVariants(&raw, a.Mask, a.LogitSoftcap, a.WindowLeft, slopes, sinks)
 		setScales(&raw, kScale, vScale)
+		setQLens(&raw, qLens)
 	}
 	return raw, nil
 }

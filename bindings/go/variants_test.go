@@ -11,8 +11,8 @@ import (
 )
 
 // The attention variants of 0.3 on the CPU backend: several query tokens per
-// sequence, causal or not, sliding windows, logit softcaps, ALiBi and
-// attention sinks, alone and together, with GQA, ragged lengths, paged caches
+// sequence, causal or not, ragged query lengths, sliding windows, logit
+// softcaps, ALiBi and attention sinks, alone and together, with GQA, ragged lengths, paged caches
 // and every dtype, against a float64 reference written here from the
 // header's definition ("Attention variants" in flashdecode.h).
 
@@ -24,6 +24,7 @@ type variants struct {
 	slopes  []float32
 	sinks   []float32
 	scale   float64 // 0: 1/sqrt(head_dim)
+	qLens   []int32 // QLens (nil: not set)
 }
 
 // apply sets the variants on args.
@@ -38,6 +39,24 @@ func (o variants) apply(args *flashdecode.DecodeArgs) {
 	if o.sinks != nil {
 		args.Sinks = flashdecode.Float32(o.sinks, int64(len(o.sinks)))
 	}
+	if o.qLens != nil {
+		args.QLens = flashdecode.Int32(o.qLens, int64(len(o.qLens)))
+	}
+}
+
+// tokens is sequence b's query token count: its QLens entry clamped to [0, qLen], else qLen.
+func (o variants) tokens(b, qLen int) int {
+	if o.qLens == nil {
+		return qLen
+	}
+	n := int(o.qLens[b])
+	if n < 0 {
+		return 0
+	}
+	if n > qLen {
+		return qLen
+	}
+	return n
 }
 
 // sizes of a problem: q [batch, qLen, heads, dim], k and v [batch, kvLen, kvHeads, dim] (NHD).
@@ -54,8 +73,9 @@ func (s sizes) qCount() int       { return s.batch * s.qLen * s.heads * s.dim }
 func (s sizes) kvCount() int      { return s.batch * s.kvLen * s.kvHeads * s.dim }
 
 // reference computes the attention of every query token in float64, from the
-// definition: token t of a sequence of length L sits at pos = L - qLen + t;
-// key j is seen if j < L, j <= pos unless full, pos - j < W with a window;
+// definition: token t of a sequence of length L with n query tokens (its
+// QLens entry, else qLen) sits at pos = L - n + t, and the tokens t >= n are
+// padding, never read (zeros, LSE -inf or the sink); key j is seen if j < L, j <= pos unless full, pos - j < W with a window;
 // its score is scale*q.k, capped, plus slope*(j - pos); exp(sink) joins the
 // denominator. It returns out [b][t][h][d] and lse [b][t][h].
 func (s sizes) reference(q, k, v []float64, lens []int, o variants) ([]float64, []float64) {
@@ -67,8 +87,13 @@ func (s sizes) reference(q, k, v []float64, lens []int, o variants) ([]float64, 
 	out := make([]float64, s.qCount())
 	lse := make([]float64, s.batch*s.qLen*s.heads)
 	for b := 0; b < s.batch; b++ {
+		tokens := o.tokens(b, s.qLen)
 		for t := 0; t < s.qLen; t++ {
-			pos := lens[b] - s.qLen + t
+			pos := lens[b] - tokens + t
+			keys := lens[b]
+			if t >= tokens {
+				keys = 0 // padding sees no key
+			}
 			for h := 0; h < s.heads; h++ {
 				g, row := h/group, (b*s.qLen+t)*s.heads+h
 				type key struct {
@@ -76,7 +101,7 @@ func (s sizes) reference(q, k, v []float64, lens []int, o variants) ([]float64, 
 					score float64
 				}
 				var seen []key
-				for j := 0; j < lens[b]; j++ {
+				for j := 0; j < keys; j++ {
 					if (!o.full && j > pos) || (o.window > 0 && pos-j >= o.window) {
 						continue
 					}
@@ -156,6 +181,13 @@ func ints(lens []int32) []int {
 func checkF32(t *testing.T, handle *flashdecode.Handle, s sizes, seed uint64, lens []int32, o variants, splits int) []float32 {
 	t.Helper()
 	q, k, v := values(s.qCount(), seed), values(s.kvCount(), seed+1), values(s.kvCount(), seed+2)
+	// The padding tokens of ragged query lengths are never read: NaN there would show.
+	row := s.heads * s.dim
+	for b := 0; b < s.batch; b++ {
+		for i := (b*s.qLen + o.tokens(b, s.qLen)) * row; i < (b+1)*s.qLen*row; i++ {
+			q[i] = float32(math.NaN())
+		}
+	}
 	out, lse := make([]float32, len(q)), make([]float32, s.batch*s.qLen*s.heads)
 	args := flashdecode.DecodeArgs{
 		Q: flashdecode.Float32(q, s.qShape()...), K: flashdecode.Float32(k, s.kvShape()...),
@@ -242,6 +274,103 @@ func TestSoftcapAlibiAndSinks(t *testing.T) {
 		if math.Abs(float64(x-sinks[i%8])) > 1e-6 {
 			t.Fatalf("lse[%d] = %g, the sink is %g", i, x, sinks[i%8])
 		}
+	}
+}
+
+// Ragged query lengths: each sequence its own number of query tokens (none,
+// all, some; more than it has keys; entries outside [0, q_len] clamped),
+// causal and not, split and not, alone and with the other variants; the
+// padding tokens of Q are NaN and never read, and get zeros and LSE -inf (the
+// sink with sinks).
+func TestRaggedQueryLengths(t *testing.T) {
+	needs03(t)
+	handle := cpuHandle(t)
+	s := sizes{batch: 6, qLen: 6, heads: 8, kvHeads: 2, kvLen: 50, dim: 32}
+	lens := []int32{50, 40, 3, 0, 25, 50}
+	slopes, sinks := make([]float32, 8), make([]float32, 8)
+	for h := range slopes {
+		slopes[h], sinks[h] = 0.03*float32(h+1), float32(h)*0.25-1
+	}
+	for _, qLens := range [][]int32{
+		{6, 0, 4, 2, 1, 3},  // full, none, more tokens than keys, an empty sequence, one, some
+		{6, 6, 6, 6, 6, 6},  // every sequence all of q_len: as without QLens
+		{9, -3, 0, 6, 2, 5}, // clamped to [0, 6]
+	} {
+		t.Run(fmt.Sprint(qLens), func(t *testing.T) {
+			for _, full := range []bool{false, true} {
+				o := variants{full: full, qLens: qLens}
+				checkF32(t, handle, s, 70, lens, o, 0)
+				checkF32(t, handle, s, 70, lens, o, 4)
+			}
+			together := variants{window: 9, softcap: 4, slopes: slopes, sinks: sinks, qLens: qLens}
+			out := checkF32(t, handle, s, 71, lens, together, 3)
+			// Padding with sinks: zeros (checkF32 checked its LSE against the sinks).
+			row := s.heads * s.dim
+			for b := 0; b < s.batch; b++ {
+				for i := (b*s.qLen + together.tokens(b, s.qLen)) * row; i < (b+1)*s.qLen*row; i++ {
+					if out[i] != 0 {
+						t.Fatalf("sequence %d: padding out[%d] = %g", b, i, out[i])
+					}
+				}
+			}
+		})
+	}
+}
+
+// A QLens of the wrong dtype or shape is refused naming q_lens; with content
+// checks an entry outside [0, q_len] is ErrInvalidLength; in device memory
+// the package refuses it on a CPU handle. Nothing is written.
+func TestQLensOfTheWrongKindAreRefused(t *testing.T) {
+	needs03(t)
+	handle := cpuHandle(t)
+	checked, err := flashdecode.New(flashdecode.Options{Backend: flashdecode.BackendCPU, NumThreads: 2, CheckContents: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checked.Close()
+	q, k := values(2*4*8*64, 80), values(2*100*2*64, 81)
+	out := make([]float32, len(q))
+	for i := range out {
+		out[i] = 7
+	}
+	for _, c := range []struct {
+		name    string
+		checked bool
+		qLens   flashdecode.Tensor
+		status  flashdecode.Status
+		needle  string
+	}{
+		{"f32", false, flashdecode.Float32([]float32{1, 2}, 2), flashdecode.ErrInvalidDType, "q_lens: dtype must be i32, got f32"},
+		{"[3]", false, flashdecode.Int32([]int32{1, 2, 3}, 3), flashdecode.ErrInvalidShape, "q_lens: batch must be 2 (from q), got 3"},
+		{"[2, 1]", false, flashdecode.Int32([]int32{1, 2}, 2, 1), flashdecode.ErrInvalidShape, "q_lens: ndim must be 1, got 2"},
+		{"5 > q_len", true, flashdecode.Int32([]int32{1, 5}, 2), flashdecode.ErrInvalidLength, "q_lens[1] must be in [0, 4]"},
+		{"-1", true, flashdecode.Int32([]int32{-1, 2}, 2), flashdecode.ErrInvalidLength, "q_lens[0] must be in [0, 4]"},
+		{"device", false, flashdecode.Device(0xdead0000, flashdecode.Int32Type, 2), flashdecode.ErrInvalidArgument,
+			"q_lens: is device memory, but the handle runs on the CPU backend"},
+	} {
+		args := flashdecode.DecodeArgs{
+			Q: flashdecode.Float32(q, 2, 4, 8, 64), K: flashdecode.Float32(k, 2, 100, 2, 64),
+			V: flashdecode.Float32(k, 2, 100, 2, 64), Out: flashdecode.Float32(out, 2, 4, 8, 64), QLens: c.qLens,
+		}
+		on := handle
+		if c.checked {
+			on = checked
+		}
+		expectError(t, on.Decode(&args), c.status, c.needle)
+		for i, x := range out {
+			if x != 7 {
+				t.Fatalf("%s: out[%d] was written", c.name, i)
+			}
+		}
+	}
+	// Entries within [0, q_len] pass the checks.
+	args := flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(q, 2, 4, 8, 64), K: flashdecode.Float32(k, 2, 100, 2, 64),
+		V: flashdecode.Float32(k, 2, 100, 2, 64), Out: flashdecode.Float32(out, 2, 4, 8, 64),
+		QLens: flashdecode.Int32([]int32{4, 2}, 2),
+	}
+	if err := checked.Decode(&args); err != nil {
+		t.Fatal(err)
 	}
 }
 

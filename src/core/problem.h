@@ -52,6 +52,10 @@ struct Problem {
   StridedView q, k, v, out, lse, seq_lens, block_table;
   bool has_lse = false;
   bool has_seq_lens = false;
+  // Ragged query lengths: q_lens [batch] i32, each clamped to [0, q_len]
+  // (flashdecode.h, "Ragged query lengths"); absent: q_len for every sequence.
+  StridedView q_lens;
+  bool has_q_lens = false;
 
   float softmax_scale = 0.0f;    // resolved: never 0
   int32_t requested_splits = 0;  // 0 = automatic
@@ -86,10 +90,12 @@ struct KeyRange {
   int64_t end = 0;
 };
 
-// The keys query token t of a sequence of length len sees (causal mask and
-// window), at position len - q_len + t; empty when it sees none.
-inline KeyRange query_keys(const Problem &p, int64_t len, int64_t t) {
-  const int64_t pos_q = len - p.q_len + t;
+// The keys query token t of a sequence of length len with q_len_b query
+// tokens sees (causal mask and window), at position len - q_len_b + t;
+// empty when it sees none, and for the padding tokens t >= q_len_b.
+inline KeyRange query_keys(const Problem &p, int64_t len, int64_t q_len_b, int64_t t) {
+  if (t >= q_len_b) return {len, len};
+  const int64_t pos_q = len - q_len_b + t;
   KeyRange r;
   r.end = p.causal ? (pos_q + 1 < len ? pos_q + 1 : len) : len;
   if (r.end < 0) r.end = 0;
@@ -98,9 +104,10 @@ inline KeyRange query_keys(const Problem &p, int64_t len, int64_t t) {
   return r;
 }
 
-// The keys any query token of the sequence sees: all that a backend reads.
-inline KeyRange sequence_keys(const Problem &p, int64_t len) {
-  KeyRange r = query_keys(p, len, 0);
+// The keys any query token of the sequence sees: all that a backend reads
+// (none without query tokens).
+inline KeyRange sequence_keys(const Problem &p, int64_t len, int64_t q_len_b) {
+  KeyRange r = query_keys(p, len, q_len_b, 0);
   r.end = len;
   return r;
 }
@@ -162,11 +169,19 @@ void validate_host_contents(const Problem &problem);
 [[noreturn]] void fail_bad_length(int64_t sequence, int64_t length, int64_t kv_capacity, const char *found_by);
 [[noreturn]] void fail_bad_page(int64_t sequence, int64_t column, int64_t page, int64_t num_pages,
                                 const char *found_by);
+[[noreturn]] void fail_bad_query_length(int64_t sequence, int64_t q_len_b, int64_t q_len, const char *found_by);
 
 // A sequence's length as the kernels read it: clamped to [0, kv_capacity]
 // (flashdecode.h, "Lengths and block tables").
 inline int64_t clamp_length(int64_t length, int64_t kv_capacity) {
   return length < 0 ? 0 : length > kv_capacity ? kv_capacity : length;
+}
+
+// Sequence b's query tokens on the host (CPU backend): q_lens[b] clamped
+// to [0, q_len] (clamp_length's rule), or q_len.
+inline int64_t sequence_q_len(const Problem &p, int64_t b) {
+  if (!p.has_q_lens) return p.q_len;
+  return clamp_length(static_cast<const int32_t *>(p.q_lens.data)[b * p.q_lens.strides[0]], p.q_len);
 }
 
 // A block-table entry as the kernels use it: clamped into [0, num_pages),

@@ -258,6 +258,7 @@ void require_outputs_apart_from_inputs(const Problem &p) {
   require_input_apart(outputs, p.k, 4, p.kv_dtype, "k", false, false);
   require_input_apart(outputs, p.v, 4, p.kv_dtype, "v", false, false);
   if (p.has_seq_lens) require_input_apart(outputs, p.seq_lens, 1, FD_DTYPE_I32, "seq_lens", false, false);
+  if (p.has_q_lens) require_input_apart(outputs, p.q_lens, 1, FD_DTYPE_I32, "q_lens", false, false);
   if (p.paged) require_input_apart(outputs, p.block_table, 2, FD_DTYPE_I32, "block_table", false, false);
   if (p.has_alibi) require_input_apart(outputs, p.alibi_slopes, 1, FD_DTYPE_F32, "alibi_slopes", false, false);
   if (p.has_sinks) require_input_apart(outputs, p.sinks, 1, FD_DTYPE_F32, "sinks", false, false);
@@ -453,6 +454,12 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_lse_apart_from_out(p.out, p.out_dtype, p.lse);
     p.has_lse = true;
   }
+  if (args.q_lens.data != nullptr) {
+    p.q_lens = check_tensor(args.q_lens, "q_lens", 1, kSeqLensDims, false);
+    require_dtype(args.q_lens, "q_lens", FD_DTYPE_I32);
+    require_extent(p.q_lens, 0, p.batch, "q_lens", "batch", "q");
+    p.has_q_lens = true;
+  }
   p.has_alibi = check_per_head(args.alibi_slopes, "alibi_slopes", p.q_heads, &p.alibi_slopes);
   p.has_sinks = check_per_head(args.sinks, "sinks", p.q_heads, &p.sinks);
   require_outputs_apart_from_inputs(p);
@@ -605,10 +612,22 @@ void fail_bad_page(int64_t sequence, int64_t column, int64_t page, int64_t num_p
        static_cast<long long>(page), found_by);
 }
 
+void fail_bad_query_length(int64_t sequence, int64_t q_len_b, int64_t q_len, const char *found_by) {
+  fail(FD_ERROR_INVALID_LENGTH, "q_lens[%lld] must be in [0, %lld] (q's q_len), got %lld%s",
+       static_cast<long long>(sequence), static_cast<long long>(q_len), static_cast<long long>(q_len_b), found_by);
+}
+
+// In the CUDA check's order (check_contents.cuh): by sequence, its q_lens
+// entry, its length, then its pages.
 void validate_host_contents(const Problem &p) {
   const auto *lens = static_cast<const int32_t *>(p.seq_lens.data);
+  const auto *q_lens = static_cast<const int32_t *>(p.q_lens.data);
   const auto *table = static_cast<const int32_t *>(p.block_table.data);
   for (int64_t b = 0; b < p.batch; ++b) {
+    if (p.has_q_lens) {
+      const int64_t q_len_b = q_lens[b * p.q_lens.strides[0]];
+      if (q_len_b < 0 || q_len_b > p.q_len) fail_bad_query_length(b, q_len_b, p.q_len, "");
+    }
     int64_t len = p.kv_capacity;
     if (p.has_seq_lens) {
       len = lens[b * p.seq_lens.strides[0]];

@@ -1105,7 +1105,7 @@ static int only_masked_nan(const fdt_problem *p, int64_t b, int64_t t, int64_t h
   const double *q = p->ref_q + ((b * fdt_q_len(c) + t) * c->q_heads + h) * D;
   int masked_nan = 0;
   for (int64_t j = 0; j < len; ++j) {
-    if (!fdt_sees(c, len, t, j)) continue; /* never read */
+    if (!fdt_sees(c, len, p->q_counts[b], t, j)) continue; /* never read */
     const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
     if (!isnan(p->ref_v[((b * c->kv_len + j) * c->kv_heads + g) * D + d])) continue;
     double score = 0.0;
@@ -1121,7 +1121,7 @@ static int only_masked_nan(const fdt_problem *p, int64_t b, int64_t t, int64_t h
 /* Whether query token t of sequence b sees any key. */
 static int sees_any(const fdt_problem *p, int64_t b, int64_t t) {
   for (int64_t j = 0; j < p->lens[b]; ++j)
-    if (fdt_sees(&p->c, p->lens[b], t, j)) return 1;
+    if (fdt_sees(&p->c, p->lens[b], p->q_counts[b], t, j)) return 1;
   return 0;
 }
 
@@ -1170,6 +1170,10 @@ static void check_numerics(const fuzz_case *c) {
   p.c.window = c->window;
   p.c.softcap = c->softcap;
   p.lens = c->lens;
+  int64_t *q_counts = calloc((size_t)B + 1, sizeof *q_counts); /* every sequence has all q_len tokens */
+  if (q_counts == NULL) fuzz_fail("out of memory");
+  for (int64_t b = 0; b < B; ++b) q_counts[b] = Lq;
+  p.q_counts = q_counts;
   p.ref_alibi_slopes = read_per_head(c, &a->alibi_slopes);
   p.ref_sinks = read_per_head(c, &a->sinks);
   const size_t kv = (size_t)(B * N * Hkv * D) + 1, rows = (size_t)(B * Lq * Hq) + 1, outs = rows * (size_t)D;
@@ -1263,6 +1267,7 @@ static void check_numerics(const fuzz_case *c) {
               sqrt(diff2));
   free(p.ref_q);
   free(p.ref_k);
+  free(q_counts);
   free(p.ref_alibi_slopes);
   free(p.ref_sinks);
   free(v);

@@ -412,6 +412,7 @@ static int make_variant_cases(fdt_case *cases, int quick) {
     c->softcap = softcaps[fdt_int(&rng, 0, 3)];
     c->alibi = (int)(fdt_int(&rng, 0, 3) % 3);
     c->sinks = (int)fdt_int(&rng, 0, 1);
+    c->ragged_q = fdt_int(&rng, 0, 3) == 0; /* drawn last: the other draws stay as they were */
     c->seed = g_seed + 9000 + (uint64_t)i;
     /* Keep the float64 reference affordable. */
     while (c->batch * fdt_q_len(c) * c->q_heads * c->kv_len * c->head_dim > ((int64_t)24 << 20)) {
@@ -466,6 +467,7 @@ static int make_quantized_cases(fdt_case *cases, int quick) {
           c->window = fdt_int(&rng, 0, 4) == 0 ? c->kv_len / 3 + 1 : 0;
           c->sinks = fdt_int(&rng, 0, 4) == 0;
           c->num_splits = fdt_int(&rng, 0, 2) == 0 ? 3 : 0;
+          c->ragged_q = c->q_len > 1 && fdt_int(&rng, 0, 1) == 0;
           c->seed = g_seed + 12000 + (uint64_t)i;
           while (c->batch * fdt_q_len(c) * c->q_heads * c->kv_len * c->head_dim > ((int64_t)24 << 20)) {
             if (c->batch > 1) c->batch = (c->batch + 1) / 2;
@@ -822,6 +824,15 @@ static void test_variants_graph_replay(void **state) {
   c.alibi = 2;
   c.sinks = 1;
   graph_replay_case(c, "variants, paged");
+  /* Ragged query lengths (q_lens), new ones every round; the rows kernel. */
+  c = dense_case(FD_DTYPE_F16, 12, 32, 8, 128, g_quick ? 400 : 3000, g_seed + 720);
+  c.layout = FDT_BHND;
+  c.ragged = 1;
+  c.ragged_q = 1;
+  c.with_lse = 1;
+  c.q_len = 6;
+  c.sinks = 1;
+  graph_replay_case(c, "ragged q_lens, dense");
 }
 
 /* ---- ragged batches of many shapes ----------------------------------------- */
@@ -935,6 +946,28 @@ static void test_balanced_schedule(void **state) {
   }
 }
 
+/* Plans c on the shared handle, checks it twice against the reference
+ * (bitwise equal runs) and that the plan's kernel starts with `kernel`
+ * ("tensor-core-": a tensor-core kernel that is not a rows kernel). */
+static void expect_case_on_kernel(const fdt_case *c, const char *test, const char *what, const char *kernel) {
+  gpu_case t;
+  open_case(&t, c);
+  const fd_plan_info plan = describe(g_cuda, &t.d.args);
+  int same = 1;
+  const int bad = check_case_twice(&t, &same);
+  print_message("%s, %s: %lldx%lld/%lld x %lld x %lld, q_len %lld%s (%s, %d splits, merge %d): %s\n", test, what,
+                (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->kv_len,
+                (long long)c->head_dim, (long long)c->q_len, c->ragged_q ? " ragged" : "", plan.kernel,
+                (int)plan.num_splits, (int)plan.merge, t.report);
+  close_case(&t);
+  if (!starts_with(plan.kernel, kernel) ||
+      (strcmp(kernel, "tensor-core-") == 0 && starts_with(plan.kernel, "tensor-core-rows"))) {
+    fail_msg("%s, %s: kernel %s", test, what, plan.kernel);
+  }
+  if (bad) fail_msg("%s, %s: %s", test, what, t.report);
+  if (!same) fail_msg("%s, %s: two runs differ", test, what);
+}
+
 /* ---- over 16 query rows a KV head -------------------------------------------- */
 /* Several query tokens x the GQA group, or a group above 16: the rows kernels
  * take up to 32 rows of a KV head in one CTA (two m-tiles, four warps along
@@ -991,22 +1024,54 @@ static void test_rows_kernel(void **state) {
     c.ragged = spec[i].ragged;
     c.num_splits = spec[i].splits;
     c.with_lse = 1;
-    gpu_case t;
-    open_case(&t, &c);
-    const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    int same = 1;
-    const int bad = check_case_twice(&t, &same);
-    print_message("rows, %s: %lldx%lld/%lld x %lld x %lld, q_len %lld (%s, %d splits, merge %d): %s\n", spec[i].what,
-                  (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)kv_len,
-                  (long long)c.head_dim, (long long)c.q_len, plan.kernel, (int)plan.num_splits, (int)plan.merge,
-                  t.report);
-    close_case(&t);
-    if (!starts_with(plan.kernel, spec[i].kernel) ||
-        (strcmp(spec[i].kernel, "tensor-core-") == 0 && starts_with(plan.kernel, "tensor-core-rows"))) {
-      fail_msg("rows, %s: kernel %s", spec[i].what, plan.kernel);
-    }
-    if (bad) fail_msg("rows, %s: %s", spec[i].what, t.report);
-    if (!same) fail_msg("rows, %s: two runs differ", spec[i].what);
+    expect_case_on_kernel(&c, "rows", spec[i].what, spec[i].kernel);
+  }
+}
+
+/* ---- ragged query lengths --------------------------------------------------------- */
+/* q_lens on every kernel family (the plan's kernel is checked): each
+ * sequence its own query tokens (0, all, 1, then random), q's padding
+ * tokens NaN (never read); against the reference and twice bitwise equal. */
+static void test_ragged_query_lengths(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype, kv_dtype;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
+    int sinks, ragged;
+    int32_t splits;
+    const char *kernel; /* the plan's kernel starts with this ("tensor-core-": not a rows kernel) */
+  } spec[] = {
+      {"q_len 1 (0 or 1 tokens)", FD_DTYPE_F16, 0, FDT_BNHD, 7, 32, 8, 128, 2000, 1, 0, 1, 1, 0, "tensor-core-"},
+      {"q_len 4 x group 4", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 9, 32, 8, 128, 2500, 4, 0, 0, 1, 0, "tensor-core-"},
+      {"q_len 6 x group 4, window", FD_DTYPE_F16, 0, FDT_BNHD, 6, 16, 4, 128, 3000, 6, 500, 1, 1, 0,
+       "tensor-core-rows-"},
+      {"q_len 8 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 8, 0, 0, 1, 0,
+       "tensor-core-rows64-"},
+      {"q_len 16 x group 4, manual splits", FD_DTYPE_F16, 0, FDT_BHND, 5, 8, 2, 64, 2000, 16, 0, 1, 0, 5,
+       "tensor-core-rows64-"},
+      {"f32 q: CUDA cores", FD_DTYPE_F32, 0, FDT_BNHD, 6, 16, 4, 128, 1500, 5, 0, 1, 1, 0, "cuda-core-"},
+      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_HND, 8, 32, 8, 128, 2000, 3, 0, 0, 1, 0,
+       "tensor-core-8bit-"},
+      {"MHA head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD_PADDED, 4, 8, 8, 256, 1200, 4, 0, 1, 1, 3, "tensor-core-"},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
+                            g_seed + 1500 + (uint64_t)i);
+    c.kv_dtype = spec[i].kv_dtype;
+    c.scale_mode = spec[i].kv_dtype ? FDT_SCALE_HEAD : FDT_SCALE_NONE;
+    c.layout = spec[i].layout;
+    c.page_size = 16;
+    c.q_len = spec[i].q_len;
+    c.ragged_q = 1;
+    c.window = spec[i].window;
+    c.sinks = spec[i].sinks;
+    c.ragged = spec[i].ragged;
+    c.num_splits = spec[i].splits;
+    c.with_lse = 1;
+    expect_case_on_kernel(&c, "ragged q_lens", spec[i].what, spec[i].kernel);
   }
 }
 
@@ -1508,6 +1573,25 @@ static void test_contents_checked_on_device(void **state) {
     bad = 1;
   print_message("bad length: %s\n", last_message());
   set_device_entry(t.d.seq_lens, 3, 63);
+
+  /* Query lengths (q_lens) are checked too, before their sequence's length. */
+  {
+    fdt_case qc = c;
+    qc.ragged_q = 1;
+    qc.q_len = 3;
+    qc.seed = g_seed + 455;
+    gpu_case qt;
+    open_case(&qt, &qc);
+    set_device_entry(qt.d.q_lens, 4, 4);
+    set_device_entry(qt.d.seq_lens, 4, 5000);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    assert_int_equal(fd_decode(checking, &qt.d.args, (fd_cuda_stream)g_stream), FD_SUCCESS);
+    if (fd_check_contents(checking, (fd_cuda_stream)g_stream) != FD_ERROR_INVALID_LENGTH ||
+        strstr(last_message(), "q_lens[4] must be in [0, 3] (q's q_len), got 4") == NULL)
+      bad = 1;
+    print_message("bad query length: %s\n", last_message());
+    close_case(&qt);
+  }
 
   /* Waiting is refused while the stream is being captured. */
   CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
@@ -2121,6 +2205,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

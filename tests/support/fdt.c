@@ -233,11 +233,12 @@ void fdt_poison_outputs(fdt_problem *p) {
 int64_t fdt_q_len(const fdt_case *c) { return c->q_len > 0 ? c->q_len : 1; }
 
 /* Straight from flashdecode.h's definition: token t sits at position
- * len - q_len + t; key j is seen if j < len, at or before that position
- * under the causal mask, and fewer than `window` positions behind it. */
-int fdt_sees(const fdt_case *c, int64_t len, int64_t t, int64_t j) {
-  const int64_t pos_q = len - fdt_q_len(c) + t;
-  if (j < 0 || j >= len) return 0;
+ * len - q_count + t; key j is seen if j < len, at or before that position
+ * under the causal mask, and fewer than `window` positions behind it;
+ * padding tokens (t >= q_count) see nothing. */
+int fdt_sees(const fdt_case *c, int64_t len, int64_t q_count, int64_t t, int64_t j) {
+  const int64_t pos_q = len - q_count + t;
+  if (t >= q_count || j < 0 || j >= len) return 0;
   if (c->mask == FD_MASK_CAUSAL && j > pos_q) return 0;
   if (c->window > 0 && pos_q - j >= c->window) return 0;
   return 1;
@@ -255,9 +256,9 @@ void fdt_reference(fdt_problem *p) {
   const double cap = (double)(float)c->softcap; /* the library reads a float */
   double *scores = malloc((size_t)(c->kv_len > 0 ? c->kv_len : 1) * sizeof *scores);
   for (int64_t b = 0; b < c->batch; ++b) {
-    const int64_t len = p->lens[b];
+    const int64_t len = p->lens[b], q_count = p->q_counts[b];
     for (int64_t t = 0; t < Lq; ++t) {
-      const int64_t pos_q = len - Lq + t;
+      const int64_t pos_q = len - q_count + t;
       for (int64_t h = 0; h < c->q_heads; ++h) {
         const int64_t g = h / group, row = (b * Lq + t) * c->q_heads + h;
         const double *q = p->ref_q + row * D;
@@ -267,7 +268,7 @@ void fdt_reference(fdt_problem *p) {
         double m = -INFINITY;
         int nan_row = 0;
         for (int64_t j = 0; j < len; ++j) {
-          if (!fdt_sees(c, len, t, j)) continue; /* unseen: no score, its v never read */
+          if (!fdt_sees(c, len, q_count, t, j)) continue; /* unseen: no score, its v never read */
           const double *k = p->ref_k + ((b * c->kv_len + j) * c->kv_heads + g) * D;
           double s = 0.0;
           for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
@@ -292,7 +293,7 @@ void fdt_reference(fdt_problem *p) {
         double l = exp(sink - top);
         for (int64_t d = 0; d < D; ++d) out[d] = 0.0;
         for (int64_t j = 0; j < len; ++j) {
-          if (!fdt_sees(c, len, t, j)) continue;
+          if (!fdt_sees(c, len, q_count, t, j)) continue;
           const double w = exp(scores[j] - top); /* 0 for a masked key (its v still multiplied, as before) */
           const double *v = p->ref_v + ((b * c->kv_len + j) * c->kv_heads + g) * D;
           l += w;
@@ -422,9 +423,10 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   p->ref_k = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
   p->ref_v = malloc((size_t)(B * N * Hkv * D) * sizeof(double) + 1);
   p->lens = malloc((size_t)B * sizeof(int64_t) + 1);
+  p->q_counts = malloc((size_t)B * sizeof(int64_t) + 1);
   p->expect_out = malloc((size_t)(B * Lq * Hq * D) * sizeof(double) + 1);
   p->expect_lse = malloc((size_t)(B * Lq * Hq) * sizeof(double) + 1);
-  if (!p->ref_q || !p->ref_k || !p->ref_v || !p->lens || !p->expect_out || !p->expect_lse) return -1;
+  if (!p->ref_q || !p->ref_k || !p->ref_v || !p->lens || !p->q_counts || !p->expect_out || !p->expect_lse) return -1;
   for (int64_t i = 0; i < B * Lq * Hq * D; ++i) p->ref_q[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
   for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_k[i] = fdt_round_to(dt, fdt_uniform(&rng, -2.0, 2.0));
   for (int64_t i = 0; i < B * N * Hkv * D; ++i) p->ref_v[i] = fdt_round_to(dt, fdt_uniform(&rng, -1.0, 1.0));
@@ -440,6 +442,15 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     p->lens[b] = len;
   }
   p->c.lens = NULL; /* read: p->lens holds them, and the caller's array need not outlive the problem */
+  /* Query tokens per sequence, from a generator of their own (cases
+   * without ragged_q draw what they drew before): 0, all and 1 first. */
+  fdt_rng q_rng = {c->seed * 0xd1b54a32d192ed03ull + 7};
+  for (int64_t b = 0; b < B; ++b) {
+    static const int64_t edge_counts[] = {0, -1, 1};
+    int64_t count = Lq;
+    if (c->ragged_q) count = b < 3 ? (edge_counts[b] < 0 ? Lq : edge_counts[b]) : fdt_int(&q_rng, 0, Lq);
+    p->q_counts[b] = count;
+  }
   /* An 8-bit cache: scales and stored bytes per logical element, from a
    * generator of their own (a float cache draws the same data as before). */
   uint8_t *kq = NULL, *vq = NULL;
@@ -456,7 +467,7 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   p->out_bytes = (size_t)(B * Lq * Hq * head_pitch) * out_es;
   p->out = alloc_nan(p->out_bytes);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Lq; ++t)
+    for (int64_t t = 0; t < p->q_counts[b]; ++t) /* padding tokens stay NaN */
       for (int64_t h = 0; h < Hq; ++h)
         for (int64_t d = 0; d < D; ++d)
           fdt_store(dt, p->q, b * q_strides[0] + t * q_strides[1] + h * q_strides[2] + d,
@@ -576,6 +587,14 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
     const int64_t shape[1] = {B}, strides[1] = {1};
     p->args.seq_lens = fdt_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
   }
+  if (c->ragged_q) {
+    p->q_lens_bytes = (size_t)B * sizeof(int32_t);
+    p->q_lens = malloc(p->q_lens_bytes + 1);
+    if (!p->q_lens) return -1;
+    for (int64_t b = 0; b < B; ++b) p->q_lens[b] = (int32_t)p->q_counts[b];
+    const int64_t shape[1] = {B}, strides[1] = {1};
+    p->args.q_lens = fdt_tensor(p->q_lens, FD_DTYPE_I32, 1, shape, strides);
+  }
   if (c->with_lse) {
     p->lse_bytes = (size_t)(B * Lq * Hq) * sizeof(float);
     p->lse = alloc_nan(p->lse_bytes);
@@ -631,6 +650,7 @@ void fdt_problem_free(fdt_problem *p) {
   free(p->out);
   free(p->lse);
   free(p->seq_lens);
+  free(p->q_lens);
   free(p->block_table);
   free(p->alibi_slopes);
   free(p->sinks);
@@ -642,6 +662,7 @@ void fdt_problem_free(fdt_problem *p) {
   free(p->ref_k);
   free(p->ref_v);
   free(p->lens);
+  free(p->q_counts);
   free(p->expect_out);
   free(p->expect_lse);
   memset(p, 0, sizeof *p);
@@ -668,7 +689,7 @@ static int is_poison(const void *base, fd_dtype dtype, int64_t index) {
 /* Whether query token t of sequence b sees any key. */
 static int sees_any(const fdt_problem *p, int64_t b, int64_t t) {
   for (int64_t j = 0; j < p->lens[b]; ++j) {
-    if (fdt_sees(&p->c, p->lens[b], t, j)) return 1;
+    if (fdt_sees(&p->c, p->lens[b], p->q_counts[b], t, j)) return 1;
   }
   return 0;
 }
@@ -839,6 +860,7 @@ void fdt_case_describe(const fdt_case *c, char *buffer, size_t size) {
     n += snprintf(buffer + n, size - (size_t)n, " q_len=%lld %s", (long long)fdt_q_len(c),
                   c->mask == FD_MASK_CAUSAL ? "causal" : "mask-none");
   }
+  if (n >= 0 && (size_t)n < size && c->ragged_q) n += snprintf(buffer + n, size - (size_t)n, " ragged-q");
   if (n >= 0 && (size_t)n < size && c->window > 0)
     n += snprintf(buffer + n, size - (size_t)n, " window=%lld", (long long)c->window);
   if (n >= 0 && (size_t)n < size && c->softcap > 0.0)
@@ -859,7 +881,7 @@ static void *offset_elements(void *data, fd_dtype dtype, int64_t elements) {
 
 fd_decode_args fdt_solo_args(const fd_decode_args *batch, int64_t b, int64_t len, int drop_lengths) {
   fd_decode_args a = *batch;
-  fd_tensor *rows[] = {&a.q, &a.out, &a.lse, &a.seq_lens};
+  fd_tensor *rows[] = {&a.q, &a.out, &a.lse, &a.seq_lens, &a.q_lens};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) {
     if (rows[i]->data == NULL) continue;
     rows[i]->data = offset_elements(rows[i]->data, rows[i]->dtype, b * rows[i]->strides[0]);

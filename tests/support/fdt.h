@@ -95,6 +95,8 @@ typedef struct fdt_case {
   uint64_t seed;
   /* Attention variants. */
   int64_t q_len;          /* query tokens per sequence; 0 is taken as 1 */
+  int ragged_q;           /* q_lens: per-sequence query tokens in [0, q_len] (0, q_len and 1 first, then random);
+                             q's padding tokens hold NaN, so a read shows */
   fd_attention_mask mask; /* FD_MASK_CAUSAL (0) or FD_MASK_NONE */
   int64_t window;         /* window_left; 0 = none */
   double softcap;         /* logit_softcap (stored as a float); 0 = none */
@@ -124,9 +126,10 @@ typedef struct fdt_problem {
   fdt_case c;
   fd_decode_args args; /* points at the host storage below */
   void *q, *k, *v, *out, *lse;
-  int32_t *seq_lens, *block_table;
-  float *alibi_slopes, *sinks; /* [q_heads] f32 (args.alibi_slopes, args.sinks), or NULL */
-  size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes, alibi_slopes_bytes, sinks_bytes;
+  int32_t *seq_lens, *block_table, *q_lens; /* q_lens: args.q_lens (ragged_q), or NULL */
+  float *alibi_slopes, *sinks;              /* [q_heads] f32 (args.alibi_slopes, args.sinks), or NULL */
+  size_t q_bytes, kv_bytes, out_bytes, lse_bytes, seq_lens_bytes, block_table_bytes, alibi_slopes_bytes, sinks_bytes,
+      q_lens_bytes;
   float *k_scale, *v_scale; /* storage of args.k_scale / args.v_scale, or NULL */
   size_t k_scale_bytes, v_scale_bytes;
   double *ref_q; /* [batch, q_len, q_heads, dim] */
@@ -135,6 +138,7 @@ typedef struct fdt_problem {
   double *ref_alibi_slopes; /* [q_heads], or NULL: no ALiBi */
   double *ref_sinks;        /* [q_heads], or NULL: no sinks */
   int64_t *lens;            /* [batch] */
+  int64_t *q_counts;        /* [batch]: each sequence's query tokens (q_len without ragged_q) */
   double *expect_out;       /* [batch, q_len, q_heads, dim] */
   double *expect_lse;       /* [batch, q_len, q_heads] */
 } fdt_problem;
@@ -152,9 +156,10 @@ void fdt_problem_free(fdt_problem *p);
  * fdt_problem). For callers that lay out storage of their own (tests/fuzz). */
 void fdt_reference(fdt_problem *p);
 
-/* Whether query token t of a sequence of length len sees key j under c's
- * mask and window (flashdecode.h, "Attention variants"). */
-int fdt_sees(const fdt_case *c, int64_t len, int64_t t, int64_t j);
+/* Whether query token t of a sequence of length len with q_count query
+ * tokens sees key j under c's mask and window (flashdecode.h, "Attention
+ * variants"; a token t >= q_count is padding and sees none). */
+int fdt_sees(const fdt_case *c, int64_t len, int64_t q_count, int64_t t, int64_t j);
 
 /* Fills out and lse with NaN bit patterns (every element "unwritten"). */
 void fdt_poison_outputs(fdt_problem *p);

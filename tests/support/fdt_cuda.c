@@ -30,6 +30,7 @@ int fdt_cuda_upload(const fdt_problem *p, fdt_device_problem *d) {
                  upload(&d->v, &d->args.v, p->v, p->kv_bytes) && upload(&d->out, &d->args.out, p->out, p->out_bytes) &&
                  upload(&d->lse, &d->args.lse, p->lse, p->lse_bytes) &&
                  upload((void **)&d->seq_lens, &d->args.seq_lens, p->seq_lens, p->seq_lens_bytes) &&
+                 upload((void **)&d->q_lens, &d->args.q_lens, p->q_lens, p->q_lens_bytes) &&
                  upload((void **)&d->block_table, &d->args.block_table, p->block_table, p->block_table_bytes) &&
                  upload((void **)&d->alibi_slopes, &d->args.alibi_slopes, p->alibi_slopes, p->alibi_slopes_bytes) &&
                  upload((void **)&d->sinks, &d->args.sinks, p->sinks, p->sinks_bytes) &&
@@ -50,13 +51,13 @@ static int copy_in(void *device, const void *host, size_t bytes) {
 }
 
 int fdt_cuda_refresh_inputs(const fdt_problem *p, fdt_device_problem *d) {
-  const int ok = copy_in(d->q, p->q, p->q_bytes) && copy_in(d->k, p->k, p->kv_bytes) &&
-                 copy_in(d->v, p->v, p->kv_bytes) && copy_in(d->seq_lens, p->seq_lens, p->seq_lens_bytes) &&
-                 copy_in(d->block_table, p->block_table, p->block_table_bytes) &&
-                 copy_in(d->alibi_slopes, p->alibi_slopes, p->alibi_slopes_bytes) &&
-                 copy_in(d->sinks, p->sinks, p->sinks_bytes) && copy_in(d->k_scale, p->k_scale, p->k_scale_bytes) &&
-                 copy_in(d->v_scale, p->v_scale, p->v_scale_bytes) &&
-                 cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const int ok =
+      copy_in(d->q, p->q, p->q_bytes) && copy_in(d->k, p->k, p->kv_bytes) && copy_in(d->v, p->v, p->kv_bytes) &&
+      copy_in(d->seq_lens, p->seq_lens, p->seq_lens_bytes) && copy_in(d->q_lens, p->q_lens, p->q_lens_bytes) &&
+      copy_in(d->block_table, p->block_table, p->block_table_bytes) &&
+      copy_in(d->alibi_slopes, p->alibi_slopes, p->alibi_slopes_bytes) && copy_in(d->sinks, p->sinks, p->sinks_bytes) &&
+      copy_in(d->k_scale, p->k_scale, p->k_scale_bytes) && copy_in(d->v_scale, p->v_scale, p->v_scale_bytes) &&
+      cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return ok ? 0 : -1;
 }
 
@@ -81,6 +82,7 @@ void fdt_cuda_free(fdt_device_problem *d) {
   cudaFree(d->out);
   cudaFree(d->lse);
   cudaFree(d->seq_lens);
+  cudaFree(d->q_lens);
   cudaFree(d->block_table);
   cudaFree(d->alibi_slopes);
   cudaFree(d->sinks);

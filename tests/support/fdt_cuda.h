@@ -16,9 +16,9 @@ extern "C" {
 typedef struct fdt_device_problem {
   fd_decode_args args; /* the problem's args, pointing at the device copies below */
   void *q, *k, *v, *out, *lse;
-  int32_t *seq_lens, *block_table;
-  float *alibi_slopes, *sinks; /* NULL when the problem has none */
-  float *k_scale, *v_scale;    /* NULL when the problem has none */
+  int32_t *seq_lens, *block_table, *q_lens; /* q_lens: NULL when the problem has none */
+  float *alibi_slopes, *sinks;              /* NULL when the problem has none */
+  float *k_scale, *v_scale;                 /* NULL when the problem has none */
 } fdt_device_problem;
 
 /* Allocates device buffers the size of p's storage, copies every one (out
@@ -28,7 +28,7 @@ typedef struct fdt_device_problem {
  * it allocated. */
 int fdt_cuda_upload(const fdt_problem *p, fdt_device_problem *d);
 
-/* Copies p's inputs (q, k, v, seq_lens, block_table, alibi_slopes, sinks, k_scale, v_scale) into d's existing
+/* Copies p's inputs (q, k, v, seq_lens, q_lens, block_table, alibi_slopes, sinks, k_scale, v_scale) into d's existing
  * buffers: p must have the same storage sizes as the problem d was made
  * from. For replaying a captured graph with new data. Returns once the data
  * is on the device; 0 on success. */

@@ -6,8 +6,8 @@
  * MQA included), dtypes, dense and paged layouts, ragged lengths (0
  * included), split counts and LSE on and off; query tokens before the start
  * of a short sequence; sinks over an empty sequence; batch invariance with
- * variants; and every bad variant argument refused with its status, a
- * message naming it and nothing written. */
+ * variants; ragged query lengths (q_lens); and every bad variant argument
+ * refused with its status, a message naming it and nothing written. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -176,6 +176,7 @@ static fdt_case matrix_case(int i) {
   c.alibi = (int)fdt_int(&rng, 0, 3) % 3; /* none twice as often */
   c.sinks = (int)fdt_int(&rng, 0, 1);
   c.seed = 5000 + (uint64_t)i;
+  c.ragged_q = fdt_int(&rng, 0, 3) == 0; /* drawn last: the other draws stay as they were */
   /* Keep the float64 reference affordable. */
   while (c.batch * c.q_len * c.q_heads * c.kv_len * c.head_dim > (int64_t)6 << 20) {
     if (c.batch > 1) c.batch = (c.batch + 1) / 2;
@@ -276,6 +277,97 @@ static void test_sinks_empty_sequence(void **state) {
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
 }
 
+/* ---- ragged query lengths --------------------------------------------------------- */
+/* q_lens: each sequence its own query tokens (0, all, 1, then random), q's
+ * padding tokens NaN (never read), against the reference at positions
+ * L - q_lens[b] + i, with every mask, windows, sinks, ALiBi and softcaps,
+ * dense and paged, ragged lengths and several split counts; padding rows
+ * come out zero with LSE -inf (or the sink). */
+static void test_ragged_query_lengths(void **state) {
+  (void)state;
+  static const int64_t q_lens[] = {1, 3, 8, 16, FD_MAX_Q_LEN};
+  static const fdt_layout layouts[] = {FDT_BNHD, FDT_PAGED_NHD, FDT_BHND};
+  static const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
+  fd_handle *h = fdt_cpu_handle(3, FD_CHECK_NONE);
+  assert_non_null(h);
+  int failures = 0;
+  for (int i = 0; i < 5 * 3 * 4; ++i) {
+    fdt_case c = {0};
+    c.batch = 9;
+    c.q_heads = 8;
+    c.kv_heads = i % 2 ? 2 : 8;
+    c.head_dim = 32;
+    c.kv_len = 150;
+    c.page_size = 16;
+    c.q_len = q_lens[i % 5];
+    c.layout = layouts[(i / 5) % 3];
+    c.dtype = c.out_dtype = dtypes[i % 3];
+    c.ragged = i % 4 != 3;
+    c.ragged_q = 1;
+    c.with_lse = 1;
+    c.num_splits = (int32_t)(i % 4);
+    c.mask = i % 7 == 3 ? FD_MASK_NONE : FD_MASK_CAUSAL;
+    c.window = i % 5 == 2 ? 9 : 0;
+    c.sinks = i % 3 == 1;
+    c.alibi = i % 11 == 4 ? 2 : 0;
+    c.softcap = i % 13 == 6 ? 5.0 : 0.0;
+    c.seed = 900 + (uint64_t)i;
+    fdt_problem p;
+    assert_int_equal(fdt_problem_make(&p, &c), 0);
+    assert_int_equal(p.q_counts[0], 0); /* fdt's edge counts */
+    assert_int_equal(p.q_counts[1], c.q_len);
+    failures += decode_and_check(h, &p, "ragged q_lens");
+    fdt_problem_free(&p);
+  }
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  assert_int_equal(failures, 0);
+}
+
+/* Entries outside [0, q_len] are clamped (without FD_CHECK_CONTENTS): -3
+ * is 0 tokens, q_len + 5 is q_len; with it, the first bad entry is an
+ * error naming it, before anything is written. */
+static void test_ragged_query_lengths_clamped_or_checked(void **state) {
+  (void)state;
+  fdt_case c = {0};
+  c.batch = 4;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.kv_len = 40;
+  c.q_len = 5;
+  c.ragged_q = 1;
+  c.with_lse = 1;
+  c.sinks = 1;
+  c.dtype = c.out_dtype = FD_DTYPE_F32;
+  c.seed = 990;
+  fdt_problem p;
+  assert_int_equal(fdt_problem_make(&p, &c), 0);
+  p.q_lens[0] = -3;                   /* its count is 0 */
+  p.q_lens[1] = (int32_t)c.q_len + 5; /* its count is q_len */
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  if (decode_and_check(h, &p, "clamped q_lens")) fail_msg("mismatch (above)");
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+
+  fdt_poison_outputs(&p);
+  h = fdt_cpu_handle(2, FD_CHECK_CONTENTS);
+  assert_non_null(h);
+  assert_int_equal(fd_decode(h, &p.args, NULL), FD_ERROR_INVALID_LENGTH);
+  assert_non_null(strstr(last_message(), "q_lens[0] must be in [0, 5] (q's q_len), got -3"));
+  p.q_lens[0] = 0;
+  assert_int_equal(fd_decode(h, &p.args, NULL), FD_ERROR_INVALID_LENGTH);
+  assert_non_null(strstr(last_message(), "q_lens[1] must be in [0, 5] (q's q_len), got 10"));
+  char report[256];
+  assert_int_not_equal(fdt_check(&p, report, sizeof report, NULL, NULL), 0); /* nothing written */
+  const unsigned char *out = p.out;
+  for (size_t i = 0; i < p.out_bytes; ++i) assert_int_equal(out[i], 0xff);
+  p.q_lens[1] = (int32_t)c.q_len;
+  assert_int_equal(fd_decode(h, &p.args, NULL), FD_SUCCESS);
+  if (fdt_check(&p, report, sizeof report, NULL, NULL)) fail_msg("checked: %s", report);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+  fdt_problem_free(&p);
+}
+
 /* ---- batch invariance ------------------------------------------------------------ */
 /* With split_tokens set and variants on, each sequence run alone (its cache
  * cut to its length, with or without seq_lens) on 4 threads gives bitwise
@@ -372,6 +464,7 @@ static int setup(void **state) {
   c.softcap = 10.0;
   c.alibi = 2;
   c.sinks = 1;
+  c.ragged_q = 1;
   c.seed = 11;
   if (fdt_problem_make(&f->problem, &c) != 0) return -1;
   f->pristine_out = malloc(f->problem.out_bytes);
@@ -505,6 +598,28 @@ static void check_per_head_tensor(fixture *f, fd_tensor *(*pick)(fd_decode_args 
 static fd_tensor *pick_alibi(fd_decode_args *a) { return &a->alibi_slopes; }
 static fd_tensor *pick_sinks(fd_decode_args *a) { return &a->sinks; }
 
+/* q_lens: a wrong extent or rank, a wrong dtype, and memory an output overlaps. */
+static void test_rejects_bad_q_lens(void **state) {
+  fixture *f = *state;
+  fd_decode_args a = f->problem.args;
+  a.q_lens.shape[0] = f->problem.c.batch + 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q_lens: batch must be 2 (from q), got 3");
+  a = f->problem.args;
+  a.q_lens.ndim = 2;
+  a.q_lens.shape[1] = 1;
+  a.q_lens.strides[1] = 1;
+  expect_rejected(f, &a, FD_ERROR_INVALID_SHAPE, "q_lens: ndim must be 1");
+  const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_I8};
+  for (int i = 0; i < 3; ++i) {
+    a = f->problem.args;
+    a.q_lens.dtype = dtypes[i];
+    expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "q_lens: dtype must be i32");
+  }
+  a = f->problem.args;
+  a.q_lens.data = f->problem.lse;
+  expect_rejected(f, &a, FD_ERROR_INVALID_ARGUMENT, "overlap those of input q_lens");
+}
+
 static void test_rejects_bad_alibi_slopes(void **state) { check_per_head_tensor(*state, pick_alibi, "alibi_slopes"); }
 static void test_rejects_bad_sinks(void **state) { check_per_head_tensor(*state, pick_sinks, "sinks"); }
 
@@ -526,6 +641,8 @@ int main(void) {
       cmocka_unit_test(test_each_variant_alone),
       cmocka_unit_test(test_q_len_beyond_length),
       cmocka_unit_test(test_sinks_empty_sequence),
+      cmocka_unit_test(test_ragged_query_lengths),
+      cmocka_unit_test(test_ragged_query_lengths_clamped_or_checked),
       cmocka_unit_test(test_batch_invariant_variants),
       cmocka_unit_test_setup_teardown(test_fixture_is_valid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_q_len, setup, teardown),
@@ -534,6 +651,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_rejects_bad_mask, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_alibi_slopes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rejects_bad_sinks, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rejects_bad_q_lens, setup, teardown),
   };
   enum { kFixed = sizeof fixed / sizeof fixed[0] };
   static struct CMUnitTest tests[kFixed + kMatrixCases + 1];

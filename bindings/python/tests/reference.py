@@ -55,6 +55,7 @@ def variant_attention(
     logit_softcap: Optional[float] = None,
     alibi_slopes: Union[Sequence[float], np.ndarray, None] = None,
     sinks: Union[Sequence[float], np.ndarray, None] = None,
+    q_lens: Union[Sequence[int], np.ndarray, None] = None,
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Attention of several query tokens with the 0.3 variants, in float64, as
     ``flashdecode.h`` ("Attention variants") defines it, written from the
@@ -65,9 +66,12 @@ def variant_attention(
     ``pos_q = L - q_len + t``; key j is seen if ``j < L`` and, when causal,
     ``j <= pos_q`` and, with a window W, ``pos_q - j < W``. A score is
     ``scale * q.k``, capped to ``c * tanh(s / c)``, plus ``slope[h] * (j -
-    pos_q)``; ``exp(sink[h])`` joins the denominator. Returns ``out [batch,
-    q_len, heads, head_dim]`` and the natural-log ``lse [batch, q_len,
-    heads]``: zeros and -inf (or ``sink[h]``) for a token that sees no key.
+    pos_q)``; ``exp(sink[h])`` joins the denominator. With ``q_lens``
+    ("Ragged query lengths"), sequence b has ``n = q_lens[b]`` tokens: token
+    t < n at ``pos_q = L - n + t``; tokens t >= n are padding, never read
+    (they may hold NaN), and see no key. Returns ``out [batch, q_len, heads,
+    head_dim]`` and the natural-log ``lse [batch, q_len, heads]``: zeros and
+    -inf (or ``sink[h]``) for a token that sees no key.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, q_len, heads, head_dim = q.shape
@@ -79,16 +83,19 @@ def variant_attention(
     lse = np.full((batch, q_len, heads), -np.inf)
     for b in range(batch):
         length = k.shape[1] if seq_lens is None else int(seq_lens[b])
-        pos_q = length - q_len + np.arange(q_len)  # [q_len]
+        tokens = q_len if q_lens is None else int(q_lens[b])
+        pos_q = length - tokens + np.arange(q_len)  # [q_len]; padding (t >= tokens) past the end
         pos_k = np.arange(length)  # [length]
         seen = np.ones((q_len, length), dtype=bool)
+        seen &= (np.arange(q_len) < tokens)[:, None]  # padding sees no key
         if causal:
             seen &= pos_k[None, :] <= pos_q[:, None]
         if window_left is not None:
             seen &= pos_q[:, None] - pos_k[None, :] < window_left
         keys = np.repeat(k[b, :length], group, axis=1)  # [length, heads, head_dim]
         values = np.repeat(v[b, :length], group, axis=1)
-        scores = scale * np.einsum("thd,nhd->thn", q[b], keys)  # [q_len, heads, length]
+        rows = np.where((np.arange(q_len) < tokens)[:, None, None], q[b], 0.0)  # padding is never read
+        scores = scale * np.einsum("thd,nhd->thn", rows, keys)  # [q_len, heads, length]
         if logit_softcap is not None:
             scores = logit_softcap * np.tanh(scores / logit_softcap)
         if slopes is not None:

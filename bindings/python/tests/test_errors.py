@@ -159,6 +159,21 @@ LIBRARY_REJECTS: Dict[str, tuple] = {
         flashdecode.InvalidArgumentError,
         "overlap those of input sinks",
     ),
+    "q_lens batch": (
+        lambda p: p.update(q_lens=np.ones(3, np.int32)),
+        flashdecode.InvalidShapeError,
+        r"q_lens: batch must be 2 \(from q\), got 3",
+    ),
+    "q_lens rank": (
+        lambda p: p.update(q_lens=np.ones((2, 1), np.int32)),
+        flashdecode.InvalidShapeError,
+        "q_lens: ndim must be 1, got 2",
+    ),
+    "q_lens dtype": (
+        lambda p: p.update(q_lens=np.ones(2, np.float32)),
+        flashdecode.InvalidDTypeError,
+        "q_lens: dtype must be i32, got f32",
+    ),
 }
 
 
@@ -170,7 +185,7 @@ def test_library_rejects_with_its_message(cpu, rng, case) -> None:
     expect_refused(cpu, call, error, needle)
 
 
-# Contents of seq_lens and block_table: refused only by a handle made with
+# Contents of seq_lens, q_lens and block_table: refused only by a handle made with
 # check_contents=True; (how to break it, expected error, message, the call
 # an unchecked handle computes instead: lengths and used pages clamped).
 CONTENT_REJECTS: Dict[str, tuple] = {
@@ -207,6 +222,18 @@ CONTENT_REJECTS: Dict[str, tuple] = {
         flashdecode.InvalidBlockTableError,
         r"block_table\[0\]\[1\] must be in \[0, 5\)",
         lambda p: p.update(block_table=np.array([[0, 0], [3, 2]], np.int32)),
+    ),
+    "query count": (
+        lambda p: p.update(q_lens=np.array([1, 2], np.int32)),
+        flashdecode.InvalidLengthError,
+        r"q_lens\[1\] must be in \[0, 1\] \(q's q_len\), got 2",
+        lambda p: p.update(q_lens=np.array([1, 1], np.int32)),
+    ),
+    "negative query count": (
+        lambda p: p.update(q_lens=np.array([-3, 1], np.int32)),
+        flashdecode.InvalidLengthError,
+        r"q_lens\[0\] must be in \[0, 1\] \(q's q_len\), got -3",
+        lambda p: p.update(q_lens=np.array([0, 1], np.int32)),
     ),
 }
 
@@ -283,6 +310,16 @@ BINDING_REJECTS: Dict[str, tuple] = {
         lambda p: p.update(seq_lens=np.array([1, 2])),
         flashdecode.InvalidDTypeError,
         "seq_lens: dtype int64 .* must be int32",
+    ),
+    "int64 query counts": (
+        lambda p: p.update(q_lens=np.array([1, 1], np.int64)),
+        flashdecode.InvalidDTypeError,
+        "q_lens: dtype int64 is not supported; it must be int32",
+    ),
+    "query counts in device memory": (
+        lambda p: p.update(q_lens=FakeCudaArray((2,))),
+        flashdecode.InvalidArgumentError,
+        "q_lens: is in CUDA memory, but this handle runs on the CPU",
     ),
     "16-bit without dtype": (
         lambda p: p.update(q=p["q"].astype(np.uint16)),
@@ -553,6 +590,8 @@ def test_layout_mistakes_say_which_layout_fits(cpu, rng) -> None:
         flashdecode.InvalidHeadCountError, match=r"q_heads \(1\) must be a multiple of kv_heads \(512\)" + hint_hnd
     ):
         cpu.decode(q, k, k)
+    with pytest.raises(flashdecode.InvalidHeadCountError, match=hint_hnd):  # q_lens fits either layout
+        cpu.decode(q, k, k, seq_lens=np.full(4, 512, np.int32), q_lens=np.ones(4, np.int32))
     q_nhd, k_nhd = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k))
     with pytest.raises(
         flashdecode.FlashDecodeError, match=r"these shapes fit layout='NHD' \(q \[batch, q_len, heads, head_dim\]"

@@ -15,7 +15,7 @@ import pytest
 
 import flashdecode
 from flashdecode import _handle
-from reference import attention, from_bf16_bits, random_inputs
+from reference import attention, from_bf16_bits, random_inputs, variant_attention
 
 
 def numpy_kind(x: np.ndarray) -> np.ndarray:
@@ -157,6 +157,43 @@ def test_lengths_and_tables_are_read_each_call(checked, rng, kind) -> None:
     with pytest.raises(flashdecode.InvalidBlockTableError, match=r"block_table\[0\]\[0\] must be in \[0, 9\)"):
         bad = np.full((3, 3), 9, np.int32)
         cpu.decode(convert(q), convert(pool_k), convert(pool_v), block_table=convert(bad), seq_lens=convert(lens))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_query_counts_are_read_each_call(checked, rng, kind) -> None:
+    """q_lens (since 0.3) is an input like seq_lens: new arrays of one signature, and new contents
+    of the same array, take effect on the fast path; a bad count is still refused by a checking
+    handle, naming it; the pointer is patched, not the plan rebuilt."""
+    cpu, convert = checked, KINDS[kind]
+    q = rng.standard_normal((3, 4, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((3, 40, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((3, 40, 2, 32)).astype(np.float32)
+    lens = np.array([40, 9, 25], np.int32)
+    arrays = [convert(x) for x in (q, k, v)]
+    for _ in range(2):
+        for counts in ([4, 0, 2], [1, 4, 3], [0, 0, 0], [4, 4, 4]):
+            out, lse = cpu.decode(
+                *arrays, seq_lens=convert(lens), q_lens=convert(np.array(counts, np.int32)), return_lse=True
+            )
+            expected, expected_lse = variant_attention(q, k, v, seq_lens=lens, q_lens=counts)
+            np.testing.assert_allclose(to_numpy(out), expected, atol=2e-5, rtol=2e-5)
+            np.testing.assert_array_equal(np.isneginf(to_numpy(lse)), np.isneginf(expected_lse))
+    assert plans(cpu) == 1
+    counts_array = np.array([2, 2, 2], np.int32)
+    counts = convert(counts_array)  # shares counts_array's memory
+    first = to_numpy(cpu.decode(*arrays, seq_lens=convert(lens), q_lens=counts)).copy()
+    counts_array[:] = [3, 1, 4]  # the same array, new contents: read on every call
+    again = to_numpy(cpu.decode(*arrays, seq_lens=convert(lens), q_lens=counts))
+    np.testing.assert_allclose(again, variant_attention(q, k, v, seq_lens=lens, q_lens=[3, 1, 4])[0], atol=2e-5)
+    assert not np.allclose(first, again)
+    assert plans(cpu) == 2  # return_lse=False: another signature
+    cpu.decode(*arrays, out=convert(np.zeros_like(q)), seq_lens=convert(lens), q_lens=counts)
+    out = convert(np.full_like(q, 7.0))  # the signature just remembered: the fast path refuses
+    needle = r"q_lens\[1\] must be in \[0, 4\] \(q's q_len\), got 5"
+    with pytest.raises(flashdecode.InvalidLengthError, match=needle):
+        cpu.decode(*arrays, out=out, seq_lens=convert(lens), q_lens=convert(np.array([4, 5, 0], np.int32)))
+    np.testing.assert_array_equal(to_numpy(out), 7.0)
+    assert plans(cpu) == 3
 
 
 def test_per_call_checks_are_not_skipped(cpu, rng) -> None:

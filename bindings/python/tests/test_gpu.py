@@ -712,3 +712,35 @@ def test_cuda_torch_op_with_variants() -> None:
     torch.cuda.synchronize()
     tolerance = TOLERANCE["bfloat16"]
     np.testing.assert_allclose(host_nhd(out, "HND"), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_cuda_ragged_query_lengths() -> None:
+    """q_lens (since 0.3) in device memory: padding rows of q hold NaN and are never read, and get
+    zeros and LSE sink[h]; the counts are read when the decode runs (new contents of the same
+    tensor take effect on the fast path); the custom op takes them too."""
+    torch = cuda_torch()
+    q, k, v = variant_tensors(torch, "float16", (4, 6, 16, 4, 128), 900, 27)
+    lengths, counts = [900, 5, 0, 400], [6, 3, 2, 0]
+    padded = q.clone()
+    for b, count in enumerate(counts):
+        padded[b, count:] = math.nan
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q_lens = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    sinks = torch.linspace(-1.0, 1.0, 16, device="cuda")
+    tolerance = TOLERANCE["float16"]
+    with flashdecode.Handle("cuda") as handle:
+        for splits in ({}, {"num_splits": 5}):
+            out, lse = handle.decode(padded, k, v, seq_lens=lens, q_lens=q_lens, sinks=sinks, return_lse=True, **splits)
+            expect_variant(
+                out, lse, padded, k, v, tolerance, seq_lens=lengths, q_lens=counts, sinks=sinks.cpu().numpy()
+            )
+            assert torch.all(out[3] == 0) and torch.all(out[1, 3:] == 0) and torch.all(out[2] == 0)
+            torch.testing.assert_close(lse[3], sinks.expand(6, 16), atol=1e-6, rtol=0)
+        q_lens.copy_(torch.tensor([1, 6, 0, 4], dtype=torch.int32))  # new contents, the same tensor
+        out, lse = handle.decode(q, k, v, seq_lens=lens, q_lens=q_lens, sinks=sinks, return_lse=True, num_splits=5)
+        expect_variant(out, lse, q, k, v, tolerance, seq_lens=lengths, q_lens=[1, 6, 0, 4], sinks=sinks.cpu().numpy())
+        with pytest.raises(flashdecode.InvalidArgumentError, match="q_lens: a list is host memory"):
+            handle.decode(q, k, v, q_lens=counts)
+    q_lens.copy_(torch.tensor(counts, dtype=torch.int32))
+    out, lse = flashdecode.torch_op()(padded, k, v, lens, q_lens=q_lens)
+    expect_variant(out, lse, padded, k, v, tolerance, seq_lens=lengths, q_lens=counts)

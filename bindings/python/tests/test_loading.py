@@ -142,7 +142,7 @@ def test_struct_sizes_of_older_minors() -> None:
     assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 2) == 584
     assert _library.struct_size_of_minor("fd_plan_info", _library.FdPlanInfo, 2) == 56
     assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 3) == 32
-    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 928
+    assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 1008
     assert ctypes.sizeof(_library.FdAppendArgs) == 648
 
 
@@ -157,7 +157,8 @@ def test_attention_variant_fields_sit_where_the_header_puts_them() -> None:
         "window_left": 600,
     }
     assert (offsets["alibi_slopes"], offsets["sinks"]) == (608, 688)
-    assert (offsets["k_scale"], offsets["v_scale"], ctypes.sizeof(_library.FdDecodeArgs)) == (768, 848, 928)
+    assert (offsets["k_scale"], offsets["v_scale"], offsets["q_lens"]) == (768, 848, 928)
+    assert ctypes.sizeof(_library.FdDecodeArgs) == 1008
 
 
 def test_switching_library_after_loading_is_refused() -> None:

@@ -95,6 +95,7 @@ def test_new_features_name_the_version_they_need() -> None:
                 ({"logit_softcap": 30.0}, "logit_softcap", "fd_decode_args.logit_softcap"),
                 ({"alibi_slopes": np.ones(8, np.float32)}, "alibi_slopes", "fd_decode_args.alibi_slopes"),
                 ({"sinks": [0.0] * 8}, "sinks", "fd_decode_args.sinks"),
+                ({"q_lens": np.ones(2, np.int32)}, "q_lens", "fd_decode_args.q_lens"),
             ]
             for options, what, field in variants:
                 with pytest.raises(flashdecode.UnsupportedError, match=what + " " + needs.format(field)):
@@ -104,7 +105,9 @@ def test_new_features_name_the_version_they_need() -> None:
                 with pytest.raises(flashdecode.UnsupportedError, match=what):
                     flashdecode.flash_decode(q, k, v, layout="NHD", **options)
             # The defaults ask nothing of it; several query tokens are 0.2's own refusal.
-            handle.decode(q, k, v, causal=True, window_left=None, logit_softcap=None, alibi_slopes=None, sinks=None)
+            handle.decode(
+                q, k, v, causal=True, window_left=None, logit_softcap=None, alibi_slopes=None, sinks=None, q_lens=None
+            )
             q4 = np.repeat(q, 4, axis=1)
             with pytest.raises(flashdecode.UnsupportedError, match="q_len must be 1"):
                 handle.decode(q4, k, v)

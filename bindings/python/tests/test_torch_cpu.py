@@ -270,6 +270,65 @@ def test_torch_compile_with_attention_variants() -> None:
     handle.close()
 
 
+def ragged_problem() -> Tuple[Any, ...]:
+    """q [3, 4, 8, 64] (NHD, padding rows NaN), k and v [3, 50, 2, 64] as CPU tensors, seq_lens
+    [50, 20, 7] and q_lens [4, 1, 0] as int32 tensors, and the float64 reference."""
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((3, 4, 8, 64)).astype(np.float32)
+    k, v = (rng.standard_normal((3, 50, 2, 64)).astype(np.float32) for _ in range(2))
+    counts = np.array([4, 1, 0], np.int32)
+    for b, count in enumerate(counts):
+        q[b, count:] = np.nan  # padding: never read
+    expected = variant_attention(q, k, v, seq_lens=[50, 20, 7], q_lens=counts)
+    lens = torch.tensor([50, 20, 7], dtype=torch.int32)
+    return (*(torch.from_numpy(x) for x in (q, k, v)), lens, torch.from_numpy(counts), expected)
+
+
+def test_q_lens_tensors(cpu) -> None:
+    """q_lens (since 0.3) as an int32 tensor through Handle.decode, the full path then the fast one
+    with new counts; an int64 tensor is refused in torch's words."""
+    q, k, v, lens, q_lens, (expected, expected_lse) = ragged_problem()
+    for _ in range(2):
+        out, lse = cpu.decode(q, k, v, seq_lens=lens, q_lens=q_lens, return_lse=True)
+        np.testing.assert_allclose(out.numpy(), expected, atol=2e-5, rtol=2e-5)
+        np.testing.assert_array_equal(np.isneginf(lse.numpy()), np.isneginf(expected_lse))
+    out, _ = cpu.decode(q, k, v, seq_lens=lens, q_lens=torch.tensor([1, 1, 0], dtype=torch.int32), return_lse=True)
+    fewer, _ = variant_attention(q.numpy(), k.numpy(), v.numpy(), seq_lens=[50, 20, 7], q_lens=[1, 1, 0])
+    np.testing.assert_allclose(out.numpy(), fewer, atol=2e-5, rtol=2e-5)
+    assert len(cpu._plans) == 1
+    with pytest.raises(
+        flashdecode.InvalidDTypeError, match=r"q_lens: dtype torch\.int64 is not supported; it must be torch\.int32"
+    ):
+        cpu.decode(q, k, v, q_lens=q_lens.long())
+
+
+@needs_custom_op
+def test_op_and_compile_take_q_lens() -> None:
+    """q_lens is the op's last argument, an optional tensor: the op, opcheck, and torch.compile
+    (fullgraph) with new counts through the same graph."""
+    q, k, v, lens, q_lens, (expected, expected_lse) = ragged_problem()
+    op = flashdecode.torch_op()
+    out, lse = op(q, k, v, lens, None, None, None, "NHD", None, True, None, None, None, None, None, None, q_lens)
+    np.testing.assert_allclose(out.numpy(), expected, atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(np.isneginf(lse.numpy()), np.isneginf(expected_lse))
+    if hasattr(torch.library, "opcheck"):
+        finite = torch.nan_to_num(q)  # opcheck compares inputs before and after, and NaN is not NaN
+        torch.library.opcheck(op, (finite, k, v, lens), {"q_lens": q_lens})
+    torch._dynamo.reset()
+    handle = flashdecode.Handle("cpu")
+
+    def step(q: Any, k: Any, v: Any, lens: Any, q_lens: Any) -> Any:
+        return handle.decode(q, k, v, seq_lens=lens, q_lens=q_lens, return_lse=True)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out, lse = compiled(q, k, v, lens, q_lens)
+    np.testing.assert_allclose(out.numpy(), expected, atol=2e-5, rtol=2e-5)
+    out, _ = compiled(q, k, v, lens, torch.tensor([2, 0, 0], dtype=torch.int32))  # the same graph
+    fewer, _ = variant_attention(q.numpy(), k.numpy(), v.numpy(), seq_lens=[50, 20, 7], q_lens=[2, 0, 0])
+    np.testing.assert_allclose(out.numpy(), fewer, atol=2e-5, rtol=2e-5)
+    handle.close()
+
+
 @needs_custom_op
 def test_fake_tensor_shapes() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode

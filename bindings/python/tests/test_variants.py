@@ -342,3 +342,122 @@ def test_largest_query_length(cpu, rng) -> None:
     q, k, v = make(rng, 1, 64, 2, 1, 100, 16)
     out, lse = cpu.decode(q, k, v, return_lse=True, window_left=10)
     expect(out, lse, q, k, v, window_left=10)
+
+
+# ---- ragged query lengths (q_lens) ------------------------------------------------
+
+
+def padded(q: np.ndarray, q_lens: np.ndarray) -> np.ndarray:
+    """``q`` with every padding row (token t >= q_lens[b]) NaN (bfloat16 bits too): the library must
+    never read them."""
+    q = q.copy()
+    nan = np.uint16(0x7FC0) if q.dtype == np.uint16 else np.nan
+    for b, count in enumerate(q_lens):
+        q[b, int(count) :] = nan
+    return q
+
+
+def expect_padding(out: np.ndarray, lse: np.ndarray, q_lens: np.ndarray, sinks: Optional[np.ndarray] = None) -> None:
+    """Padding rows (NHD) are zeros with LSE -inf, or LSE sink[h] with sinks."""
+    for b, count in enumerate(q_lens):
+        np.testing.assert_array_equal(out[b, int(count) :], 0.0)
+        if sinks is None:
+            assert np.all(np.isneginf(lse[b, int(count) :]))
+        else:
+            np.testing.assert_allclose(
+                lse[b, int(count) :], np.broadcast_to(sinks, lse[b, int(count) :].shape), atol=1e-6
+            )
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_query_lengths(cpu, rng, causal, layout) -> None:
+    """q_lens of 0, full and partial counts, one longer than its sequence (its first token sees no
+    key under the causal mask), with ragged seq_lens; padding rows of q hold NaN and are never
+    read; automatic, several and fixed-length splits agree with the reference."""
+    q, k, v = make(rng, 6, 6, 8, 2, 70, 32)
+    lens = np.array([70, 40, 3, 0, 70, 25], np.int32)
+    q_lens = np.array([6, 0, 4, 2, 1, 3], np.int32)
+    q = padded(q, q_lens)
+    args = [x.transpose(0, 2, 1, 3) for x in (q, k, v)] if layout == "HND" else [q, k, v]
+    for splits in ({}, {"num_splits": 5}, {"split_tokens": 16}):
+        out, lse = cpu.decode(
+            *args, seq_lens=lens, q_lens=q_lens, causal=causal, layout=layout, return_lse=True, **splits
+        )
+        assert out.shape == args[0].shape
+        if layout == "HND":
+            out, lse = out.transpose(0, 2, 1, 3), lse.transpose(0, 2, 1)
+        assert np.all(np.isfinite(out))
+        _, expected_lse = expect(out, lse, q, k, v, seq_lens=lens, q_lens=q_lens, causal=causal)
+        expect_padding(out, lse, q_lens)
+        if causal:  # sequence 2 (length 3, 4 tokens): token 0 at position -1 sees no key
+            assert np.isneginf(expected_lse[2, 0]).all() and np.isfinite(expected_lse[2, 1:4]).all()
+
+
+def test_ragged_query_lengths_are_each_sequence_alone(cpu, rng) -> None:
+    """Sequence b's tokens are what decoding q[b, :q_lens[b]] alone gives: at positions
+    L - q_lens[b] + i, not L - q_len + i."""
+    q, k, v = make(rng, 4, 8, 4, 4, 50, 16)
+    lens = np.array([50, 31, 8, 50], np.int32)
+    q_lens = np.array([8, 5, 1, 3], np.int32)
+    out, lse = cpu.decode(padded(q, q_lens), k, v, seq_lens=lens, q_lens=q_lens, return_lse=True)
+    for b, (length, count) in enumerate(zip(lens, q_lens)):
+        one, one_lse = cpu.decode(q[b : b + 1, :count], k[b : b + 1, :length], v[b : b + 1, :length], return_lse=True)
+        np.testing.assert_allclose(out[b, :count], one[0], atol=1e-6, rtol=1e-6)
+        np.testing.assert_allclose(lse[b, :count], one_lse[0], atol=1e-6, rtol=1e-6)
+    # Without q_lens every sequence has all 8 tokens: another answer for the shorter ones.
+    whole = cpu.decode(q, k, v, seq_lens=lens)
+    assert not np.allclose(whole[1, :5], out[1, :5])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_ragged_query_lengths_paged_with_every_variant(cpu, rng, dtype) -> None:
+    """q_lens on a paged cache with ragged lengths, GQA, and every variant: padding rows get
+    zeros and LSE sink[h]."""
+    batch, q_len, heads, kv_heads, dim, page_size, max_pages = 4, 5, 8, 2, 64, 16, 4
+    capacity = page_size * max_pages
+    q, dense_k, dense_v = make(rng, batch, q_len, heads, kv_heads, capacity, dim, dtype)
+    lens = np.array([capacity, 2, 0, 37], np.int32)
+    q_lens = np.array([2, 5, 3, 0], np.int32)
+    q = padded(q, q_lens)  # NaN bits in every storage type
+    num_pages = batch * max_pages + 2
+    table = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), dense_k.dtype)
+    pool_v = np.zeros_like(pool_k)
+    for b in range(batch):
+        for j in range(max_pages):
+            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
+            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    sinks = np.linspace(-1.0, 1.0, heads).astype(np.float32)
+    options: Dict[str, Any] = dict(
+        seq_lens=lens, q_lens=q_lens, window_left=20, logit_softcap=8.0, alibi_slopes=alibi_slopes(heads), sinks=sinks
+    )
+    explicit = "bfloat16" if dtype == "bfloat16" else None
+    for splits in ({}, {"num_splits": 3}):
+        out, lse = cpu.decode(
+            q, pool_k, pool_v, block_table=table, dtype=explicit, return_lse=True, **options, **splits
+        )
+        expect(out, lse, q, dense_k, dense_v, dtype, **options)
+        expect_padding(as_float64(out, dtype), lse, q_lens, sinks)
+
+
+def test_q_lens_as_a_list_plan_and_workspace(cpu, rng) -> None:
+    """A list is accepted on the CPU backend (the same bits); the plan and the workspace follow
+    q_len, the largest count, not q_lens' contents."""
+    q, k, v = make(rng, 3, 4, 4, 2, 60, 32)
+    q_lens = np.array([4, 1, 0], np.int32)
+    out = cpu.decode(q, k, v, q_lens=q_lens)
+    np.testing.assert_array_equal(cpu.decode(q, k, v, q_lens=q_lens.tolist()), out)
+    expect(out, None, q, k, v, q_lens=q_lens)
+    info = cpu.describe_plan(q, k, v, q_lens=q_lens, num_splits=3)
+    assert info == cpu.describe_plan(q, k, v, num_splits=3)
+    assert cpu.workspace_size(q, k, v, q_lens=[0, 0, 0], num_splits=3) == info.workspace_bytes
+
+
+def test_flash_decode_takes_q_lens(rng) -> None:
+    q, k, v = make(rng, 2, 4, 4, 2, 30, 16)
+    q_lens = np.array([2, 4], np.int32)
+    q = padded(q, q_lens)
+    hnd = [np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v)]
+    out = flashdecode.flash_decode(*hnd, q_lens=q_lens, window_left=9)
+    expect(out.transpose(0, 2, 1, 3), None, q, k, v, q_lens=q_lens, window_left=9)

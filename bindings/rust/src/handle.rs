@@ -156,6 +156,7 @@ pub enum AttentionMask {
 /// - `lse`: `[batch, q_len, q_heads]`, f32, natural log; -inf for a query
 ///   token that sees no key (an empty sequence).
 /// - `seq_lens`: `[batch]`, i32. `block_table`: `[batch, max_pages]`, i32.
+/// - `q_lens`: `[batch]`, i32, in the memory of the other tensors.
 /// - `alibi_slopes`, `sinks`: `[q_heads]`, f32, in the memory of the other
 ///   tensors.
 ///
@@ -219,6 +220,7 @@ pub struct DecodeArgs<'a> {
     sinks: Option<Tensor<'a>>,
     k_scale: Option<Tensor<'a>>,
     v_scale: Option<Tensor<'a>>,
+    q_lens: Option<Tensor<'a>>,
 }
 
 impl<'a> DecodeArgs<'a> {
@@ -243,6 +245,7 @@ impl<'a> DecodeArgs<'a> {
             sinks: None,
             k_scale: None,
             v_scale: None,
+            q_lens: None,
         }
     }
 
@@ -271,6 +274,19 @@ impl<'a> DecodeArgs<'a> {
     /// Per-sequence lengths (a ragged batch); absent, every sequence fills its cache.
     pub fn seq_lens(mut self, seq_lens: Tensor<'a>) -> Self {
         self.seq_lens = Some(seq_lens);
+        self
+    }
+
+    /// Per-sequence query token counts (ragged query lengths, since 0.3),
+    /// `[batch]`, i32, in the memory of the other tensors; absent, every
+    /// sequence has q's q_len tokens. Sequence b's tokens are
+    /// `q[b, 0 .. q_lens[b])`, token i at position `L - q_lens[b] + i`. The
+    /// tokens past `q_lens[b]` are padding: never read from q (they may hold
+    /// NaN), they get zeros and LSE -inf (`sink[h]` with sinks), as a query
+    /// token that sees no key. Entries are clamped to `[0, q_len]`; with
+    /// [`Options::check_contents`] one outside is [`Status::InvalidLength`].
+    pub fn q_lens(mut self, q_lens: Tensor<'a>) -> Self {
+        self.q_lens = Some(q_lens);
         self
     }
 
@@ -366,6 +382,9 @@ impl<'a> DecodeArgs<'a> {
         if self.sinks.is_some() {
             library.require(3, "sinks")?;
         }
+        if self.q_lens.is_some() {
+            library.require(3, "q_lens")?;
+        }
         require_quantized(library, &self.k, &self.k_scale, &self.v_scale)?;
         // The C API reads 0 as "automatic" or "none": refuse it rather than change its meaning.
         if self.softmax_scale == Some(0.0) {
@@ -404,6 +423,7 @@ impl<'a> DecodeArgs<'a> {
             sinks: self.sinks.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             k_scale: self.k_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             v_scale: self.v_scale.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
+            q_lens: self.q_lens.as_ref().map_or(sys::fd_tensor::ABSENT, Tensor::raw),
             ..sys::fd_decode_args::default()
         })
     }
@@ -422,6 +442,7 @@ impl<'a> DecodeArgs<'a> {
         found.extend(self.sinks.as_ref().map(|t| ("sinks", t.memory())));
         found.extend(self.k_scale.as_ref().map(|t| ("k_scale", t.memory())));
         found.extend(self.v_scale.as_ref().map(|t| ("v_scale", t.memory())));
+        found.extend(self.q_lens.as_ref().map(|t| ("q_lens", t.memory())));
         found
     }
 }

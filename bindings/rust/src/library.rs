@@ -369,6 +369,7 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
         ("fd_decode_args", offset(&args, &args.sinks), 3),
         ("fd_decode_args", offset(&args, &args.k_scale), 3),
         ("fd_decode_args", offset(&args, &args.v_scale), 3),
+        ("fd_decode_args", offset(&args, &args.q_lens), 3),
     ];
     let ours = match name {
         "fd_options" => std::mem::size_of::<sys::fd_options>(),
@@ -466,7 +467,7 @@ mod tests {
         assert_eq!(struct_size_of_minor("fd_decode_args", 2), 584);
         assert_eq!(struct_size_of_minor("fd_plan_info", 2), 56);
         assert_eq!(struct_size_of_minor("fd_options", 3), 32);
-        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 928);
+        assert_eq!(struct_size_of_minor("fd_decode_args", 3), 1008);
         assert_eq!(struct_size_of_minor("fd_append_args", 3), 648);
         assert_eq!(struct_size_of_minor("fd_merge_args", 3), 192);
     }
@@ -486,6 +487,7 @@ mod tests {
         assert_eq!(offset(&args, &args.sinks), 688);
         assert_eq!(offset(&args, &args.k_scale), 768);
         assert_eq!(offset(&args, &args.v_scale), 848);
-        assert_eq!(std::mem::size_of::<crate::sys::fd_decode_args>(), 928);
+        assert_eq!(offset(&args, &args.q_lens), 928);
+        assert_eq!(std::mem::size_of::<crate::sys::fd_decode_args>(), 1008);
     }
 }

@@ -157,6 +157,8 @@ pub struct fd_decode_args {
     pub k_scale: fd_tensor,
     /// Since 0.3: optional dequantization scales of an 8-bit `v`, as `k_scale`.
     pub v_scale: fd_tensor,
+    /// Since 0.3: optional per-sequence query token counts `[batch]`, i32, in [0, q_len].
+    pub q_lens: fd_tensor,
 }
 
 impl Default for fd_decode_args {
@@ -182,6 +184,7 @@ impl Default for fd_decode_args {
             sinks: fd_tensor::ABSENT,
             k_scale: fd_tensor::ABSENT,
             v_scale: fd_tensor::ABSENT,
+            q_lens: fd_tensor::ABSENT,
         }
     }
 }

@@ -77,12 +77,16 @@ fn loads_and_decodes_without_the_new_features() {
 
     // The attention variants, each by the name of its builder method.
     let slopes = [0.5f32; 8];
-    let variants: [(&str, for<'a> fn(DecodeArgs<'a>, &'a [f32]) -> DecodeArgs<'a>); 5] = [
+    let variants: [(&str, for<'a> fn(DecodeArgs<'a>, &'a [f32]) -> DecodeArgs<'a>); 6] = [
         ("mask", |a, _| a.mask(AttentionMask::None)),
         ("window_left", |a, _| a.window_left(16)),
         ("logit_softcap", |a, _| a.logit_softcap(30.0)),
         ("alibi_slopes", |a, s| a.alibi_slopes(Tensor::f32(s, &[8]).unwrap())),
         ("sinks", |a, s| a.sinks(Tensor::f32(s, &[8]).unwrap())),
+        ("q_lens", |a, _| {
+            static Q_LENS: [i32; 2] = [1, 0];
+            a.q_lens(Tensor::i32(&Q_LENS, &[2]).unwrap())
+        }),
     ];
     for (feature, set) in variants {
         let mut args = set(

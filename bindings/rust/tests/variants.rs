@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The attention variants of 0.3 on the CPU backend: several query tokens
-//! per sequence, causal or not, sliding windows, logit softcaps, ALiBi and
-//! attention sinks, alone and together, with GQA, ragged lengths, paged
+//! per sequence, causal or not, ragged query lengths, sliding windows, logit
+//! softcaps, ALiBi and attention sinks, alone and together, with GQA, ragged lengths, paged
 //! caches and every dtype, against a float64 reference written here from the
 //! header's definition ("Attention variants" in flashdecode.h).
 
@@ -26,6 +26,7 @@ struct Variants {
     alibi_slopes: Option<Vec<f32>>,
     sinks: Option<Vec<f32>>,
     scale: Option<f64>,
+    q_lens: Option<Vec<i32>>,
 }
 
 impl Variants {
@@ -49,7 +50,17 @@ impl Variants {
         if let Some(scale) = self.scale {
             args = args.softmax_scale(scale);
         }
+        if let Some(q_lens) = &self.q_lens {
+            args = args.q_lens(Tensor::i32(q_lens, &[q_lens.len() as i64]).unwrap());
+        }
         args
+    }
+
+    /// Sequence b's query token count: its q_lens entry clamped to [0, q_len], else q_len.
+    fn q_len_of(&self, b: usize, q_len: usize) -> usize {
+        self.q_lens
+            .as_ref()
+            .map_or(q_len, |q_lens| q_lens[b].clamp(0, q_len as i32) as usize)
     }
 }
 
@@ -87,7 +98,9 @@ impl Sizes {
     }
 
     /// Attention of every query token in f64, from the definition: token t of
-    /// a sequence of length L sits at `pos = L - q_len + t`; key j is seen if
+    /// a sequence of length L with n query tokens (its q_lens entry, else
+    /// q_len) sits at `pos = L - n + t`, and the tokens t >= n are padding,
+    /// never read (zeros, LSE -inf or the sink); key j is seen if
     /// `j < L`, `j <= pos` unless full, `pos - j < W` with a window; its score
     /// is `scale q.k`, capped, plus `slope (j - pos)`; `exp(sink)` joins the
     /// denominator. Returns out `[b][t][h][d]` and lse `[b][t][h]`.
@@ -106,14 +119,16 @@ impl Sizes {
         let mut lse = vec![f64::NEG_INFINITY; batch * q_len * heads];
         for b in 0..batch {
             let length = lens[b] as i64;
+            let tokens = o.q_len_of(b, q_len);
             for t in 0..q_len {
-                let pos = length - q_len as i64 + t as i64;
+                let pos = length - tokens as i64 + t as i64;
                 for h in 0..heads {
                     let g = h / group;
                     let row = (b * q_len + t) * heads + h;
                     let query = &q[row * dim..][..dim];
                     let mut seen: Vec<(usize, f64)> = Vec::new();
-                    for j in 0..lens[b] {
+                    let keys = if t < tokens { lens[b] } else { 0 }; // padding sees no key
+                    for j in 0..keys {
                         let jj = j as i64;
                         if (!o.full && jj > pos) || o.window_left.map_or(false, |w| pos - jj >= w) {
                             continue;
@@ -172,7 +187,14 @@ fn assert_close(what: &str, got: &[f64], expected: &[f64], tolerance: f64) {
 /// Decodes the f32 problem with `variants` (and `splits` splits when non-zero) and checks out
 /// and lse against the reference; returns out.
 fn check_f32(handle: &mut Handle, sizes: Sizes, seed: u64, lens: &[i32], variants: &Variants, splits: i32) -> Vec<f32> {
-    let q = values(sizes.q_count(), seed);
+    let mut q = values(sizes.q_count(), seed);
+    // The padding tokens of ragged query lengths are never read: NaN there would show.
+    let row = sizes.heads * sizes.dim;
+    for b in 0..sizes.batch {
+        for t in variants.q_len_of(b, sizes.q_len)..sizes.q_len {
+            q[(b * sizes.q_len + t) * row..][..row].fill(f32::NAN);
+        }
+    }
     let k = values(sizes.kv_count(), seed + 1);
     let v = values(sizes.kv_count(), seed + 2);
     let mut out = vec![f32::NAN; q.len()];
@@ -280,6 +302,7 @@ fn softcap_alibi_and_sinks() {
             alibi_slopes: Some(slopes),
             sinks: Some(sinks.clone()),
             scale: Some(0.5),
+            q_lens: None,
         },
     ];
     for variants in &cases {
@@ -319,6 +342,143 @@ fn softcap_alibi_and_sinks() {
     }
 }
 
+/// Ragged query lengths: each sequence its own number of query tokens (none, all, some; more
+/// than it has keys; entries outside [0, q_len] clamped), causal and not, split and not, alone and
+/// with the other variants; the padding tokens of q are NaN and never read, and get zeros and LSE
+/// -inf (the sink with sinks).
+#[test]
+fn ragged_query_lengths() {
+    let mut handle = cpu_handle();
+    let sizes = Sizes {
+        batch: 6,
+        q_len: 6,
+        heads: 8,
+        kv_heads: 2,
+        kv_len: 50,
+        dim: 32,
+    };
+    let lens = [50, 40, 3, 0, 25, 50];
+    let sinks: Vec<f32> = (0..8).map(|h| h as f32 * 0.25 - 1.0).collect();
+    let q_lens_cases = [
+        vec![6, 0, 4, 2, 1, 3],  // full, none, more tokens than keys, an empty sequence, one, some
+        vec![6, 6, 6, 6, 6, 6],  // every sequence all of q_len: as without q_lens
+        vec![9, -3, 0, 6, 2, 5], // clamped to [0, 6]
+    ];
+    for q_lens in &q_lens_cases {
+        for full in [false, true] {
+            let variants = Variants {
+                full,
+                q_lens: Some(q_lens.clone()),
+                ..Variants::default()
+            };
+            check_f32(&mut handle, sizes, 70, &lens, &variants, 0);
+            check_f32(&mut handle, sizes, 70, &lens, &variants, 4);
+        }
+        let together = Variants {
+            window_left: Some(9),
+            logit_softcap: Some(4.0),
+            alibi_slopes: Some((0..8).map(|h| 0.03 * (h + 1) as f32).collect()),
+            sinks: Some(sinks.clone()),
+            q_lens: Some(q_lens.clone()),
+            ..Variants::default()
+        };
+        let out = check_f32(&mut handle, sizes, 71, &lens, &together, 3);
+        // Padding with sinks: zeros (check_f32 checked its LSE against the sinks).
+        let row = sizes.heads * sizes.dim;
+        for b in 0..sizes.batch {
+            for t in together.q_len_of(b, sizes.q_len)..sizes.q_len {
+                let padding = &out[(b * sizes.q_len + t) * row..][..row];
+                assert!(padding.iter().all(|&x| x == 0.0), "sequence {} token {}", b, t);
+            }
+        }
+    }
+}
+
+/// A q_lens of the wrong dtype or shape is refused naming it; with content checks an entry
+/// outside [0, q_len] is InvalidLength; in device memory, the binding refuses it on a CPU handle.
+#[test]
+fn q_lens_of_the_wrong_kind_are_refused() {
+    let library = Library::load().expect("load libflashdecode (set FLASHDECODE_LIBRARY)");
+    let mut handle = library.create_handle(&Options::cpu().num_threads(2)).unwrap();
+    let mut checked = library
+        .create_handle(&Options::cpu().num_threads(2).check_contents(true))
+        .unwrap();
+    let q = values(2 * 4 * 8 * 64, 80);
+    let k = values(2 * 100 * 2 * 64, 81);
+    let mut out = vec![7.0f32; q.len()];
+    let as_f32 = [1.0f32, 2.0];
+    let (three, two_by_one, good, too_many, negative) = ([1, 2, 3], [1, 2], [4, 2], [1, 5], [-1, 2]);
+    let cases: [(&str, bool, Tensor<'_>, Status, &str); 6] = [
+        (
+            "f32",
+            false,
+            Tensor::f32(&as_f32, &[2]).unwrap(),
+            Status::InvalidDType,
+            "q_lens: dtype must be i32, got f32",
+        ),
+        (
+            "[3]",
+            false,
+            Tensor::i32(&three, &[3]).unwrap(),
+            Status::InvalidShape,
+            "q_lens: batch must be 2 (from q), got 3",
+        ),
+        (
+            "[2, 1]",
+            false,
+            Tensor::i32(&two_by_one, &[2, 1]).unwrap(),
+            Status::InvalidShape,
+            "q_lens: ndim must be 1, got 2",
+        ),
+        (
+            "5 > q_len",
+            true,
+            Tensor::i32(&too_many, &[2]).unwrap(),
+            Status::InvalidLength,
+            "q_lens[1] must be in [0, 4]",
+        ),
+        (
+            "-1",
+            true,
+            Tensor::i32(&negative, &[2]).unwrap(),
+            Status::InvalidLength,
+            "q_lens[0] must be in [0, 4]",
+        ),
+        (
+            "device",
+            false,
+            unsafe { Tensor::device(0xdead_0000 as *const _, DType::I32, &[2]).unwrap() },
+            Status::InvalidArgument,
+            "q_lens: is device memory, but the handle runs on the CPU backend",
+        ),
+    ];
+    for (case, check, q_lens, status, needle) in cases {
+        let mut args = DecodeArgs::new(
+            Tensor::f32(&q, &[2, 4, 8, 64]).unwrap(),
+            Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+            Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+            TensorMut::f32(&mut out, &[2, 4, 8, 64]).unwrap(),
+        )
+        .q_lens(q_lens);
+        let error = if check { &mut checked } else { &mut handle }
+            .decode(&mut args)
+            .unwrap_err();
+        assert_eq!(error.status(), Some(status), "{}: {}", case, error);
+        assert!(error.message().contains(needle), "{}: {}", case, error);
+        drop(args);
+        assert!(out.iter().all(|&x| x == 7.0), "{}: the output was written", case);
+    }
+    // The same entries within [0, q_len] pass the checks.
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 4, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        TensorMut::f32(&mut out, &[2, 4, 8, 64]).unwrap(),
+    )
+    .q_lens(Tensor::i32(&good, &[2]).unwrap());
+    checked.decode(&mut args).unwrap();
+}
+
 /// Every variant at once on a paged cache (HND pages) with ragged lengths and GQA, in f32, f16
 /// and bf16, against the reference over the dense cache the pages hold.
 #[test]
@@ -343,6 +503,7 @@ fn paged_ragged_gqa_in_every_dtype() {
         alibi_slopes: Some((0..heads).map(|h| 0.05 * (h + 1) as f32).collect()),
         sinks: Some((0..heads).map(|h| 0.25 * h as f32 - 1.0).collect()),
         scale: Some(0.3),
+        q_lens: None,
     };
     let q32 = values(sizes.q_count(), 40);
     let k32 = values(sizes.kv_count(), 41);

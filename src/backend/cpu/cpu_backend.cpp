@@ -142,8 +142,9 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
   const int64_t group = p.group_size;
   const int64_t rows = p.rows_per_kv_head();
   const int64_t len = sequence_length(p, b);
+  const int64_t q_len_b = sequence_q_len(p, b);
   // Splits cut the keys any query token sees, from the first of them on.
-  const KeyRange keys = sequence_keys(p, len);
+  const KeyRange keys = sequence_keys(p, len, q_len_b);
   const int64_t begin = std::min<int64_t>(keys.end, keys.begin + split * plan.split_tokens);
   const int64_t end = std::min<int64_t>(keys.end, begin + plan.split_tokens);
 
@@ -156,6 +157,10 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t token = r / group;
     const int64_t head = kv_head * group + r % group;
+    if (token >= q_len_b) {  // padding (q_lens): never read, and it sees no key
+      std::fill(q + r * dim, q + (r + 1) * dim, 0.0f);
+      continue;
+    }
     const T *src =
         static_cast<const T *>(p.q.data) + b * p.q.strides[0] + token * p.q.strides[1] + head * p.q.strides[2];
     for (int64_t d = 0; d < dim; ++d) q[r * dim + d] = Storage<D>::load(src + d) * q_scale;
@@ -184,12 +189,12 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
       // Only the block's keys this row's token sees take part: keys outside
       // its mask or window are skipped, not scored -inf, so that a NaN in
       // their v cannot reach the row. Plain decode sees the whole block.
-      const KeyRange seen = query_keys(p, len, token);
+      const KeyRange seen = query_keys(p, len, q_len_b, token);
       const int64_t lo = std::max(seen.begin, block) - block;
       const int64_t hi = std::min(seen.end, block + count) - block;
       if (lo >= hi) continue;
       const size_t state = first_state + static_cast<size_t>(r) * plan.num_splits;
-      const int64_t pos_q = len - p.q_len + token;
+      const int64_t pos_q = len - q_len_b + token;
       const double slope = p.has_alibi ? per_head(p.alibi_slopes, kv_head * group + r % group) * kLog2eDouble : 0.0;
       float block_max = kNegInf;
       for (int64_t t = lo; t < hi; ++t) {

@@ -104,6 +104,10 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   s.group_size = static_cast<int32_t>(p.group_size);
   s.q_len = static_cast<int32_t>(p.q_len);
   s.kv_rows = static_cast<int32_t>(p.rows_per_kv_head());
+  if (p.has_q_lens) {
+    s.q_lens = static_cast<const int32_t *>(p.q_lens.data);
+    s.q_lens_stride = p.q_lens.strides[0];
+  }
   s.head_chunks = launch.heads.chunks;
   s.heads_per_chunk = launch.heads.heads_per_chunk;
   s.heads_per_cta = launch.heads.heads_per_cta;
@@ -152,6 +156,11 @@ cuda::CheckParams check_params(const Problem &p, cuda::ContentReport *report) {
     c.seq_lens = static_cast<const int32_t *>(p.seq_lens.data);
     c.seq_lens_stride = p.seq_lens.strides[0];
   }
+  if (p.has_q_lens) {
+    c.q_lens = static_cast<const int32_t *>(p.q_lens.data);
+    c.q_lens_stride = p.q_lens.strides[0];
+  }
+  c.q_len = p.q_len;
   if (p.paged) {
     c.block_table = static_cast<const int32_t *>(p.block_table.data);
     c.block_table_strides[0] = p.block_table.strides[0];
@@ -170,6 +179,7 @@ cuda::CheckParams check_params(const Problem &p, cuda::ContentReport *report) {
 // found: the status and wording of the CPU backend's host check.
 [[noreturn]] void fail_with_report(const cuda::ContentReport &r) {
   const char *found_by = " (found on the device by a checked decode on this handle)";
+  if (r.found == cuda::kFoundQueryLength) fail_bad_query_length(r.sequence, r.value, r.bound, found_by);
   if (r.found == cuda::kFoundLength) fail_bad_length(r.sequence, r.value, r.bound, found_by);
   fail_bad_page(r.sequence, r.column, r.value, r.bound, found_by);
 }

@@ -69,9 +69,13 @@ struct SplitParams {
   int32_t head_dim = 0;
   int32_t q_heads = 0;
   int32_t kv_heads = 0;
-  int32_t group_size = 0;       // q_heads / kv_heads
-  int32_t q_len = 1;            // query tokens per sequence
-  int32_t kv_rows = 0;          // query rows per KV head: q_len * group_size
+  int32_t group_size = 0;  // q_heads / kv_heads
+  int32_t q_len = 1;       // query tokens per sequence (with q_lens: the most)
+  int32_t kv_rows = 0;     // query rows per KV head: q_len * group_size
+  // Ragged query lengths: sequence b's tokens, clamped to [0, q_len]
+  // (query_rows.cuh, sequence_q_len); the kernels run with variant_scores.
+  const int32_t *q_lens = nullptr;  // null: q_len for every sequence
+  int64_t q_lens_stride = 0;
   int32_t head_chunks = 1;      // a KV head's rows are processed in this many chunks (CTAs)
   int32_t heads_per_chunk = 1;  // real rows per chunk (the last one may have fewer)
   int32_t heads_per_cta = 1;    // row slots per CTA: heads_per_chunk rounded up to a power of two
@@ -135,27 +139,31 @@ struct MergeParams {
   OutputParams output;
 };
 
-// FD_CHECK_CONTENTS: the first bad seq_lens or block_table entry that the
+// FD_CHECK_CONTENTS: the first bad q_lens, seq_lens or block_table entry that the
 // check kernel (kernels/check_contents.cuh) found, in host memory mapped
 // into the device, so that the host reads it without synchronising. The
 // kernel writes the fields, then `found` (after a system-wide fence); the
 // host reads `found` first and clears it after reporting.
 struct ContentReport {
-  int32_t found;  // 0: nothing; kFoundLength or kFoundPage
+  int32_t found;  // 0: nothing; kFoundLength, kFoundPage or kFoundQueryLength
   int32_t unused;
   int64_t sequence;  // b
   int64_t column;    // block-table column (kFoundPage)
   int64_t value;     // the bad length or entry
-  int64_t bound;     // kv_capacity or num_pages
+  int64_t bound;     // kv_capacity, num_pages or q_len
 };
 constexpr int32_t kFoundLength = 1;
 constexpr int32_t kFoundPage = 2;
+constexpr int32_t kFoundQueryLength = 3;
 
 // What the check kernel reads: the lengths and used block-table entries of
 // every sequence, and where it reports.
 struct CheckParams {
   const int32_t *seq_lens = nullptr;  // null: every sequence is kv_capacity long
   int64_t seq_lens_stride = 0;
+  const int32_t *q_lens = nullptr;  // null: every sequence has q_len query tokens
+  int64_t q_lens_stride = 0;
+  int64_t q_len = 1;
   const int32_t *block_table = nullptr;  // null: dense cache, nothing else to check
   int64_t block_table_strides[2] = {0, 0};
   int64_t batch = 0;

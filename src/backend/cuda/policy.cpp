@@ -270,11 +270,12 @@ bool cluster_merge_fits(const Problem &p, SplitVariant variant, int splits, int6
 }  // namespace
 
 // Per-row key ranges (several query tokens under a causal mask or a
-// window), a softcap or ALiBi: the kernels built with kVariants. Anything
-// else (one token, or several that all see the same keys; sinks, which the
-// epilogue adds) runs the plain kernels.
+// window, or ragged query lengths, whose padding tokens see no key), a
+// softcap or ALiBi: the kernels built with kVariants. Anything else (one
+// token, or several that all see the same keys; sinks, which the epilogue
+// adds) runs the plain kernels.
 bool needs_variant_scores(const Problem &p) {
-  return (p.q_len > 1 && (p.causal || p.window > 0)) || p.softcap > 0.0f || p.has_alibi;
+  return (p.q_len > 1 && (p.causal || p.window > 0)) || p.has_q_lens || p.softcap > 0.0f || p.has_alibi;
 }
 
 bool rows_aligned(const StridedView &view, size_t element_bytes, uintptr_t alignment) {

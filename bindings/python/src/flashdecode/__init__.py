@@ -92,8 +92,8 @@ def torch_op() -> Any:
 
     ``decode(q, k, v, seq_lens=None, block_table=None, softmax_scale=None,
     num_splits=None, layout="NHD", split_tokens=None, causal=True,
-    window_left=None, logit_softcap=None, alibi_slopes=None, sinks=None)
-    -> (out, lse)``: :meth:`Handle.decode`
+    window_left=None, logit_softcap=None, alibi_slopes=None, sinks=None,
+    k_scale=None, v_scale=None, q_lens=None) -> (out, lse)``: :meth:`Handle.decode`
     with ``return_lse=True``, as a PyTorch custom op with a fake
     implementation, so that it works under ``torch.compile`` (any backend)
     and in captured CUDA graphs. It runs on this thread's handle for q's

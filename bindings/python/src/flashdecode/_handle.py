@@ -188,12 +188,13 @@ class Handle:
             the CPU), ``"cpu"`` or ``"cuda"``; or a :class:`Backend`.
         device: CUDA device ordinal for the CUDA backend.
         num_threads: worker threads of the CPU backend; 0 uses every core.
-        check_contents: check the contents of ``seq_lens`` and ``block_table``
-            on every decode (``FD_CHECK_CONTENTS``, since 0.3). By default
-            they are not checked: each length is clamped to [0, kv_capacity]
-            and each used page index into the pool, so a bad one gives a
-            meaningless result rather than an error. With checks, a bad
-            length raises :class:`InvalidLengthError` and a bad page index
+        check_contents: check the contents of ``seq_lens``, ``q_lens`` and
+            ``block_table`` on every decode (``FD_CHECK_CONTENTS``, since 0.3).
+            By default they are not checked: each length is clamped to [0,
+            kv_capacity], each query count to [0, q_len] and each used page
+            index into the pool, so a bad one gives a meaningless result
+            rather than an error. With checks, a bad length or query count
+            raises :class:`InvalidLengthError` and a bad page index
             :class:`InvalidBlockTableError`, naming the element: from
             :meth:`decode` itself on the CPU backend; on CUDA, where the
             check runs on the device, from the next :meth:`decode` or from
@@ -313,6 +314,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -340,6 +342,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -366,6 +369,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
         stream: Any = None,
@@ -399,6 +403,14 @@ class Handle:
             seq_lens: int32 ``[batch]``, tokens of each sequence (ragged
                 batch); absent: every sequence fills its cache. A list is
                 accepted on the CPU backend.
+            q_lens: int32 ``[batch]``, since 0.3: each sequence's query
+                tokens (ragged speculative steps), clamped to [0, q_len];
+                sequence b's tokens are ``q[b, :q_lens[b]]`` at positions
+                ``L - q_lens[b] + i``; the rest are padding, never read, and
+                get zeros and LSE -inf (the sink with sinks). In q's memory
+                (a list is accepted on the CPU backend) and read at run time
+                (a captured CUDA graph replays with its current values);
+                absent: every sequence has q_len.
             block_table: int32 ``[batch, max_pages]`` page indices: k and v
                 are then a paged cache.
             softmax_scale: multiplies q.k; None means 1/sqrt(head_dim).
@@ -492,8 +504,8 @@ class Handle:
                 :class:`InvalidBlockTableError` (see :class:`Handle`).
             UnsupportedError: ``split_tokens``, ``causal=False``,
                 ``window_left``, ``logit_softcap``, ``alibi_slopes``,
-                ``sinks``, ``k_scale``, ``v_scale`` or an 8-bit cache with a
-                library older than 0.3 (which also refuses
+                ``sinks``, ``k_scale``, ``v_scale``, ``q_lens`` or an 8-bit
+                cache with a library older than 0.3 (which also refuses
                 q_len > 1).
             TypeError: an argument is not an array at all.
         """
@@ -503,11 +515,11 @@ class Handle:
                 return _compiled_decode(
                     torch, q, k, v, out, lse, return_lse, seq_lens, block_table,
                     softmax_scale, num_splits, split_tokens, layout, dtype, stream,
-                    causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
+                    causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens,
                 )  # fmt: skip
         return self._decode(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout,
-            dtype, stream, causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
+            dtype, stream, causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens,
         )  # fmt: skip
 
     def _decode(
@@ -533,11 +545,12 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
     ) -> Any:
         """:meth:`decode` outside torch.compile, with positional arguments (:func:`flash_decode` calls it directly)."""
         signature = _signature(
             q, k, v, out, lse, return_lse, seq_lens, block_table, softmax_scale, num_splits, split_tokens, layout, dtype,
-            causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
+            causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens,
         )  # fmt: skip
         with self._lock:
             pointer = self._pointer
@@ -589,6 +602,8 @@ class Handle:
                     plan.k_scale.value = pointers[9]
                 if plan.v_scale is not None:
                     plan.v_scale.value = pointers[10]
+                if plan.q_lens is not None:
+                    plan.q_lens.value = pointers[11]
                 status = self._decode_raw(pointer, plan.address, stream_value or None)
                 if not status:
                     return (out, lse) if return_lse else out
@@ -615,6 +630,7 @@ class Handle:
                         sinks=sinks,
                         k_scale=k_scale,
                         v_scale=v_scale,
+                        q_lens=q_lens,
                         layout=layout,
                         dtype=dtype,
                         stream=stream,
@@ -630,8 +646,9 @@ class Handle:
                     error = error_from_status(status, last_error_message())
         assert error is not None
         raise self._with_layout_hint(
-            error, q, k, v, out, lse, seq_lens, block_table, layout, dtype, alibi_slopes, sinks, k_scale, v_scale
-        )
+            error, q, k, v, out, lse, seq_lens, block_table, layout, dtype, alibi_slopes, sinks, k_scale, v_scale,
+            q_lens,
+        )  # fmt: skip
 
     def workspace_size(
         self,
@@ -653,13 +670,14 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> int:
         """Bytes of workspace :meth:`decode` needs for these arguments on this handle.
 
-        Depends only on shapes, ``num_splits`` (or ``split_tokens``) and ``window_left``; validates like
-        :meth:`decode`.
+        Depends only on shapes, ``num_splits`` (or ``split_tokens``) and ``window_left`` (not on the
+        contents of ``seq_lens`` or ``q_lens``); validates like :meth:`decode`.
         ``out`` may be omitted (nothing is allocated or written).
         """
         nbytes = ctypes.c_size_t()
@@ -683,6 +701,7 @@ class Handle:
             sinks=sinks,
             k_scale=k_scale,
             v_scale=v_scale,
+            q_lens=q_lens,
             layout=layout,
             dtype=dtype,
         )
@@ -708,6 +727,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         layout: Layout = "NHD",
         dtype: Any = None,
     ) -> PlanInfo:
@@ -738,6 +758,7 @@ class Handle:
             sinks=sinks,
             k_scale=k_scale,
             v_scale=v_scale,
+            q_lens=q_lens,
             layout=layout,
             dtype=dtype,
         )
@@ -793,7 +814,7 @@ class Handle:
             self._workspace = view
 
     def check_contents(self, stream: Any = None) -> None:
-        """Reports a bad ``seq_lens`` or ``block_table`` entry that a checked decode found
+        """Reports a bad ``seq_lens``, ``q_lens`` or ``block_table`` entry that a checked decode found
         (``fd_check_contents``, since 0.3), after waiting for ``stream``.
 
         For handles created with ``check_contents=True``. On CUDA the checks
@@ -811,7 +832,8 @@ class Handle:
                 else the legacy default stream. Ignored by the CPU backend.
 
         Raises:
-            InvalidLengthError: a length outside [0, kv_capacity].
+            InvalidLengthError: a length outside [0, kv_capacity], or a
+                query count outside [0, q_len].
             InvalidBlockTableError: a used page index outside the pool.
             InvalidArgumentError: the handle was created without checks, or
                 ``stream`` is being captured into a CUDA graph.
@@ -1112,6 +1134,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
     ) -> FlashDecodeError:
         """``error``, saying so when the arguments only fit the other layout.
 
@@ -1124,7 +1147,7 @@ class Handle:
         try:
             self.workspace_size(
                 q, k, v, out=out, lse=lse, seq_lens=seq_lens, block_table=block_table, alibi_slopes=alibi_slopes,
-                sinks=sinks, k_scale=k_scale, v_scale=v_scale, layout=other, dtype=dtype,
+                sinks=sinks, k_scale=k_scale, v_scale=v_scale, q_lens=q_lens, layout=other, dtype=dtype,
             )  # fmt: skip
         except Exception:  # the other layout does not fit either (or cannot be asked): no hint
             return error
@@ -1181,6 +1204,7 @@ class Handle:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
         size_query: bool = False,
     ) -> _PreparedCall:
         layout = _as_layout(layout)
@@ -1244,6 +1268,10 @@ class Handle:
         if seq_lens is not None:
             lens_view = view(seq_lens, "seq_lens", kind="int32")
             _fill(call.args.seq_lens, lens_view, _own_dims(lens_view, "seq_lens"))
+        if q_lens is not None:
+            _library.require("fd_decode_args.q_lens", "q_lens")
+            q_lens_view = view(q_lens, "q_lens", kind="int32")
+            _fill(call.args.q_lens, q_lens_view, _own_dims(q_lens_view, "q_lens"))
         if block_table is not None:
             table_view = view(block_table, "block_table", kind="int32")
             _fill(call.args.block_table, table_view, _own_dims(table_view, "block_table"))
@@ -1371,7 +1399,9 @@ class Handle:
 
 _ndarray = np.ndarray
 _modules = sys.modules
-_ARGUMENTS = ("q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks", "k_scale", "v_scale")
+_ARGUMENTS = (
+    "q", "k", "v", "out", "lse", "seq_lens", "block_table", "alibi_slopes", "sinks", "k_scale", "v_scale", "q_lens",
+)  # fmt: skip
 _MAX_PLANS = 16
 """Signatures a handle remembers; the oldest is dropped beyond that."""
 _LAYOUT_ERRORS = (InvalidShapeError, InvalidHeadCountError, InvalidHeadDimError, UnsupportedError)
@@ -1404,6 +1434,7 @@ def _signature(
     sinks: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    q_lens: Any = None,
 ) -> Optional[_Signature]:
     """The key of a decode call's plan, and its data pointers.
 
@@ -1426,7 +1457,7 @@ def _signature(
     ):
         return None
     cls = type(q)
-    optional = (out, lse, seq_lens, block_table, alibi_slopes, sinks, k_scale, v_scale)
+    optional = (out, lse, seq_lens, block_table, alibi_slopes, sinks, k_scale, v_scale, q_lens)
     if cls is _ndarray:
         arrays = _numpy_signature(q, k, v, optional)
     else:
@@ -1445,8 +1476,8 @@ def _signature(
 
 
 # Whether each optional array of a signature (out, lse, seq_lens, block_table, alibi_slopes, sinks,
-# k_scale, v_scale) is written.
-_OUTPUTS = (True, True, False, False, False, False, False, False)
+# k_scale, v_scale, q_lens) is written.
+_OUTPUTS = (True, True, False, False, False, False, False, False, False)
 
 
 def _numpy_signature(q: Any, k: Any, v: Any, optional: Tuple[Any, ...]) -> Optional[_Signature]:
@@ -1576,6 +1607,7 @@ class _Plan:
         "sinks",
         "k_scale",
         "v_scale",
+        "q_lens",
         "new_out",
         "new_lse",
         "pointer_of",
@@ -1604,6 +1636,7 @@ class _Plan:
         self.lse, self.seq_lens, self.block_table = optional("lse"), optional("seq_lens"), optional("block_table")
         self.alibi_slopes, self.sinks = optional("alibi_slopes"), optional("sinks")
         self.k_scale, self.v_scale = optional("k_scale"), optional("v_scale")
+        self.q_lens = optional("q_lens")
         # The fast path calls these only when the signature says the output was allocated.
         self.new_out: Callable[[], Any] = call.out_allocator or _unreachable
         self.new_lse: Callable[[], Any] = call.lse_allocator or _unreachable
@@ -1833,7 +1866,7 @@ def _address_apart(args: FdDecodeArgs) -> int:
     inputs: List[Tuple[int, int]] = []
     for tensor in (
         args.q, args.k, args.v, args.seq_lens, args.block_table, args.alibi_slopes, args.sinks, args.k_scale,
-        args.v_scale,
+        args.v_scale, args.q_lens,
     ):  # fmt: skip
         start = int(tensor.data or 0)
         size = _extent_bytes(tensor) if start else 0
@@ -2070,6 +2103,7 @@ def flash_decode(
     k_scale: Any = None,
     v_scale: Any = None,
     dtype: Any = None,
+    q_lens: Any = None,
 ) -> ArrayT:
     """Decode attention: a drop-in for the Triton split-K reference kernel's ``flash_decode_splitk``.
 
@@ -2096,6 +2130,8 @@ def flash_decode(
             attention variants (since 0.3), as in :meth:`Handle.decode`.
         k_scale, v_scale, dtype: an 8-bit cache's scales and raw storage
             type (since 0.3), as in :meth:`Handle.decode`.
+        q_lens: int32 ``[batch]``, each sequence's query tokens (since 0.3),
+            as in :meth:`Handle.decode`.
 
     Returns:
         q's shape in q's dtype, of q's kind: a NumPy array (computed on the
@@ -2110,7 +2146,7 @@ def flash_decode(
         if softmax_scale is not None:
             raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
         softmax_scale = sm_scale
-    variants = (causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale)
+    variants = (causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens)
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
             q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype, None,
@@ -2291,6 +2327,7 @@ def op_decode(
     sinks: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    q_lens: Any = None,
 ) -> Tuple[Any, Any]:
     """``torch.ops.flashdecode.decode``'s implementation: (out, lse), on this thread's
     handle for q's device and PyTorch's current stream (the CPU backend for CPU tensors).
@@ -2327,6 +2364,7 @@ def op_decode(
             sinks=sinks,
             k_scale=k_scale,
             v_scale=v_scale,
+            q_lens=q_lens,
             layout=_as_layout(layout),
             return_lse=True,
             stream=stream,
@@ -2367,6 +2405,7 @@ def _compiled_decode(
     sinks: Any = None,
     k_scale: Any = None,
     v_scale: Any = None,
+    q_lens: Any = None,
 ) -> Any:
     """A decode inside ``torch.compile``: ``torch.ops.flashdecode.decode``, which the compiler sees
     (shapes from its fake implementation) and does not trace into; given outputs are filled by a copy."""
@@ -2390,7 +2429,7 @@ def _compiled_decode(
         v_scale = _compiled_vector(torch, q, v_scale, "v_scale")
     result, result_lse = torch.ops.flashdecode.decode(
         q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
-        logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
+        logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens,
     )  # fmt: skip
     if out is not None:
         out.copy_(result)

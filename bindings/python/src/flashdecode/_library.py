@@ -102,6 +102,7 @@ class FdDecodeArgs(ctypes.Structure):
         ("sinks", FdTensor),  # since 0.3
         ("k_scale", FdTensor),  # since 0.3: dequantization scales of an 8-bit k
         ("v_scale", FdTensor),  # since 0.3: of an 8-bit v
+        ("q_lens", FdTensor),  # since 0.3: per-sequence query tokens
     ]
 
 
@@ -226,6 +227,7 @@ SINCE: Dict[str, int] = {
     "fd_merge_states": 3,
     "fd_decode_args.k_scale": 3,
     "fd_decode_args.v_scale": 3,
+    "fd_decode_args.q_lens": 3,
     "fd_append_args_init": 3,
     "fd_append_kv": 3,
     "fd_dtype.e4m3": 3,

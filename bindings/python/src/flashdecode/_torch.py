@@ -128,12 +128,13 @@ def _register_op(torch: Any) -> Any:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
     ) -> Tuple[Any, Any]:
         from ._handle import op_decode
 
         return op_decode(
             q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
-            logit_softcap, alibi_slopes, sinks, k_scale, v_scale,
+            logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens,
         )  # fmt: skip
 
     decode.__annotations__ = {
@@ -153,6 +154,7 @@ def _register_op(torch: Any) -> Any:
         "sinks": Optional[Tensor],
         "k_scale": Optional[Tensor],
         "v_scale": Optional[Tensor],
+        "q_lens": Optional[Tensor],
         "return": Tuple[Tensor, Tensor],
     }
     op = library.custom_op(OP_NAME, mutates_args=())(decode)
@@ -174,6 +176,7 @@ def _register_op(torch: Any) -> Any:
         sinks: Any = None,
         k_scale: Any = None,
         v_scale: Any = None,
+        q_lens: Any = None,
     ) -> Tuple[Any, Any]:
         if q.dim() not in (3, 4):
             from ._errors import InvalidShapeError, refuse

@@ -245,10 +245,11 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
     const int64_t begin = range.begin;
     const int64_t end = range.end;
 
+    const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring{};
-    if constexpr (kVariants) scoring = row_scoring(p, begin, end, range.length, query);
+    if constexpr (kVariants) scoring = row_scoring(p, begin, end, range.length, q_len_b, query);
     float q[kVector];
-    load_query<T>(p, b, query, lane, head_real && lane_real, q);
+    load_query<T>(p, b, query, lane, head_real && lane_real && query.token < q_len_b, q);
     SoftmaxState state;
     state.reset();
     // 8-bit caches: scales that do not vary by token fold into q (K) and

@@ -510,10 +510,11 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
       cp_async_commit();  // empty groups too: the waits below count groups
     }
 
+    const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring[2] = {};
     if constexpr (kVariants) {
       for (int r = 0; r < 2; ++r) {
-        scoring[r] = row_scoring(p, begin, end, range.length,
+        scoring[r] = row_scoring(p, begin, end, range.length, q_len_b,
                                  query_row(first_row + m_row + group_row + 8 * r, p.group_size, kv_head));
       }
     }
@@ -527,8 +528,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTil
       using Word = typename RawElement<sizeof(T)>::type;
       constexpr int kWords = kChunkBytes / sizeof(T);
       Word words[kWords] = {};
-      if (row < heads_here && column * kWords < p.head_dim) {
-        const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
+      const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
+      if (row < heads_here && query.token < q_len_b && column * kWords < p.head_dim) {  // padding: zeros
         const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride + query.token * p.q_token_stride +
                           static_cast<int64_t>(query.q_head) * p.q_head_stride + column * kWords;
 #pragma unroll

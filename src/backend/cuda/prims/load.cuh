@@ -132,7 +132,7 @@ struct TokenRange {
 
 __device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
   const int64_t len = sequence_length(p, b);
-  const int64_t begin = min(len, first_key(p, len) + split * p.split_tokens);
+  const int64_t begin = min(len, first_key(p, len, sequence_q_len(p, b)) + split * p.split_tokens);
   return {begin, min(len, begin + p.split_tokens), len};
 }
 

@@ -52,15 +52,23 @@ __device__ __forceinline__ int64_t sequence_length(const SplitParams &p, int64_t
   return len;
 }
 
-// The position of query token `token` of a sequence of length len.
-__device__ __forceinline__ int64_t query_position(const SplitParams &p, int64_t len, int token) {
-  return len - p.q_len + token;
+// Sequence b's query tokens: q_lens[b] clamped to [0, q_len] (as the
+// lengths are), or q_len. Tokens past it are padding: never read, no keys.
+__device__ __forceinline__ int sequence_q_len(const SplitParams &p, int64_t b) {
+  if (p.q_lens == nullptr) return p.q_len;
+  return min(max(__ldg(p.q_lens + b * p.q_lens_stride), 0), p.q_len);
 }
 
+// The position of query token `token` of a sequence of length len with
+// q_len_b query tokens.
+__device__ __forceinline__ int64_t query_position(int64_t len, int q_len_b, int token) { return len - q_len_b + token; }
+
 // The first key any query token of the sequence sees: where its splits
-// start (the window's start for the earliest token; 0 without a window).
-__device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len) {
-  return p.window > 0 ? max(query_position(p, len, 0) - p.window + 1, int64_t{0}) : 0;
+// start (the window's start for the earliest token; 0 without a window;
+// len without query tokens, which read nothing).
+__device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len, int q_len_b) {
+  if (q_len_b == 0) return len;
+  return p.window > 0 ? max(query_position(len, q_len_b, 0) - p.window + 1, int64_t{0}) : 0;
 }
 
 // Keys [begin, end) of a query row at position pos_q in a sequence of length len.
@@ -111,13 +119,15 @@ struct RowScoring {
   }
 };
 
-// Row (token, q_head) of sequence b over the split `split` (a TokenRange's
-// begin, end and length).
+// Row (token, q_head) of a sequence with q_len_b query tokens over the
+// split `split` (a TokenRange's begin, end and length). A padding token
+// (row.token >= q_len_b) sees no key.
 __device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, int64_t split_begin, int64_t split_end,
-                                                  int64_t length, QueryRow row) {
+                                                  int64_t length, int q_len_b, QueryRow row) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const int64_t pos_q = query_position(p, length, row.token);
-  const RowKeys keys = row_keys(p, length, pos_q);
+  const int64_t pos_q = query_position(length, q_len_b, row.token);
+  RowKeys keys = row_keys(p, length, pos_q);
+  if (row.token >= q_len_b) keys = {0, 0};
   RowScoring r;
   r.begin = static_cast<int>(min(max(keys.begin - split_begin, int64_t{0}), split_end - split_begin));
   r.end = static_cast<int>(min(max(keys.end - split_begin, int64_t{0}), split_end - split_begin));

@@ -70,7 +70,7 @@ __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
 template <int kTileTokens>
 __device__ __forceinline__ int64_t sequence_tiles(const SplitParams &p, int64_t b, int64_t &len, int64_t &first) {
   len = sequence_length(p, b);
-  first = first_key(p, len);
+  first = first_key(p, len, sequence_q_len(p, b));
   return (len - first + kTileTokens - 1) / kTileTokens;
 }
 
