@@ -392,7 +392,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     block_max[r] = max_nan(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
     const float m_new = max_nan(m[r], block_max[r]);
     const float base = m_new == negative_infinity() ? 0.0f : m_new;  // nothing seen yet: all weights 0
-    alpha[r] = exp2f(m[r] - base);                                   // 0 when m was -inf
+    alpha[r] = exp2_ftz(m[r] - base);                                // 0 when m was -inf
     p_base[r] = base - Traits::kProbabilityShift;
     m[r] = m_new;
     l[r] *= alpha[r];
@@ -417,7 +417,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
 #pragma unroll
-      for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = exp2f(s[n][2 * r + e] - p_base[r]);
+      for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = exp2_ftz(s[n][2 * r + e] - p_base[r]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cuda/params.h"
+#include "backend/cuda/prims/softmax.cuh"
 
 namespace fd {
 namespace cuda {
@@ -89,7 +90,7 @@ __device__ __forceinline__ RowKeys row_keys(const SplitParams &p, int64_t len, i
 // tanh(y) = 1 - 2 / (exp(2y) + 1), exp(2y) = exp2(s2 * softcap_exp), softcap_exp = 2 log2(e) / c2.
 // Its absolute error is a few float ulps of c2 (tanhf costs several times more).
 __device__ __forceinline__ float softcapped(float s2, float softcap2, float softcap_exp) {
-  return fmaf(-2.0f * softcap2, __fdividef(1.0f, exp2f(s2 * softcap_exp) + 1.0f), softcap2);
+  return fmaf(-2.0f * softcap2, __fdividef(1.0f, exp2_ftz(s2 * softcap_exp) + 1.0f), softcap2);
 }
 
 // How one row scores the keys of one split under the variants (kernels

@@ -26,6 +26,17 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return r;
 }
 
+// exp2 of the hot loops: the MUFU's ex2 with results below 2^-126 flushed
+// to zero. exp2f adds three instructions a call to keep those subnormal
+// results, and a weight that small cannot change a softmax sum that holds a
+// weight of at least 1 (the running max's own); the kernels that run out of
+// instruction issue, not bandwidth, pay for every one.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One thread's share of one query head's online softmax: the running max m,
 // the running sum l of exp2(score - m), and kVector elements of the
 // unnormalised accumulator sum exp2(score - m) * v.
@@ -47,7 +58,7 @@ struct SoftmaxState {
   __device__ bool rescale(float block_max) {
     const float m_new = max_nan(m, block_max);
     if (m_new == negative_infinity()) return false;
-    const float alpha = exp2f(m - m_new);  // 0 when m was -inf
+    const float alpha = exp2_ftz(m - m_new);  // 0 when m was -inf
     l *= alpha;
 #pragma unroll
     for (int i = 0; i < kVector; ++i) acc[i] *= alpha;
@@ -56,7 +67,7 @@ struct SoftmaxState {
   }
 
   // exp2(score - m): 0 for a masked (-inf) score.
-  __device__ float weight(float score) const { return exp2f(score - m); }
+  __device__ float weight(float score) const { return exp2_ftz(score - m); }
 
   // add for an 8-bit cache's per-token value scale: the weight p joins l,
   // p x scale multiplies v.
