@@ -216,6 +216,8 @@ typedef struct fuzz_case {
   int64_t batch, q_heads, kv_heads, head_dim, capacity, page_size, max_pages, num_pages;
   int paged, with_lens, with_lse;
   buffer q, k, v, out, lse, seq_lens, block_table, alibi_slopes, sinks;
+  buffer q_lens;     /* ragged query lengths (add_variants), or none */
+  int64_t *q_counts; /* [batch]: each sequence's query tokens, as the library reads them; NULL: q_len */
   fd_dtype kv_dtype; /* c->dtype, or an 8-bit cache dtype (quantize_case) */
   buffer k_scale, v_scale;
   int64_t *lens; /* [batch], as stored (read back) */
@@ -245,6 +247,8 @@ static void free_case(fuzz_case *c) {
   free(c->sinks.bytes);
   free(c->k_scale.bytes);
   free(c->v_scale.bytes);
+  free(c->q_lens.bytes);
+  free(c->q_counts);
   free(c->lens);
 }
 
@@ -591,6 +595,23 @@ static void add_variants(input *in, fuzz_case *c, fdt_rng *rng) {
   a->logit_softcap = c->softcap;
   if (take(in, 4) == 3) a->alibi_slopes = per_head_tensor(in, c, &c->alibi_slopes, rng, slope_value);
   if (take(in, 4) == 3) a->sinks = per_head_tensor(in, c, &c->sinks, rng, sink_value);
+  /* Ragged query lengths, in [0, q_len]; the padding tokens of q (when it
+   * has its own rows per token) hold NaN, which must never be read. */
+  if (c->batch > 0 && take(in, 4) == 3) {
+    const int64_t shape[1] = {c->batch}, strides[1] = {1};
+    buffer_alloc(&c->q_lens, c->batch, sizeof(int32_t), 0xff);
+    c->q_counts = calloc((size_t)c->batch, sizeof *c->q_counts);
+    if (c->q_counts == NULL) fuzz_fail("out of memory");
+    for (int64_t b = 0; b < c->batch; ++b) {
+      c->q_counts[b] = fdt_int(rng, 0, c->q_len);
+      fdt_store(FD_DTYPE_I32, c->q_lens.bytes, b, (double)c->q_counts[b]);
+      if (a->q.data == NULL || a->q.strides[1] == 0) continue;
+      for (int64_t t = c->q_counts[b]; t < c->q_len; ++t)
+        for (int64_t h = 0; h < c->q_heads; ++h)
+          for (int64_t d = 0; d < c->head_dim; ++d) fdt_store(c->dtype, c->q.bytes, at(&a->q, b, t, h, d), NAN);
+    }
+    a->q_lens = fdt_tensor(c->q_lens.bytes, FD_DTYPE_I32, 1, shape, strides);
+  }
 }
 
 /* Non-finite values where valid tokens reach (flashdecode.h, "Non-finite
@@ -1170,9 +1191,9 @@ static void check_numerics(const fuzz_case *c) {
   p.c.window = c->window;
   p.c.softcap = c->softcap;
   p.lens = c->lens;
-  int64_t *q_counts = calloc((size_t)B + 1, sizeof *q_counts); /* every sequence has all q_len tokens */
+  int64_t *q_counts = calloc((size_t)B + 1, sizeof *q_counts);
   if (q_counts == NULL) fuzz_fail("out of memory");
-  for (int64_t b = 0; b < B; ++b) q_counts[b] = Lq;
+  for (int64_t b = 0; b < B; ++b) q_counts[b] = c->q_counts ? c->q_counts[b] : Lq;
   p.q_counts = q_counts;
   p.ref_alibi_slopes = read_per_head(c, &a->alibi_slopes);
   p.ref_sinks = read_per_head(c, &a->sinks);
@@ -1287,7 +1308,7 @@ static void describe_case(const fuzz_case *c, unsigned threads, unsigned workspa
                "  problem: batch=%lld q_heads=%lld kv_heads=%lld head_dim=%lld capacity=%lld %s%s -> %s%s%s "
                "page_size=%lld max_pages=%lld num_pages=%lld\n"
                "  call: struct_size=%zu softmax_scale=%.17g num_splits=%d split_tokens=%lld threads=%u workspace=%s\n"
-               "  variants: q_len=%lld mask=%s window=%lld softcap=%.9g alibi=%s sinks=%s\n"
+               "  variants: q_len=%lld q_lens=%s mask=%s window=%lld softcap=%.9g alibi=%s sinks=%s\n"
                "  invalid: %s (expect %s)\n",
                (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->head_dim,
                (long long)c->capacity, c->paged ? "paged " : "", fdt_dtype_name(c->dtype), fdt_dtype_name(c->out_dtype),
@@ -1297,9 +1318,9 @@ static void describe_case(const fuzz_case *c, unsigned threads, unsigned workspa
                workspace_mode == 0   ? "library"
                : workspace_mode == 1 ? "caller, exact"
                                      : "caller, 1 byte short",
-               (long long)c->q_len, c->mask == FD_MASK_NONE ? "none" : "causal", (long long)c->window,
-               (double)c->softcap, a->alibi_slopes.data ? "yes" : "no", a->sinks.data ? "yes" : "no",
-               c->mutation ? c->mutation : "nothing", status_name(c->expect));
+               (long long)c->q_len, c->q_counts ? "ragged" : "no", c->mask == FD_MASK_NONE ? "none" : "causal",
+               (long long)c->window, (double)c->softcap, a->alibi_slopes.data ? "yes" : "no",
+               a->sinks.data ? "yes" : "no", c->mutation ? c->mutation : "nothing", status_name(c->expect));
   if (n < 0 || (size_t)n >= left) return;
   cursor += n;
   left -= (size_t)n;
