@@ -360,27 +360,36 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // Inside with neither a softcap nor ALiBi (a causal speculative step):
   // scores are only scaled, without the per-score tests of transform().
   [[maybe_unused]] const bool inside_plain = inside && scoring[0].plain() && scoring[1].plain();
+  // One loop a kind of tile, so that each is straight-line code: a branch
+  // per score pair cost the rows kernels more than the scoring itself.
+  const auto for_each_score = [&](auto &&score_of) {
+#pragma unroll
+    for (int n = 0; n < Traits::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = score_of(s[n][2 * r + e], r, n * 8 + quad_lane * 2 + e);
+      }
+    }
+  };
+  if constexpr (kVariants) {
+    if (inside_plain) {
+      for_each_score([&](float score, int, int) { return score * q_scale; });
+    } else if (inside) {
+      for_each_score(
+          [&](float score, int r, int column) { return scoring[r].transform(score * q_scale, warp_key + column); });
+    } else {
+      for_each_score(
+          [&](float score, int r, int column) { return scoring[r].score(score * q_scale, warp_key + column); });
+    }
+  } else {
+    for_each_score(
+        [&](float score, int, int column) { return column < remaining ? score * q_scale : negative_infinity(); });
+  }
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      if constexpr (kVariants) {
-        const int key = warp_key + n * 8 + quad_lane * 2 + e;
-        if (inside_plain) {
-#pragma unroll
-          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] *= q_scale;
-        } else if (inside) {
-#pragma unroll
-          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = scoring[r].transform(s[n][2 * r + e] * q_scale, key);
-        } else {
-#pragma unroll
-          for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = scoring[r].score(s[n][2 * r + e] * q_scale, key);
-        }
-      } else {
-        const bool valid = n * 8 + quad_lane * 2 + e < remaining;
-#pragma unroll
-        for (int r = 0; r < kRowsHere; ++r) s[n][2 * r + e] = valid ? s[n][2 * r + e] * q_scale : negative_infinity();
-      }
 #pragma unroll
       for (int r = 0; r < kRowsHere; ++r) block_max[r] = max_nan(block_max[r], s[n][2 * r + e]);
     }
@@ -397,11 +406,12 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     m[r] = m_new;
     l[r] *= alpha[r];
   }
-  // The rows kernel, bound by instructions: once the running maxima settle,
-  // most tiles leave every alpha of the warp at exactly 1 and skip the
-  // rescale of the accumulators (a product by 1 is exact: same results).
-  const bool rescale =
-      Traits::kMTiles == 1 || !__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[kRowsHere - 1] == 1.0f);
+  // The kernels bound by instructions (rows, 8-bit): once the running
+  // maxima settle, most tiles leave every alpha of the warp at exactly 1 and
+  // skip the rescale of the accumulators (a product by 1 is exact: same
+  // results). An 8-bit warp tile has 16 tokens against 64 products.
+  constexpr bool kVoteRescale = Traits::kMTiles > 1 || Traits::kQuantized;
+  const bool rescale = !kVoteRescale || !__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[kRowsHere - 1] == 1.0f);
   if (rescale) {
 #pragma unroll
     for (int t = 0; t < Traits::kOTiles; ++t) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
@@ -336,19 +337,30 @@ struct TileLoader {
       const int64_t v_step = Traits::kRowsPerPass * p.v_strides[1] * Traits::kElementBytes;
       const unsigned char *k_src = k_base + first_token * p.k_strides[1] * Traits::kElementBytes;
       const unsigned char *v_src = v_base + first_token * p.v_strides[1] * Traits::kElementBytes;
+      // Every tile but a split's last has all its rows: there the copies
+      // need no per-row test and no zero-fill address (instruction-bound
+      // kernels, the rows and 8-bit ones, pay for each).
+      const auto copy_rows = [&](auto whole_tile) {
 #pragma unroll
-      for (int i = 0; i < Traits::kPasses; ++i) {
-        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int row = first_row + i * Traits::kRowsPerPass;
-        const int offset = Traits::stage_offset(row, column);
-        // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
-        cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
-        cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
-        const int64_t token = first_token + i * Traits::kRowsPerPass;
-        copy_scales(stage, row, i * Traits::kRowsPerPass < remaining, k_scale_base + token * p.k_scale_strides[1],
-                    v_scale_base + token * p.v_scale_strides[1]);
-        k_src += k_step;
-        v_src += v_step;
+        for (int i = 0; i < Traits::kPasses; ++i) {
+          const bool in_sequence = decltype(whole_tile)::value || i * Traits::kRowsPerPass < remaining;
+          const bool valid = decltype(whole_tile)::value || (column_valid && in_sequence);
+          const int row = first_row + i * Traits::kRowsPerPass;
+          const int offset = Traits::stage_offset(row, column);
+          // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
+          cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
+          cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
+          const int64_t token = first_token + i * Traits::kRowsPerPass;
+          copy_scales(stage, row, in_sequence, k_scale_base + token * p.k_scale_strides[1],
+                      v_scale_base + token * p.v_scale_strides[1]);
+          k_src += k_step;
+          v_src += v_step;
+        }
+      };
+      if (column_valid && (Traits::kPasses - 1) * Traits::kRowsPerPass < remaining) {
+        copy_rows(std::true_type{});
+      } else {
+        copy_rows(std::false_type{});
       }
     } else {
       // Every row's page number first, all loads in flight together, then the
