@@ -121,6 +121,25 @@ def alibi_slopes(heads: int) -> np.ndarray:
     return (2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)).astype(np.float32)
 
 
+def to_pages(
+    rng: np.random.Generator, dense_k: np.ndarray, dense_v: np.ndarray, page_size: int, spare_pages: int
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A dense cache ``[batch, max_pages * page_size, kv_heads, dim]`` scattered into a page pool of
+    ``batch * max_pages + spare_pages`` pages (the spare ones zero) through a shuffled block table:
+    ``(pool_k, pool_v, table)``."""
+    batch, capacity = dense_k.shape[:2]
+    max_pages = capacity // page_size
+    num_pages = batch * max_pages + spare_pages
+    table = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    pool_k = np.zeros((num_pages, page_size) + dense_k.shape[2:], dense_k.dtype)
+    pool_v = np.zeros_like(pool_k)
+    for b in range(batch):
+        for j in range(max_pages):
+            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
+            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    return pool_k, pool_v, table
+
+
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), rounding to nearest even."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flashdecode
-from reference import as_float64, attention, from_bf16_bits, random_inputs, to_bf16_bits
+from reference import as_float64, attention, from_bf16_bits, random_inputs, to_bf16_bits, to_pages
 
 # Inputs are compared as the library reads them, so what remains is float32
 # accumulation plus the rounding of the output to its storage type.
@@ -133,14 +133,7 @@ def test_paged_cache(cpu, rng, layout) -> None:
     dense_k = rng.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     dense_v = rng.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     lens = np.array([80, 17, 40], dtype=np.int32)
-    num_pages = batch * max_pages + 3
-    pages = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), np.float32)
-    pool_v = np.zeros_like(pool_k)
-    for b in range(batch):
-        for j in range(max_pages):
-            pool_k[pages[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
-            pool_v[pages[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    pool_k, pool_v, pages = to_pages(rng, dense_k, dense_v, page_size, 3)
     q = rng.standard_normal((batch, 1, heads, dim)).astype(np.float32)
     if layout == "HND":  # [num_pages, kv_heads, page_size, head_dim] pages, q [batch, heads, 1, head_dim]
         pool_k, pool_v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (pool_k, pool_v))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import flashdecode
-from reference import alibi_slopes, attention, variant_attention
+from reference import alibi_slopes, attention, to_pages, variant_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -115,14 +115,7 @@ def paged_problem(torch: Any, layout: str) -> Tuple[Any, ...]:
     dense_k = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     dense_v = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     lens = np.array([128, 1, 0, 77], dtype=np.int32)
-    num_pages = batch * max_pages + 5
-    table = generator.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), np.float32)
-    pool_v = np.zeros_like(pool_k)
-    for b in range(batch):
-        for j in range(max_pages):
-            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
-            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    pool_k, pool_v, table = to_pages(generator, dense_k, dense_v, page_size, 5)
     q = generator.standard_normal((batch, 1, heads, dim)).astype(np.float32)
     expected, expected_lse = attention(q[:, 0], dense_k, dense_v, seq_lens=lens)
     if layout == "HND":
@@ -630,14 +623,7 @@ def test_cuda_paged_ragged_variants(layout) -> None:
     dense_k = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     dense_v = generator.standard_normal((batch, max_pages * page_size, kv_heads, dim)).astype(np.float32)
     lengths = [128, 1, 0, 77]
-    num_pages = batch * max_pages + 5
-    table = generator.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), np.float32)
-    pool_v = np.zeros_like(pool_k)
-    for b in range(batch):
-        for j in range(max_pages):
-            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
-            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    pool_k, pool_v, table = to_pages(generator, dense_k, dense_v, page_size, 5)
     q = generator.standard_normal((batch, q_len, heads, dim)).astype(np.float32)
     slopes, sinks = alibi_slopes(heads), np.linspace(-1.0, 1.0, heads).astype(np.float32)
     options: Dict[str, Any] = dict(causal=True, window_left=40, logit_softcap=10.0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import flashdecode
-from reference import alibi_slopes, as_float64, random_inputs, variant_attention
+from reference import alibi_slopes, as_float64, random_inputs, to_pages, variant_attention
 
 # Inputs are compared as the library reads them: what remains is float32
 # arithmetic and the rounding of the output to its storage type.
@@ -225,14 +225,7 @@ def test_combined_gqa_paged_ragged(cpu, rng, dtype, causal) -> None:
     capacity = page_size * max_pages
     q, dense_k, dense_v = make(rng, batch, q_len, heads, kv_heads, capacity, dim, dtype)
     lens = np.array([capacity, 1, 0, 50], np.int32)
-    num_pages = batch * max_pages + 3
-    table = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), dense_k.dtype)
-    pool_v = np.zeros_like(pool_k)
-    for b in range(batch):
-        for j in range(max_pages):
-            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
-            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    pool_k, pool_v, table = to_pages(rng, dense_k, dense_v, page_size, 3)
     options: Dict[str, Any] = dict(
         seq_lens=lens,
         causal=causal,
@@ -420,14 +413,7 @@ def test_ragged_query_lengths_paged_with_every_variant(cpu, rng, dtype) -> None:
     lens = np.array([capacity, 2, 0, 37], np.int32)
     q_lens = np.array([2, 5, 3, 0], np.int32)
     q = padded(q, q_lens)  # NaN bits in every storage type
-    num_pages = batch * max_pages + 2
-    table = rng.permutation(num_pages)[: batch * max_pages].reshape(batch, max_pages).astype(np.int32)
-    pool_k = np.zeros((num_pages, page_size, kv_heads, dim), dense_k.dtype)
-    pool_v = np.zeros_like(pool_k)
-    for b in range(batch):
-        for j in range(max_pages):
-            pool_k[table[b, j]] = dense_k[b, j * page_size : (j + 1) * page_size]
-            pool_v[table[b, j]] = dense_v[b, j * page_size : (j + 1) * page_size]
+    pool_k, pool_v, table = to_pages(rng, dense_k, dense_v, page_size, 2)
     sinks = np.linspace(-1.0, 1.0, heads).astype(np.float32)
     options: Dict[str, Any] = dict(
         seq_lens=lens, q_lens=q_lens, window_left=20, logit_softcap=8.0, alibi_slopes=alibi_slopes(heads), sinks=sinks
