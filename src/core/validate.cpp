@@ -284,6 +284,17 @@ bool check_per_head(const fd_tensor &t, const char *name, int64_t q_heads, Strid
   return true;
 }
 
+// An optional per-sequence i32 vector (seq_lens, q_lens): [batch], where
+// batch comes from the tensor batch_from names.
+bool check_per_sequence(const fd_tensor &t, const char *name, int64_t batch, const char *batch_from,
+                        StridedView *view) {
+  if (t.data == nullptr) return false;
+  *view = check_tensor(t, name, 1, kSeqLensDims, false);
+  require_dtype(t, name, FD_DTYPE_I32);
+  require_extent(*view, 0, batch, name, "batch", batch_from);
+  return true;
+}
+
 // The cache's capacity from a dense k or a page pool and its block table,
 // and the optional lengths: the same for fd_decode and fd_append_kv
 // (Problem, AppendProblem). p.k, p.batch and p.paged are set; batch_from
@@ -320,12 +331,7 @@ void check_cache_extent(const fd_tensor &args_block_table, const fd_tensor &args
     }
   }
 
-  if (args_seq_lens.data != nullptr) {
-    p.seq_lens = check_tensor(args_seq_lens, "seq_lens", 1, kSeqLensDims, false);
-    require_dtype(args_seq_lens, "seq_lens", FD_DTYPE_I32);
-    require_extent(p.seq_lens, 0, p.batch, "seq_lens", "batch", batch_from);
-    p.has_seq_lens = true;
-  }
+  p.has_seq_lens = check_per_sequence(args_seq_lens, "seq_lens", p.batch, batch_from, &p.seq_lens);
 }
 
 const char *const kDenseScaleDims[] = {"batch", "kv_capacity", "kv_heads"};
@@ -454,12 +460,7 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
     require_lse_apart_from_out(p.out, p.out_dtype, p.lse);
     p.has_lse = true;
   }
-  if (args.q_lens.data != nullptr) {
-    p.q_lens = check_tensor(args.q_lens, "q_lens", 1, kSeqLensDims, false);
-    require_dtype(args.q_lens, "q_lens", FD_DTYPE_I32);
-    require_extent(p.q_lens, 0, p.batch, "q_lens", "batch", "q");
-    p.has_q_lens = true;
-  }
+  p.has_q_lens = check_per_sequence(args.q_lens, "q_lens", p.batch, "q", &p.q_lens);
   p.has_alibi = check_per_head(args.alibi_slopes, "alibi_slopes", p.q_heads, &p.alibi_slopes);
   p.has_sinks = check_per_head(args.sinks, "sinks", p.q_heads, &p.sinks);
   require_outputs_apart_from_inputs(p);

@@ -401,6 +401,17 @@ static int lay_out_scales(fdt_problem *p, const double *scales, const int64_t *k
   return 0;
 }
 
+/* values [batch] as an i32 storage buffer and its tensor (seq_lens, q_lens). */
+static int per_sequence_i32(const int64_t *values, int64_t batch, int32_t **storage, size_t *bytes, fd_tensor *tensor) {
+  *bytes = (size_t)batch * sizeof(int32_t);
+  *storage = malloc(*bytes + 1);
+  if (!*storage) return -1;
+  for (int64_t b = 0; b < batch; ++b) (*storage)[b] = (int32_t)values[b];
+  const int64_t shape[1] = {batch}, strides[1] = {1};
+  *tensor = fdt_tensor(*storage, FD_DTYPE_I32, 1, shape, strides);
+  return 0;
+}
+
 int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   memset(p, 0, sizeof *p);
   p->c = *case_in;
@@ -579,22 +590,8 @@ int fdt_problem_make(fdt_problem *p, const fdt_case *case_in) {
   free(vq);
   free(ks);
   free(vs);
-  if (c->ragged) {
-    p->seq_lens_bytes = (size_t)B * sizeof(int32_t);
-    p->seq_lens = malloc(p->seq_lens_bytes + 1);
-    if (!p->seq_lens) return -1;
-    for (int64_t b = 0; b < B; ++b) p->seq_lens[b] = (int32_t)p->lens[b];
-    const int64_t shape[1] = {B}, strides[1] = {1};
-    p->args.seq_lens = fdt_tensor(p->seq_lens, FD_DTYPE_I32, 1, shape, strides);
-  }
-  if (c->ragged_q) {
-    p->q_lens_bytes = (size_t)B * sizeof(int32_t);
-    p->q_lens = malloc(p->q_lens_bytes + 1);
-    if (!p->q_lens) return -1;
-    for (int64_t b = 0; b < B; ++b) p->q_lens[b] = (int32_t)p->q_counts[b];
-    const int64_t shape[1] = {B}, strides[1] = {1};
-    p->args.q_lens = fdt_tensor(p->q_lens, FD_DTYPE_I32, 1, shape, strides);
-  }
+  if (c->ragged && per_sequence_i32(p->lens, B, &p->seq_lens, &p->seq_lens_bytes, &p->args.seq_lens) != 0) return -1;
+  if (c->ragged_q && per_sequence_i32(p->q_counts, B, &p->q_lens, &p->q_lens_bytes, &p->args.q_lens) != 0) return -1;
   if (c->with_lse) {
     p->lse_bytes = (size_t)(B * Lq * Hq) * sizeof(float);
     p->lse = alloc_nan(p->lse_bytes);
