@@ -915,6 +915,7 @@ typedef struct fd_plan_info {
    * The split kernel, as a static NUL-terminated string (never NULL, never
    * freed): `"cpu"`, or on CUDA `"cuda-core-<bucket>"`,
    * `"tensor-core-<bucket>"`, `"tensor-core-wide-<bucket>"`,
+   * `"tensor-core-compact-<bucket>"` (paged batches of many sequences),
    * `"tensor-core-rows-<bucket>"` / `"tensor-core-rows64-<bucket>"` (17-32
    * / over 32 query rows a KV head: q_len x group) or
    * `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"`

@@ -758,8 +758,8 @@ static void test_capture_without_reserve(void **state) {
 }
 
 /* A captured fd_decode replayed after overwriting q, K, V, seq_lens and the
- * block table in place: a paged ragged batch, and a dense one (on sm_90+ the
- * wide tiles). */
+ * block table in place: a paged ragged batch, a dense one (on sm_90+ the
+ * wide tiles), and a paged one of many units (the compact tiles). */
 static void graph_replay_case(fdt_case c, const char *what) {
   gpu_case t;
   open_case(&t, &c);
@@ -806,6 +806,13 @@ static void test_graph_replay(void **state) {
   c.layout = FDT_BHND;
   c.seed = g_seed + 510;
   graph_replay_case(c, "dense");
+  /* 320 units: the compact tiles on the balanced schedule (test_compact_tiles) */
+  c = dense_case(FD_DTYPE_BF16, 40, 32, 8, 128, g_quick ? 400 : 2500, g_seed + 520);
+  c.layout = FDT_PAGED_NHD;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  graph_replay_case(c, "paged, compact tiles");
 }
 
 /* A captured graph replayed with new queries, caches, lengths, block table,
@@ -948,7 +955,8 @@ static void test_balanced_schedule(void **state) {
 
 /* Plans c on the shared handle, checks it twice against the reference
  * (bitwise equal runs) and that the plan's kernel starts with `kernel`
- * ("tensor-core-": a tensor-core kernel that is not a rows kernel). */
+ * ("tensor-core-": the standard or wide tiles, not the rows, compact or
+ * 8-bit kernels). */
 static void expect_case_on_kernel(const fdt_case *c, const char *test, const char *what, const char *kernel) {
   gpu_case t;
   open_case(&t, c);
@@ -960,12 +968,49 @@ static void expect_case_on_kernel(const fdt_case *c, const char *test, const cha
                 (long long)c->head_dim, (long long)c->q_len, c->ragged_q ? " ragged" : "", plan.kernel,
                 (int)plan.num_splits, (int)plan.merge, t.report);
   close_case(&t);
-  if (!starts_with(plan.kernel, kernel) ||
-      (strcmp(kernel, "tensor-core-") == 0 && starts_with(plan.kernel, "tensor-core-rows"))) {
+  const int other_tensor_core = starts_with(plan.kernel, "tensor-core-rows") ||
+                                starts_with(plan.kernel, "tensor-core-compact-") ||
+                                starts_with(plan.kernel, "tensor-core-8bit-");
+  if (!starts_with(plan.kernel, kernel) || (strcmp(kernel, "tensor-core-") == 0 && other_tensor_core)) {
     fail_msg("%s, %s: kernel %s", test, what, plan.kernel);
   }
   if (bad) fail_msg("%s, %s: %s", test, what, t.report);
   if (!same) fail_msg("%s, %s: two runs differ", test, what);
+}
+
+/* A case of the kernel-family tests below, built by expect_spec_on_kernel:
+ * q's dtype (kv_dtype 0: the same cache dtype; an 8-bit one gets per-head
+ * scales), the shape, the options, and the kernel its plan must name. */
+typedef struct {
+  const char *what;
+  fd_dtype dtype, kv_dtype;
+  fdt_layout layout;
+  int64_t batch, q_heads, kv_heads, head_dim, kv_len, page_size, q_len, window;
+  double softcap;
+  int alibi, sinks, ragged, ragged_q;
+  int32_t splits;
+  const char *kernel; /* the plan's kernel starts with this (expect_case_on_kernel) */
+} kernel_spec;
+
+/* Builds spec's case (a quarter of kv_len in quick mode), with LSE, and
+ * checks it with expect_case_on_kernel. */
+static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uint64_t seed) {
+  const int64_t kv_len = g_quick ? spec->kv_len / 4 : spec->kv_len;
+  fdt_case c = dense_case(spec->dtype, spec->batch, spec->q_heads, spec->kv_heads, spec->head_dim, kv_len, seed);
+  c.kv_dtype = spec->kv_dtype;
+  c.scale_mode = spec->kv_dtype ? FDT_SCALE_HEAD : FDT_SCALE_NONE;
+  c.layout = spec->layout;
+  c.page_size = spec->page_size;
+  c.q_len = spec->q_len;
+  c.window = spec->window;
+  c.softcap = spec->softcap;
+  c.alibi = spec->alibi;
+  c.sinks = spec->sinks;
+  c.ragged = spec->ragged;
+  c.ragged_q = spec->ragged_q;
+  c.num_splits = spec->splits;
+  c.with_lse = 1;
+  expect_case_on_kernel(&c, test, spec->what, spec->kernel);
 }
 
 /* ---- over 16 query rows a KV head -------------------------------------------- */
@@ -979,53 +1024,31 @@ static void expect_case_on_kernel(const fdt_case *c, const char *test, const cha
  * head_dim 64/96/128; 16 rows and head_dim 256 keep the standard tiles. */
 static void test_rows_kernel(void **state) {
   (void)state;
-  static const struct {
-    const char *what;
-    fd_dtype dtype;
-    fdt_layout layout;
-    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
-    double softcap;
-    int alibi, sinks, ragged;
-    int32_t splits;
-    const char *kernel; /* the plan's kernel starts with this ("tensor-core-": not a rows kernel) */
-  } spec[] = {
-      {"q_len 4 x group 4: 16 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 4, 0, 0.0, 0, 0, 0, 0,
+  static const kernel_spec spec[] = {
+      {"q_len 4 x group 4: 16 rows", FD_DTYPE_F16, 0, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 4, 0, 0.0, 0, 0, 0, 0, 0,
        "tensor-core-"},
-      {"q_len 5 x group 4: 20 rows", FD_DTYPE_F16, FDT_BNHD, 3, 32, 8, 128, 3000, 5, 0, 0.0, 0, 0, 1, 0,
+      {"q_len 5 x group 4: 20 rows", FD_DTYPE_F16, 0, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 5, 0, 0.0, 0, 0, 1, 0, 0,
        "tensor-core-rows-"},
-      {"q_len 8 x group 8, window", FD_DTYPE_BF16, FDT_PAGED_NHD, 4, 64, 8, 128, 2500, 8, 700, 0.0, 0, 0, 1, 0,
+      {"q_len 8 x group 8, window", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 64, 8, 128, 2500, 16, 8, 700, 0.0, 0, 0, 1, 0,
+       0, "tensor-core-rows64-"},
+      {"q_len 16 x group 8: two chunks", FD_DTYPE_F16, 0, FDT_BHND, 2, 16, 2, 128, 2000, 16, 16, 0, 0.0, 0, 1, 1, 0, 3,
        "tensor-core-rows64-"},
-      {"q_len 16 x group 8: two chunks", FD_DTYPE_F16, FDT_BHND, 2, 16, 2, 128, 2000, 16, 0, 0.0, 0, 1, 1, 3,
-       "tensor-core-rows64-"},
-      {"q_len 9 x group 4, softcap, ALiBi", FD_DTYPE_BF16, FDT_BNHD_PADDED, 3, 16, 4, 96, 1800, 9, 0, 30.0, 1, 0, 1, 0,
-       "tensor-core-rows64-"},
-      {"q_len 7 x group 4, ALiBi", FD_DTYPE_F16, FDT_BNHD, 2, 16, 4, 128, 2100, 7, 0, 0.0, 1, 0, 0, 0,
+      {"q_len 9 x group 4, softcap, ALiBi", FD_DTYPE_BF16, 0, FDT_BNHD_PADDED, 3, 16, 4, 96, 1800, 16, 9, 0, 30.0, 1, 0,
+       1, 0, 0, "tensor-core-rows64-"},
+      {"q_len 7 x group 4, ALiBi", FD_DTYPE_F16, 0, FDT_BNHD, 2, 16, 4, 128, 2100, 16, 7, 0, 0.0, 1, 0, 0, 0, 0,
        "tensor-core-rows-"},
-      {"group 32, one token", FD_DTYPE_F16, FDT_BNHD, 4, 64, 2, 64, 4000, 1, 0, 0.0, 0, 0, 1, 0, "tensor-core-rows-"},
-      {"q_len 3 x group 12, manual splits", FD_DTYPE_F16, FDT_PAGED_HND, 5, 24, 2, 64, 3000, 3, 0, 0.0, 0, 1, 0, 9,
+      {"group 32, one token", FD_DTYPE_F16, 0, FDT_BNHD, 4, 64, 2, 64, 4000, 16, 1, 0, 0.0, 0, 0, 1, 0, 0,
+       "tensor-core-rows-"},
+      {"q_len 3 x group 12, manual splits", FD_DTYPE_F16, 0, FDT_PAGED_HND, 5, 24, 2, 64, 3000, 16, 3, 0, 0.0, 0, 1, 0,
+       0, 9, "tensor-core-rows64-"},
+      {"q_len 8 x group 8, head_dim 64", FD_DTYPE_BF16, 0, FDT_BNHD, 2, 32, 4, 64, 2600, 16, 8, 0, 0.0, 0, 0, 0, 0, 0,
        "tensor-core-rows64-"},
-      {"q_len 8 x group 8, head_dim 64", FD_DTYPE_BF16, FDT_BNHD, 2, 32, 4, 64, 2600, 8, 0, 0.0, 0, 0, 0, 0,
-       "tensor-core-rows64-"},
-      {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 6, 0, 0.0, 0, 0, 1, 0,
-       "tensor-core-rows64-"},
-      {"head_dim 256", FD_DTYPE_F16, FDT_BNHD, 2, 32, 4, 256, 1500, 8, 0, 0.0, 0, 0, 0, 0, "tensor-core-"},
+      {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 16, 6, 0, 0.0, 0, 0, 1, 0,
+       0, "tensor-core-rows64-"},
+      {"head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD, 2, 32, 4, 256, 1500, 16, 8, 0, 0.0, 0, 0, 0, 0, 0, "tensor-core-"},
   };
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
-    const int64_t kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
-    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
-                            g_seed + 1400 + (uint64_t)i);
-    c.layout = spec[i].layout;
-    c.page_size = 16;
-    c.q_len = spec[i].q_len;
-    c.window = spec[i].window;
-    c.softcap = spec[i].softcap;
-    c.alibi = spec[i].alibi;
-    c.sinks = spec[i].sinks;
-    c.ragged = spec[i].ragged;
-    c.num_splits = spec[i].splits;
-    c.with_lse = 1;
-    expect_case_on_kernel(&c, "rows", spec[i].what, spec[i].kernel);
-  }
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
+    expect_spec_on_kernel(&spec[i], "rows", g_seed + 1400 + (uint64_t)i);
 }
 
 /* ---- ragged query lengths --------------------------------------------------------- */
@@ -1034,45 +1057,58 @@ static void test_rows_kernel(void **state) {
  * tokens NaN (never read); against the reference and twice bitwise equal. */
 static void test_ragged_query_lengths(void **state) {
   (void)state;
-  static const struct {
-    const char *what;
-    fd_dtype dtype, kv_dtype;
-    fdt_layout layout;
-    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
-    int sinks, ragged;
-    int32_t splits;
-    const char *kernel; /* the plan's kernel starts with this ("tensor-core-": not a rows kernel) */
-  } spec[] = {
-      {"q_len 1 (0 or 1 tokens)", FD_DTYPE_F16, 0, FDT_BNHD, 7, 32, 8, 128, 2000, 1, 0, 1, 1, 0, "tensor-core-"},
-      {"q_len 4 x group 4", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 9, 32, 8, 128, 2500, 4, 0, 0, 1, 0, "tensor-core-"},
-      {"q_len 6 x group 4, window", FD_DTYPE_F16, 0, FDT_BNHD, 6, 16, 4, 128, 3000, 6, 500, 1, 1, 0,
+  static const kernel_spec spec[] = {
+      {"q_len 1 (0 or 1 tokens)", FD_DTYPE_F16, 0, FDT_BNHD, 7, 32, 8, 128, 2000, 16, 1, 0, 0.0, 0, 1, 1, 1, 0,
+       "tensor-core-"},
+      {"q_len 4 x group 4", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 9, 32, 8, 128, 2500, 16, 4, 0, 0.0, 0, 0, 1, 1, 0,
+       "tensor-core-"},
+      {"q_len 6 x group 4, window", FD_DTYPE_F16, 0, FDT_BNHD, 6, 16, 4, 128, 3000, 16, 6, 500, 0.0, 0, 1, 1, 1, 0,
        "tensor-core-rows-"},
-      {"q_len 8 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 8, 0, 0, 1, 0,
+      {"q_len 8 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 16, 8, 0, 0.0, 0, 0, 1, 1,
+       0, "tensor-core-rows64-"},
+      {"q_len 16 x group 4, manual splits", FD_DTYPE_F16, 0, FDT_BHND, 5, 8, 2, 64, 2000, 16, 16, 0, 0.0, 0, 1, 0, 1, 5,
        "tensor-core-rows64-"},
-      {"q_len 16 x group 4, manual splits", FD_DTYPE_F16, 0, FDT_BHND, 5, 8, 2, 64, 2000, 16, 0, 1, 0, 5,
-       "tensor-core-rows64-"},
-      {"f32 q: CUDA cores", FD_DTYPE_F32, 0, FDT_BNHD, 6, 16, 4, 128, 1500, 5, 0, 1, 1, 0, "cuda-core-"},
-      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_HND, 8, 32, 8, 128, 2000, 3, 0, 0, 1, 0,
+      {"f32 q: CUDA cores", FD_DTYPE_F32, 0, FDT_BNHD, 6, 16, 4, 128, 1500, 16, 5, 0, 0.0, 0, 1, 1, 1, 0, "cuda-core-"},
+      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_HND, 8, 32, 8, 128, 2000, 16, 3, 0, 0.0, 0, 0, 1, 1, 0,
        "tensor-core-8bit-"},
-      {"MHA head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD_PADDED, 4, 8, 8, 256, 1200, 4, 0, 1, 1, 3, "tensor-core-"},
+      {"MHA head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD_PADDED, 4, 8, 8, 256, 1200, 16, 4, 0, 0.0, 0, 1, 1, 1, 3,
+       "tensor-core-"},
   };
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
-    const int64_t kv_len = g_quick ? spec[i].kv_len / 4 : spec[i].kv_len;
-    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
-                            g_seed + 1500 + (uint64_t)i);
-    c.kv_dtype = spec[i].kv_dtype;
-    c.scale_mode = spec[i].kv_dtype ? FDT_SCALE_HEAD : FDT_SCALE_NONE;
-    c.layout = spec[i].layout;
-    c.page_size = 16;
-    c.q_len = spec[i].q_len;
-    c.ragged_q = 1;
-    c.window = spec[i].window;
-    c.sinks = spec[i].sinks;
-    c.ragged = spec[i].ragged;
-    c.num_splits = spec[i].splits;
-    c.with_lse = 1;
-    expect_case_on_kernel(&c, "ragged q_lens", spec[i].what, spec[i].kernel);
-  }
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
+    expect_spec_on_kernel(&spec[i], "ragged q_lens", g_seed + 1500 + (uint64_t)i);
+}
+
+/* ---- compact tensor-core tiles ------------------------------------------------ */
+/* Paged batches with per-sequence lengths of at least one unit (sequence,
+ * KV head, chunk of 16 rows) a multiprocessor, in pages of 16 tokens or
+ * more, run the compact tiles (4 warps, 32- or 64-token tiles, three
+ * stages): on the balanced schedule, on the fixed one past 4 waves of units,
+ * with the variants' scoring and ragged query lengths, head_dim 64, 96 and
+ * 128; small pages, few units and head_dim 256 keep the standard tiles.
+ * Each against the reference and twice bitwise equal; the plan names the
+ * kernel. */
+static void test_compact_tiles(void **state) {
+  (void)state;
+  static const kernel_spec spec[] = {
+      {"many short sequences: fixed schedule", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 600, 32, 8, 128, 1200, 16, 1, 0, 0.0, 0,
+       0, 1, 0, 0, "tensor-core-compact-128"},
+      {"balanced, group 2", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0, 0, 0, 1, 0, 0,
+       "tensor-core-compact-128"},
+      {"MHA, head_dim 64", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 20, 8, 8, 64, 4000, 16, 1, 0, 0.0, 0, 1, 1, 0, 0,
+       "tensor-core-compact-64"},
+      {"head_dim 96, softcap, ALiBi, sinks", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 24, 32, 8, 96, 3000, 64, 1, 0, 30.0, 1, 1,
+       1, 0, 0, "tensor-core-compact-128"},
+      {"q_len 4 x group 4, window, ragged q_lens", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 32, 8, 128, 3000, 16, 4, 500,
+       0.0, 0, 0, 1, 1, 0, "tensor-core-compact-128"},
+      {"pages of 8: standard tiles", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 32, 8, 128, 3000, 8, 1, 0, 0.0, 0, 0, 1, 0, 0,
+       "tensor-core-"},
+      {"4 sequences: standard tiles", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 32, 8, 128, 6000, 16, 1, 0, 0.0, 0, 0, 1, 0,
+       0, "tensor-core-"},
+      {"head_dim 256: standard tiles", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 16, 8, 256, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0,
+       0, "tensor-core-"},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
+    expect_spec_on_kernel(&spec[i], "compact tiles", g_seed + 1600 + (uint64_t)i);
 }
 
 /* ---- the merge paths and the workspace's counters ---------------------------- */
@@ -2206,6 +2242,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compact_tiles);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

@@ -24,11 +24,12 @@ using namespace dispatch;  // NOLINT: the families and their templates (dispatch
 
 namespace dispatch {
 // The 8-bit families' row functions are instantiated in dispatch_8bit.cu,
-// the rows families' in dispatch_rows.cu.
+// the rows families' and the compact tiles' in dispatch_rows.cu.
 FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<2>)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<4>)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreFamily<MmaTiles::compact>)
 }  // namespace dispatch
 
 namespace {
@@ -36,9 +37,10 @@ namespace {
 // In SplitVariant order (row_of checks).
 const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
     row<CudaCoreFamily>(SplitVariant::cuda_core, "cuda-core-64", "cuda-core-128", "cuda-core-256"),
-    row<TensorCoreFamily<false>>(SplitVariant::tensor_core, "tensor-core-64", "tensor-core-128", "tensor-core-256"),
-    row<TensorCoreFamily<true>>(SplitVariant::tensor_core_wide, "tensor-core-wide-64", "tensor-core-wide-128",
-                                "tensor-core-wide-256"),
+    row<TensorCoreFamily<MmaTiles::standard>>(SplitVariant::tensor_core, "tensor-core-64", "tensor-core-128",
+                                              "tensor-core-256"),
+    row<TensorCoreFamily<MmaTiles::wide>>(SplitVariant::tensor_core_wide, "tensor-core-wide-64", "tensor-core-wide-128",
+                                          "tensor-core-wide-256"),
     row<CudaCoreQuantizedFamily>(SplitVariant::cuda_core_8bit, "cuda-core-8bit-64", "cuda-core-8bit-128",
                                  "cuda-core-8bit-256"),
     row<TensorCoreQuantizedFamily>(SplitVariant::tensor_core_8bit, "tensor-core-8bit-64", "tensor-core-8bit-128",
@@ -47,6 +49,8 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
                                  "tensor-core-rows-256"),
     row<TensorCoreRowsFamily<4>>(SplitVariant::tensor_core_rows64, "tensor-core-rows64-64", "tensor-core-rows64-128",
                                  "tensor-core-rows64-256"),
+    row<TensorCoreFamily<MmaTiles::compact>>(SplitVariant::tensor_core_compact, "tensor-core-compact-64",
+                                             "tensor-core-compact-128", "tensor-core-compact-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {

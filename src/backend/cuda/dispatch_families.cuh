@@ -42,22 +42,25 @@ struct CudaCoreFamily {
   };
 };
 
-// Wide tiles only where a block gets 200+ KiB of shared memory (sm_90 and
-// sm_100: 227 KiB), where they were measured; their 128 KiB would also fit
-// sm_80's 164 KiB, where nobody has timed them against the standard tiles.
-template <bool kWide>
+// The tile shapes of MmaTraits. Wide tiles only where a block gets 200+ KiB
+// of shared memory (sm_90 and sm_100: 227 KiB), where they were measured;
+// their 128 KiB would also fit sm_80's 164 KiB, where nobody has timed them
+// against the standard tiles. Compact tiles run the balanced schedule of
+// paged serving batches (policy.cpp), which has no cluster merge, and stop
+// at head_dim 128 (MmaTraits).
+template <MmaTiles kTiles>
 struct TensorCoreFamily {
   static constexpr bool kQuantized = false;
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
-  static constexpr bool kHasClusters = true;
+  static constexpr bool kHasClusters = kTiles != MmaTiles::compact;
   static constexpr bool kVariantsOnly = false;
-  static constexpr int kMaxBucket = 256;
-  static constexpr int kMinSmemOptin = kWide ? 200 * 1024 : 0;
+  static constexpr int kMaxBucket = kTiles == MmaTiles::compact ? 128 : 256;
+  static constexpr int kMinSmemOptin = kTiles == MmaTiles::wide ? 200 * 1024 : 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, kWide>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, kWide, kCluster, kVariants>;
+    using Traits = MmaTraits<T, kBucket, kTiles>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, kTiles, kCluster, kVariants>;
   };
 };
 
@@ -88,8 +91,8 @@ struct TensorCoreQuantizedFamily {
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, false, true>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, kVariants, true>;
+    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, true>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, false, kVariants, true>;
   };
 };
 
@@ -109,8 +112,8 @@ struct TensorCoreRowsFamily {
   static constexpr int kMinSmemOptin = 0;
   template <class T, int kBucket, bool kCluster, bool kVariants>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, false, false, kMTiles>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, false, false, true, false, kMTiles>;
+    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles>;
   };
 };
 

@@ -63,8 +63,22 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 
 // Batches of at least this many waves of units keep the fixed schedule: one
 // CTA a unit, which the hardware already balances, measured faster there
-// than workers walking a dozen pieces each ("Balanced schedule").
+// than workers walking a dozen pieces each ("Balanced schedule"). Compact
+// tiles have twice the workers: half the waves, the same units a
+// multiprocessor (serving batch 3's 3072 units ran 2% faster fixed).
 constexpr int64_t kBalancedMaxUnitWaves = 8;
+constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
+
+// Compact tiles for paged serving batches ("Compact tensor-core tiles"):
+// four CTAs a multiprocessor hide one unit's pipeline fill and epilogue
+// behind the others', where many units each pay them, but stream a long
+// run of keys slower than the standard tiles. They take batches of at
+// least one unit a multiprocessor (with fewer, the balanced schedule cuts
+// each unit into long runs) in pages of at least kCompactMinPageSize tokens
+// (pages of 1 ran slower on them: the block-table ring of small pages looks
+// kStages tiles ahead, and their tiles are half as long).
+constexpr int64_t kCompactMinUnitsPerSm = 1;
+constexpr int64_t kCompactMinPageSize = 16;
 
 // Query rows a KV head above which the rows kernels run (rows_kernel_takes):
 // one m-tile's.
@@ -178,6 +192,31 @@ VariantChoice invariant_variant(const Problem &p, const DeviceProfile &device) {
   return choice;
 }
 
+// The balanced schedule: per-sequence lengths, automatic splits, not batch
+// invariant (its cut depends on the whole batch). Lengths on the device are
+// what it is for: every CTA reads them and cuts the batch's real keys into
+// equal runs, so long and short sequences finish together and nothing is
+// planned from lengths on the host.
+// Paged caches only: on dense ones the wide tiles' fixed schedule measured
+// faster ("Balanced schedule").
+bool balanced_schedule_takes(const Problem &p) {
+  return FD_BALANCED_SCHEDULE && p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant();
+}
+
+// Whether compact tiles take p (see kCompactMinUnitsPerSm): the balanced
+// schedule's batches, head_dim up to 128, pages of kCompactMinPageSize or
+// more, at least one unit (sequence, KV head, chunk of 16 rows) a
+// multiprocessor, and a device that runs them.
+bool compact_tiles_take(const Problem &p, const DeviceProfile &device) {
+  const SplitVariant compact = SplitVariant::tensor_core_compact;
+  if (!balanced_schedule_takes(p) || p.head_dim > 128 || p.page_size < kCompactMinPageSize ||
+      device.occupancy.ctas(compact, p.kv_dtype, head_dim_bucket(p.head_dim)) == 0) {
+    return false;
+  }
+  const int64_t units = p.batch * p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, compact).rows).chunks;
+  return units >= kCompactMinUnitsPerSm * device.sm_count;
+}
+
 // The rows kernels, built only with the variants' scoring.
 bool is_rows_variant(SplitVariant variant) {
   return variant == SplitVariant::tensor_core_rows || variant == SplitVariant::tensor_core_rows64;
@@ -205,7 +244,8 @@ bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, SplitVaria
 
 // Which split kernel a problem is planned for, from PlanKey fields alone.
 // The tensor cores where they take the problem (but see
-// kMhaCudaCoreMinWaves). Wide tiles where the device has them, for dense
+// kMhaCudaCoreMinWaves). Compact tiles for paged serving batches of many
+// units (compact_tiles_take). Wide tiles where the device has them, for dense
 // caches with automatic splits: with one length when the wave model expects
 // them to finish sooner and their splits outgrow their pipeline, always with
 // per-sequence lengths, whose waves of splits they stream faster. Paged
@@ -230,6 +270,10 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
       choice.variant = SplitVariant::cuda_core;
       return choice;
     }
+  }
+  if (compact_tiles_take(p, device)) {
+    choice.variant = SplitVariant::tensor_core_compact;
+    return choice;
   }
   if (p.paged || p.requested_splits > 0) return choice;
   const SplitVariant wide = SplitVariant::tensor_core_wide;
@@ -305,17 +349,6 @@ bool paged_fits_32bit(const Problem &p) {
   return p.block_table.strides[1] == 0 || p.block_table.shape[1] < kLimit / p.block_table.strides[1];
 }
 
-// The balanced schedule: per-sequence lengths, automatic splits, not batch
-// invariant (its cut depends on the whole batch). Lengths on the device are
-// what it is for: every CTA reads them and cuts the batch's real keys into
-// equal runs, so long and short sequences finish together and nothing is
-// planned from lengths on the host.
-// Paged caches only: on dense ones the wide tiles' fixed schedule measured
-// faster ("Balanced schedule").
-bool balanced_schedule_takes(const Problem &p) {
-  return FD_BALANCED_SCHEDULE && p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant();
-}
-
 // Its workers: every CTA of `variant` the device holds at once.
 int64_t balanced_workers(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
   return int64_t{FD_BALANCED_WAVES} * device.sm_count * resident_ctas(p, variant, device);
@@ -361,8 +394,9 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   // Balanced where every unit has a merge counter (plan_decode sized the
   // slots for this variant) and the units are few waves.
   const int64_t workers = balanced_workers(p, launch.variant, device);
-  if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots &&
-      launch.units < kBalancedMaxUnitWaves * workers) {
+  const int64_t max_unit_waves =
+      launch.variant == SplitVariant::tensor_core_compact ? kCompactBalancedMaxUnitWaves : kBalancedMaxUnitWaves;
+  if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots && launch.units < max_unit_waves * workers) {
     launch.balanced_workers = static_cast<int32_t>(workers);
     launch.piece_overhead_tiles = static_cast<int32_t>(ceil_div(kPieceOverheadTokens, shape.tile_tokens));
     launch.merge = FD_MERGE_FUSED;

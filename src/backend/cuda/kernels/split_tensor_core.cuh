@@ -59,13 +59,18 @@ namespace cuda {
 #define FD_MMA_STAGES 2
 #endif
 
-// Two tile shapes. Standard: 8 warps (4 for head_dim 256), 32 KiB stages
-// (for 16-bit elements), two stages, two CTAs per multiprocessor (by
-// registers); runs everywhere. Wide (on GPUs with 200+ KiB of shared memory
-// per block): 8 warps, 64 KiB stages (256, 128 or 64 tokens for head_dim
-// buckets 64, 128, 256), one CTA per multiprocessor: it streams long splits
-// faster and loses where the grid cannot be sized to the multiprocessors
-// (docs/performance.md, "Wide tensor-core tiles"; policy.cpp picks).
+// Three tile shapes (MmaTiles). Standard: 8 warps (4 for head_dim 256),
+// 32 KiB stages (for 16-bit elements), two stages, two CTAs per
+// multiprocessor (by registers); runs everywhere. Wide (on GPUs with 200+
+// KiB of shared memory per block): 8 warps, 64 KiB stages (256, 128 or 64
+// tokens for head_dim buckets 64, 128, 256), one CTA per multiprocessor: it
+// streams long splits faster and loses where the grid cannot be sized to the
+// multiprocessors (docs/performance.md, "Wide tensor-core tiles"). Compact
+// (head_dim up to 128): 4 warps, 16 KiB stages (32 or 64 tokens for buckets
+// 128 and 64), three stages, four CTAs per multiprocessor: one CTA's
+// pipeline fill and epilogue hide behind three others', which serving
+// batches of many short units pay once a unit ("Compact tensor-core
+// tiles"). policy.cpp picks.
 //
 // Quantized: K/V are an 8-bit cache (T is q's 16-bit type, which the tensor
 // cores compute in). Its tiles travel as raw bytes, four stages deep (half
@@ -91,11 +96,14 @@ namespace cuda {
 // accumulators.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
-template <class T, int Bucket, bool Wide = false, bool Quantized = false, int MTiles = 1>
+enum class MmaTiles { standard, wide, compact };
+
+template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
-  static constexpr bool kWide = Wide;
+  static constexpr bool kWide = Tiles == MmaTiles::wide;
+  static constexpr bool kCompact = Tiles == MmaTiles::compact;
   static constexpr bool kQuantized = Quantized;
   static constexpr int kHeads = kMmaHeads;       // head slots of an m-tile: the MMA's M
   static constexpr int kMTiles = MTiles;         // m-tiles of a CTA, each its own warps
@@ -111,27 +119,29 @@ struct MmaTraits {
   static constexpr int kTokenGroups =  // warps along a tile's tokens
       kTokenWarps   ? 8
       : kWholeTiles ? 1
-                    : (Wide || Bucket != 256 ? 8 : 4) / (MTiles * kDSplits);
+                    : (kWide || (Bucket != 256 && !kCompact) ? 8 : 4) / (MTiles * kDSplits);
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
-  static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256; rows: 256, whole tiles 128)
+  static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256; compact: 128; rows: 256, whole tiles 128)
   // Tokens per warp per tile.
   static constexpr int kWarpTokens = kWholeTiles ? 64
-                                     : Wide      ? (Bucket == 64    ? 64
+                                     : kWide     ? (Bucket == 64    ? 64
                                                     : Bucket == 128 ? 32
                                                                     : 16)
                                                  : (Bucket == 64 ? 32 : 16);
-  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;  // 128, 64, 32 (wide: 256, 128, 64; rows: 128, 64)
-  static constexpr int kRowBytes = Bucket * kElementBytes;        // K/V bytes of a row
+  // 128, 64, 32 (wide: 256, 128, 64; compact: 64, 32; rows: 128, 64)
+  static constexpr int kTileTokens = kTokenGroups * kWarpTokens;
+  static constexpr int kRowBytes = Bucket * kElementBytes;                   // K/V bytes of a row
   static constexpr int kRowStride = Quantized ? kRowBytes + 16 : kRowBytes;  // a stage row's bytes
   static constexpr int kQueryRowBytes = Bucket * static_cast<int>(sizeof(T));
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32 for 16-bit elements
   static constexpr bool kScales = Quantized;                     // per-token scales after K and V (TileLoader)
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
-  // 32 KiB (wide: 64 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
+  // 32 KiB (wide: 64 KiB, compact: 16 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
   // Rows: a 64 KiB pipeline, which leaves room for two CTAs a multiprocessor.
   static constexpr int kStages = Quantized    ? (kTokenWarps ? 2 : 4)
-                                 : Wide       ? 2
+                                 : kWide      ? 2
+                                 : kCompact   ? 3
                                  : MTiles > 1 ? 64 * 1024 / kStageBytes
                                               : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
@@ -167,19 +177,21 @@ struct MmaTraits {
   static constexpr int kPasses = kTileTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
   // 128 bucket is near that limit: read -Xptxas -v after each edit for
-  // spills); whole-tile rows: two of 128 threads, about 230 registers.
-  static constexpr int kMinBlocks = Wide ? 1 : 2;
+  // spills); compact: four of 128 threads, the same 128 registers;
+  // whole-tile rows: two of 128 threads, about 230 registers.
+  static constexpr int kMinBlocks = kWide ? 1 : kCompact ? 4 : 2;
   // P = exp2(score - max) is scaled by 2^kProbabilityShift before it is
   // rounded to 16 bits for P V: fp16 keeps full precision only down to 2^-14,
   // so the small weights of a long context dominated by one token would be
   // subnormal. The factor cancels in acc / l; the stored max is lowered by
   // it, so the LSE and every merge see the true state. P stays below 2^15.
   static constexpr float kProbabilityShift = 15.0f;
-  static_assert(kSmemBytes <= (Wide ? 200 : 110) * 1024, "mma kernel shared memory budget");
+  static_assert(kSmemBytes <= (kWide ? 200 : kCompact ? 54 : 110) * 1024, "mma kernel shared memory budget");
   static_assert(MTiles > 1 || kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes,
                 "the cluster merge's state fits");
-  static_assert(MTiles == 1 || (!Wide && !Quantized && Bucket <= 128 && kTokenGroups >= 1),
+  static_assert(MTiles == 1 || (Tiles == MmaTiles::standard && !Quantized && Bucket <= 128 && kTokenGroups >= 1),
                 "rows: standard 16-bit tiles up to head_dim 128");
+  static_assert(!kCompact || (MTiles == 1 && !Quantized && Bucket <= 128), "compact: 16-bit tiles up to head_dim 128");
   static_assert(Quantized || kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kRows * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
@@ -474,11 +486,12 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // parameters"). kVariants: scores go through the attention variants.
 // kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type).
 // kMTiles: m-tiles of query rows (MmaTraits' MTiles).
-template <class T, int kBucket, bool kWide, bool kCluster, bool kVariants, bool kQuantized = false, int kMTiles = 1>
-__global__ void __launch_bounds__(MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>::kThreads,
-                                  MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>::kMinBlocks)
+template <class T, int kBucket, MmaTiles kTiles, bool kCluster, bool kVariants, bool kQuantized = false,
+          int kMTiles = 1>
+__global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kThreads,
+                                  MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<T, kBucket, kWide, kQuantized, kMTiles>;
+  using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
