@@ -206,13 +206,15 @@ bool balanced_schedule_takes(const Problem &p) {
 // Whether compact tiles take p (see kCompactMinUnitsPerSm): the balanced
 // schedule's batches, head_dim up to 128, pages of kCompactMinPageSize or
 // more, at least one unit (sequence, KV head, chunk of 16 rows) a
-// multiprocessor, and a device that runs them.
+// multiprocessor, and a device that holds at least twice as many compact
+// CTAs as standard ones (what they were measured with: four against two;
+// their gain is the CTAs that overlap each other's fills).
 bool compact_tiles_take(const Problem &p, const DeviceProfile &device) {
   const SplitVariant compact = SplitVariant::tensor_core_compact;
-  if (!balanced_schedule_takes(p) || p.head_dim > 128 || p.page_size < kCompactMinPageSize ||
-      device.occupancy.ctas(compact, p.kv_dtype, head_dim_bucket(p.head_dim)) == 0) {
-    return false;
-  }
+  if (!balanced_schedule_takes(p) || p.head_dim > 128 || p.page_size < kCompactMinPageSize) return false;
+  const int bucket = head_dim_bucket(p.head_dim);
+  const int standard_ctas = device.occupancy.ctas(SplitVariant::tensor_core, p.kv_dtype, bucket);
+  if (device.occupancy.ctas(compact, p.kv_dtype, bucket) < std::max(1, 2 * standard_ctas)) return false;
   const int64_t units = p.batch * p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, compact).rows).chunks;
   return units >= kCompactMinUnitsPerSm * device.sm_count;
 }
