@@ -24,6 +24,7 @@ after a serving engine's allocations and frees):
    on the device (no block table); FlashInfer reads the same memory seen as
    pages of 16, each sequence's real pages only (as the anchor bundle's
    fi_adapter.make does)
+--page-size N gives every paged shape (1-7) pages of N tokens instead.
 
 Rows, for each shape and dtype (fp16, bf16):
 - fd: flashdecode through ctypes, automatic plan (fd_describe_plan's kernel,
@@ -74,6 +75,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -916,6 +918,13 @@ def main():
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths, tables and data")
     parser.add_argument(
+        "--page-size",
+        type=int,
+        default=0,
+        help="tokens a page of every paged shape (shape 8 stays dense), e.g. to A/B a page-size rule; "
+        "default: each shape's own",
+    )
+    parser.add_argument(
         "--fi-dir",
         default=os.path.join(ROOT, ".anchors", "flashinfer"),
         help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh); else an installed flashinfer",
@@ -943,6 +952,16 @@ def main():
         if sid not in known:
             parser.error(f"--shapes: no shape {sid} (1..{len(SHAPES)})")
     shapes = [known[sid] for sid in wanted]
+    if args.page_size < 0:
+        parser.error("--page-size: a positive number of tokens")
+    if args.page_size > 0:  # the notes' own page sizes no longer hold
+        notes = [re.sub(r"(^|, )pages of \d+( tokens?)?", "", s[8]) for s in shapes]
+        shapes = [
+            s[:5] + (args.page_size,) + s[6:8] + ((note + "; " if note else "") + f"--page-size {args.page_size}",)
+            if s[5] > 0
+            else s
+            for s, note in zip(shapes, notes)
+        ]
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
