@@ -18,8 +18,9 @@
 # initcheck synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in
 # seconds. racecheck tracks every shared-memory access and takes about 11 s a
 # case on the tensor-core kernel, so it runs on the tests matching
-# FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case and
-# the first ten matrix cases, which mix both split kernels and the merge).
+# FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case,
+# the first ten matrix cases, which mix both split kernels and the merge, and
+# the compact tiles' test).
 # The python step runs the Python binding's pytest suite (its GPU tests use
 # PyTorch and CuPy tensors) against this build's library
 # (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
@@ -38,7 +39,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 logs=${OUT:-$build/gpu-check}
 mkdir -p "$logs"
 steps=${FD_GPU_CHECK_STEPS:-tests python memcheck racecheck initcheck synccheck demo sdpa}
-racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00?}
+racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00? test_compact_tiles}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
 sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}
 export PATH="$PATH:/usr/local/cuda/bin"

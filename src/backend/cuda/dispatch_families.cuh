@@ -45,9 +45,9 @@ struct CudaCoreFamily {
 // The tile shapes of MmaTraits. Wide tiles only where a block gets 200+ KiB
 // of shared memory (sm_90 and sm_100: 227 KiB), where they were measured;
 // their 128 KiB would also fit sm_80's 164 KiB, where nobody has timed them
-// against the standard tiles. Compact tiles run the balanced schedule of
-// paged serving batches (policy.cpp), which has no cluster merge, and stop
-// at head_dim 128 (MmaTraits).
+// against the standard tiles. Compact tiles run paged serving batches with
+// per-sequence lengths (policy.cpp), which never take the cluster merge,
+// and stop at head_dim 128 (MmaTraits).
 template <MmaTiles kTiles>
 struct TensorCoreFamily {
   static constexpr bool kQuantized = false;
