@@ -171,7 +171,11 @@ static void expect_refused(fd_handle *h, const fd_merge_args *m, fd_status statu
 static void test_bad_arguments(void **state) {
   (void)state;
   enum { R = 2, D = 8 };
-  float a[R * D], b[R * D], out[R * D], la[R], lb[R];
+  /* The two states apart in one buffer: an output shifted into b overlaps
+   * b alone, wherever the compiler puts the locals. */
+  float states[4 * R * D];
+  float *a = states, *b = states + 2 * R * D;
+  float out[R * D], la[R], lb[R];
   memset(out, 0xff, sizeof out);
   for (int i = 0; i < R * D; ++i) a[i] = b[i] = 1.0f;
   la[0] = la[1] = lb[0] = lb[1] = 0.0f;
