@@ -116,6 +116,8 @@ const char *split_variant_name(SplitVariant variant, int head_dim_bucket) {
 
 bool split_variant_takes(SplitVariant variant, fd_dtype kv_dtype) { return row_of(variant).takes(kv_dtype); }
 
+bool split_variant_scores_only(SplitVariant variant) { return row_of(variant).variant_scores_only; }
+
 SplitKernelShape split_kernel_shape(SplitVariant variant, fd_dtype kv_dtype, int64_t head_dim) {
   return row_of(variant).shape(kv_dtype, head_dim_bucket(head_dim));
 }

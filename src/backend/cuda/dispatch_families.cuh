@@ -386,6 +386,7 @@ cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const
 struct SplitVariantRow {
   SplitVariant variant;
   const char *names[kBucketCount];
+  bool variant_scores_only;  // Family::kVariantsOnly
   bool (*takes)(fd_dtype);
   SplitKernelShape (*shape)(fd_dtype, int bucket);
   cudaError_t (*prepare)(fd_dtype, int bucket, const DeviceLimits &, int &ctas, int (&clusters)[kMaxClusterSplits + 1]);
@@ -397,6 +398,7 @@ template <class Family>
 constexpr SplitVariantRow row(SplitVariant variant, const char *name_64, const char *name_128, const char *name_256) {
   return {variant,
           {name_64, name_128, name_256},
+          Family::kVariantsOnly,
           family_takes<Family>,
           family_shape<Family>,
           prepare_family<Family>,

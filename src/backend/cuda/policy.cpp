@@ -219,11 +219,6 @@ bool compact_tiles_take(const Problem &p, const DeviceProfile &device) {
   return units >= kCompactMinUnitsPerSm * device.sm_count;
 }
 
-// The rows kernels, built only with the variants' scoring.
-bool is_rows_variant(SplitVariant variant) {
-  return variant == SplitVariant::tensor_core_rows || variant == SplitVariant::tensor_core_rows64;
-}
-
 // Over 16 query rows a KV head (several query tokens x the GQA group, or a
 // group above 16): the rows kernels read each K/V tile once for up to 32
 // (two m-tiles) or, above 32 rows, 64 of them (four), where the standard
@@ -391,7 +386,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   if (!launch.aligned || (p.paged && !paged_fits_32bit(p))) launch.variant = fallback_variant(p);
   const SplitKernelShape shape = shape_of(p, launch.variant);
   launch.heads = tile_heads(p.rows_per_kv_head(), shape.rows);
-  launch.variant_scores = needs_variant_scores(p) || is_rows_variant(launch.variant);
+  launch.variant_scores = needs_variant_scores(p) || split_variant_scores_only(launch.variant);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
   // Balanced where every unit has a merge counter (plan_decode sized the
   // slots for this variant) and the units are few waves.

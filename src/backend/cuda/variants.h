@@ -56,10 +56,13 @@ struct SplitKernelShape {
 };
 
 // The variant's table entries (dispatch.cu): its name for fd_plan_info::kernel
-// (a static string), whether it has kernels for a K/V storage dtype, and the
-// shape of its kernel for a dtype it takes (else FD_ERROR_INTERNAL).
+// (a static string), whether it has kernels for a K/V storage dtype, whether
+// it is built only with the variants' scoring (SplitParams::variant_scores
+// must then be set), and the shape of its kernel for a dtype it takes (else
+// FD_ERROR_INTERNAL).
 const char *split_variant_name(SplitVariant variant, int head_dim_bucket);
 bool split_variant_takes(SplitVariant variant, fd_dtype kv_dtype);
+bool split_variant_scores_only(SplitVariant variant);
 SplitKernelShape split_kernel_shape(SplitVariant variant, fd_dtype kv_dtype, int64_t head_dim);
 
 // Resident CTAs a multiprocessor of the current device holds, per variant,

@@ -121,22 +121,6 @@ struct KvRowOffsets {
   int64_t v;
 };
 
-// The tokens [begin, end) split `split` of sequence b reads: its share of
-// the keys the sequence's queries see (from first_key: the window's start,
-// else 0), cut at the sequence's length (clamped to [0, kv_capacity]);
-// empty when the sequence ends before it. `length` is that length.
-struct TokenRange {
-  int64_t begin;
-  int64_t end;
-  int64_t length;
-};
-
-__device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
-  const int64_t len = sequence_length(p, b);
-  const int64_t begin = min(len, first_key(p, len, sequence_q_len(p, b)) + split * p.split_tokens);
-  return {begin, min(len, begin + p.split_tokens), len};
-}
-
 // The page of a sequence that holds `token`, in the one way both loaders
 // look pages up: a shift when the page size is a power of two, else a
 // division. Tokens are below INT32_MAX (validation).

@@ -72,13 +72,38 @@ __device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len, 
   return p.window > 0 ? max(query_position(len, q_len_b, 0) - p.window + 1, int64_t{0}) : 0;
 }
 
-// Keys [begin, end) of a query row at position pos_q in a sequence of length len.
+// A piece of work's tokens [begin, end) of a sequence of length `length`
+// (clamped to [0, kv_capacity]) with q_len query tokens (sequence_q_len),
+// both read once a piece.
+struct TokenRange {
+  int64_t begin;
+  int64_t end;
+  int64_t length;
+  int q_len;
+};
+
+// The tokens split `split` of sequence b reads: its share of the keys the
+// sequence's queries see (from first_key: the window's start, else 0), cut
+// at the sequence's length; empty when the sequence ends before it.
+__device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
+  const int64_t len = sequence_length(p, b);
+  const int q_len_b = sequence_q_len(p, b);
+  const int64_t begin = min(len, first_key(p, len, q_len_b) + split * p.split_tokens);
+  return {begin, min(len, begin + p.split_tokens), len, q_len_b};
+}
+
+// Keys [begin, end) of a sequence.
 struct RowKeys {
   int64_t begin;
   int64_t end;
 };
 
-__device__ __forceinline__ RowKeys row_keys(const SplitParams &p, int64_t len, int64_t pos_q) {
+// The keys query token `token` of a sequence of length len with q_len_b
+// query tokens sees (causal mask and window), as core/problem.h's
+// query_keys: empty for a padding token (token >= q_len_b).
+__device__ __forceinline__ RowKeys row_keys(const SplitParams &p, int64_t len, int q_len_b, int token) {
+  if (token >= q_len_b) return {len, len};
+  const int64_t pos_q = query_position(len, q_len_b, token);
   int64_t end = p.causal ? min(pos_q + 1, len) : len;
   end = max(end, int64_t{0});
   const int64_t begin = p.window > 0 ? max(pos_q - p.window + 1, int64_t{0}) : 0;
@@ -120,19 +145,20 @@ struct RowScoring {
   }
 };
 
-// Row (token, q_head) of a sequence with q_len_b query tokens over the
-// split `split` (a TokenRange's begin, end and length). A padding token
-// (row.token >= q_len_b) sees no key.
-__device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, int64_t split_begin, int64_t split_end,
-                                                  int64_t length, int q_len_b, QueryRow row) {
+// Row (token, q_head) over the tokens of `range`. A padding token
+// (row.token >= range.q_len) sees no key. A slot that holds no row of the
+// problem (`real` false: an m-tile's slots past the chunk's rows) sees
+// every key: its scores are never written, and a mask on it would keep the
+// real rows sharing its warp tiles from the unmasked path.
+__device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, const TokenRange &range, QueryRow row,
+                                                  bool real = true) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const int64_t pos_q = query_position(length, q_len_b, row.token);
-  RowKeys keys = row_keys(p, length, pos_q);
-  if (row.token >= q_len_b) keys = {0, 0};
+  const RowKeys keys = real ? row_keys(p, range.length, range.q_len, row.token) : RowKeys{range.begin, range.end};
+  const int64_t split_tokens = range.end - range.begin;
   RowScoring r;
-  r.begin = static_cast<int>(min(max(keys.begin - split_begin, int64_t{0}), split_end - split_begin));
-  r.end = static_cast<int>(min(max(keys.end - split_begin, int64_t{0}), split_end - split_begin));
-  r.position = static_cast<int>(pos_q - split_begin);
+  r.begin = static_cast<int>(min(max(keys.begin - range.begin, int64_t{0}), split_tokens));
+  r.end = static_cast<int>(min(max(keys.end - range.begin, int64_t{0}), split_tokens));
+  r.position = static_cast<int>(query_position(range.length, range.q_len, row.token) - range.begin);
   r.slope2 = p.alibi_slopes != nullptr ? __ldg(p.alibi_slopes + row.q_head * p.alibi_stride) * kLog2e : 0.0f;
   r.softcap2 = p.softcap;
   r.softcap_exp = p.softcap > 0.0f ? 2.0f * kLog2e / p.softcap : 0.0f;
