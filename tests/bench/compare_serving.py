@@ -25,6 +25,10 @@ after a serving engine's allocations and frees):
    pages of 16, each sequence's real pages only (as the anchor bundle's
    fi_adapter.make does)
 --page-size N gives every paged shape (1-7) pages of N tokens instead.
+--shape SPEC (repeatable) adds a shape of your own, numbered 101, 102, ...:
+BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM, then pN for pages of N tokens
+(default 16) or "dense", e.g. 64x32/4x1..8192x256p8 (--shapes "" runs only
+those). FlashInfer's bundle holds head_dim 64/128/256 and groups up to 16.
 
 Rows, for each shape and dtype (fp16, bf16):
 - fd: flashdecode through ctypes, automatic plan (fd_describe_plan's kernel,
@@ -124,6 +128,24 @@ SHAPES = [
 ]
 
 STARTED = time.monotonic()
+
+
+CUSTOM_SHAPE = re.compile(r"^(\d+)x(\d+)/(\d+)x(\d+)\.\.(\d+)x(\d+)(?:p(\d+)|(dense))?$")
+CUSTOM_FIRST_ID = 101
+
+
+def custom_shape(spec, sid):
+    """A --shape SPEC as a SHAPES entry numbered sid, or None if SPEC does not parse."""
+    match = CUSTOM_SHAPE.match(spec.replace(" ", ""))
+    if match is None:
+        return None
+    batch, q_heads, kv_heads, lo, hi, head_dim = (int(match.group(i)) for i in range(1, 7))
+    if min(batch, q_heads, kv_heads, lo, head_dim) < 1 or hi < lo or q_heads % kv_heads:
+        return None
+    page = 0 if match.group(8) else int(match.group(7) or 16)
+    if not match.group(8) and page < 1:
+        return None
+    return (sid, batch, q_heads, kv_heads, head_dim, page, ((1.0, lo, hi),), sid, f"--shape {spec}")
 
 
 def log(message):
@@ -911,6 +933,12 @@ def main():
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated: float16, bfloat16")
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8", help="comma-separated shape ids, 1..8")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        help="a shape of your own, BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense] (repeatable; ids 101, ...)",
+    )
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument(
@@ -952,6 +980,12 @@ def main():
         if sid not in known:
             parser.error(f"--shapes: no shape {sid} (1..{len(SHAPES)})")
     shapes = [known[sid] for sid in wanted]
+    for i, spec in enumerate(args.shape):
+        shape = custom_shape(spec, CUSTOM_FIRST_ID + i)
+        if shape is None:
+            parser.error(f"--shape {spec}: expected BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense], e.g. 64x32/4x1..8192x256p8")
+        shapes.append(shape)
+        wanted.append(shape[0])
     if args.page_size < 0:
         parser.error("--page-size: a positive number of tokens")
     if args.page_size > 0:  # the notes' own page sizes no longer hold
