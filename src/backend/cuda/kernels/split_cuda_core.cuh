@@ -245,9 +245,9 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
     const int64_t begin = range.begin;
     const int64_t end = range.end;
 
-    const int q_len_b = range.q_len;
+    const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring{};
-    if constexpr (kVariants) scoring = row_scoring(p, range, query, head_real);
+    if constexpr (kVariants) scoring = row_scoring(p, range, q_len_b, query, head_real);
     float q[kVector];
     load_query<T>(p, b, query, lane, head_real && lane_real && query.token < q_len_b, q);
     SoftmaxState state;

@@ -533,12 +533,13 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       cp_async_commit();  // empty groups too: the waits below count groups
     }
 
-    const int q_len_b = range.q_len;
+    const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring[2] = {};
     if constexpr (kVariants) {
       for (int r = 0; r < 2; ++r) {
         const int row = m_row + group_row + 8 * r;
-        scoring[r] = row_scoring(p, range, query_row(first_row + row, p.group_size, kv_head), row < heads_here);
+        scoring[r] =
+            row_scoring(p, range, q_len_b, query_row(first_row + row, p.group_size, kv_head), row < heads_here);
       }
     }
 

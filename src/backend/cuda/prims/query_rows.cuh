@@ -73,13 +73,13 @@ __device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len, 
 }
 
 // A piece of work's tokens [begin, end) of a sequence of length `length`
-// (clamped to [0, kv_capacity]) with q_len query tokens (sequence_q_len),
-// both read once a piece.
+// (clamped to [0, kv_capacity]). The sequence's query tokens are read again
+// where a kernel needs them (sequence_q_len): carrying them in the piece
+// made the rows kernels' code 6% longer.
 struct TokenRange {
   int64_t begin;
   int64_t end;
   int64_t length;
-  int q_len;
 };
 
 // The tokens split `split` of sequence b reads: its share of the keys the
@@ -89,7 +89,7 @@ __device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t 
   const int64_t len = sequence_length(p, b);
   const int q_len_b = sequence_q_len(p, b);
   const int64_t begin = min(len, first_key(p, len, q_len_b) + split * p.split_tokens);
-  return {begin, min(len, begin + p.split_tokens), len, q_len_b};
+  return {begin, min(len, begin + p.split_tokens), len};
 }
 
 // Keys [begin, end) of a sequence.
@@ -145,20 +145,21 @@ struct RowScoring {
   }
 };
 
-// Row (token, q_head) over the tokens of `range`. A padding token
-// (row.token >= range.q_len) sees no key. A slot that holds no row of the
+// Row (token, q_head) of a sequence with q_len_b query tokens over the
+// tokens of `range`. A padding token
+// (row.token >= q_len_b) sees no key. A slot that holds no row of the
 // problem (`real` false: an m-tile's slots past the chunk's rows) sees
 // every key: its scores are never written, and a mask on it would keep the
 // real rows sharing its warp tiles from the unmasked path.
-__device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, const TokenRange &range, QueryRow row,
-                                                  bool real = true) {
+__device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, const TokenRange &range, int q_len_b,
+                                                  QueryRow row, bool real = true) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const RowKeys keys = real ? row_keys(p, range.length, range.q_len, row.token) : RowKeys{range.begin, range.end};
+  const RowKeys keys = real ? row_keys(p, range.length, q_len_b, row.token) : RowKeys{range.begin, range.end};
   const int64_t split_tokens = range.end - range.begin;
   RowScoring r;
   r.begin = static_cast<int>(min(max(keys.begin - range.begin, int64_t{0}), split_tokens));
   r.end = static_cast<int>(min(max(keys.end - range.begin, int64_t{0}), split_tokens));
-  r.position = static_cast<int>(query_position(range.length, range.q_len, row.token) - range.begin);
+  r.position = static_cast<int>(query_position(range.length, q_len_b, row.token) - range.begin);
   r.slope2 = p.alibi_slopes != nullptr ? __ldg(p.alibi_slopes + row.q_head * p.alibi_stride) * kLog2e : 0.0f;
   r.softcap2 = p.softcap;
   r.softcap_exp = p.softcap > 0.0f ? 2.0f * kLog2e / p.softcap : 0.0f;

@@ -42,7 +42,7 @@ struct Piece {
   int64_t b = 0;
   int kv_head = 0;
   int chunk = 0;
-  TokenRange range = {0, 0, 0, 0};
+  TokenRange range = {0, 0, 0};
   int split = 0;         // fixed schedule: the split (the workspace index of its partial)
   int slot = -1;         // balanced: the partial-state slot; -1: the whole unit
   int pieces = 1;        // balanced: the unit's pieces (the merge counter's target)
@@ -66,22 +66,18 @@ __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
   return v;
 }
 
-// A sequence's tiles of keys its queries see (from first_key: the window),
-// and its length, query tokens and first key.
+// A sequence's tiles of keys its queries see (from first_key: the window).
 template <int kTileTokens>
-__device__ __forceinline__ int64_t sequence_tiles(const SplitParams &p, int64_t b, int64_t &len, int &q_len_b,
-                                                  int64_t &first) {
+__device__ __forceinline__ int64_t sequence_tiles(const SplitParams &p, int64_t b, int64_t &len, int64_t &first) {
   len = sequence_length(p, b);
-  q_len_b = sequence_q_len(p, b);
-  first = first_key(p, len, q_len_b);
+  first = first_key(p, len, sequence_q_len(p, b));
   return (len - first + kTileTokens - 1) / kTileTokens;
 }
 
 template <int kTileTokens>
 __device__ __forceinline__ int64_t unit_cost(const SplitParams &p, int64_t b) {
   int64_t len, first;
-  int q_len_b;
-  return sequence_tiles<kTileTokens>(p, b, len, q_len_b, first) + p.piece_overhead_tiles;
+  return sequence_tiles<kTileTokens>(p, b, len, first) + p.piece_overhead_tiles;
 }
 
 }  // namespace schedule_detail
@@ -159,8 +155,7 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
   int count = 0;
   while (b < p.batch && count < kPieceBatch) {
     int64_t len, first;
-    int q_len_b;
-    const int64_t tiles = sequence_tiles<kTileTokens>(p, b, len, q_len_b, first);
+    const int64_t tiles = sequence_tiles<kTileTokens>(p, b, len, first);
     const int64_t cost = tiles + p.piece_overhead_tiles;
     if (unit < 0) unit = static_cast<int>(max(int64_t{0}, run_begin - sequence_start) / cost);
     for (; unit < units_per_sequence && count < kPieceBatch; ++unit) {
@@ -176,12 +171,12 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
       if (tiles == 0) {
         // No keys: the worker whose run holds the unit's start writes it.
         mine = unit_start >= run_begin;
-        piece.range = {first, first, len, q_len_b};
+        piece.range = {first, first, len};
       } else {
         const int64_t t0 = max(run_begin, tiles_start) - tiles_start;
         const int64_t t1 = min(run_end, tiles_end) - tiles_start;
         mine = t0 < t1;  // else the run holds only the unit's overhead
-        piece.range = {first + t0 * kTileTokens, min(len, first + t1 * kTileTokens), len, q_len_b};
+        piece.range = {first + t0 * kTileTokens, min(len, first + t1 * kTileTokens), len};
         if (mine && (tiles_start < run_begin || tiles_end > run_end)) {  // cut: which workers share it
           const int64_t first_worker = tiles_start / run;
           piece.first_worker = static_cast<int>(first_worker);
