@@ -1001,7 +1001,12 @@ def main():
             saved = json.load(f)
         rows = saved["results"]
         dtypes = [d for d in dtypes if any(r["dtype"] == d for r in rows)] or sorted({r["dtype"] for r in rows})
-        rows = [r for r in rows if r["dtype"] in dtypes and r["shape_id"] in wanted]
+        # Shapes of your own (--shape, ids from CUSTOM_FIRST_ID) are kept: their specs are in the file.
+        rows = [
+            r
+            for r in rows
+            if r["dtype"] in dtypes and (r["shape_id"] in wanted or r["shape_id"] >= CUSTOM_FIRST_ID)
+        ]
         for when, found in zip(("at the start", "at the end"), saved.get("ceilings", [])):
             print_ceilings(when, found)
         report(rows, dtypes, saved["read_ceiling_gbps"], args.plot)
