@@ -2275,7 +2275,22 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_callers_context_is_kept);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_input_rejected);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_unsupported_head_dim);
-  printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s)\n", count, g_quick ? " (quick)" : "",
-         (unsigned long long)g_seed, devices);
+  /* "i/n": every n-th test from the i-th, so that n processes share the
+   * suite (tests/tools/gpu-check.sh, FD_GPU_CHECK_SHARDS) and together run
+   * every test once, whatever its name. */
+  const char *shard = getenv("FD_GPU_TEST_SHARD");
+  if (shard != NULL && shard[0] != '\0') {
+    int index = -1, shards = 0;
+    char rest = 0;
+    if (sscanf(shard, "%d/%d%c", &index, &shards, &rest) != 2 || shards < 1 || index < 0 || index >= shards) {
+      fprintf(stderr, "FD_GPU_TEST_SHARD must be i/n with 0 <= i < n, got \"%s\"\n", shard);
+      return 2;
+    }
+    int kept = 0;
+    for (int i = index; i < n; i += shards) tests[kept++] = tests[i];
+    n = kept;
+  }
+  printf("GPU tests: %d matrix cases%s, seed %llu, %d device(s), %d test(s) here\n", count, g_quick ? " (quick)" : "",
+         (unsigned long long)g_seed, devices, n);
   return _cmocka_run_group_tests("cuda_decode", tests, (size_t)n, group_setup, group_teardown);
 }

@@ -16,7 +16,10 @@
 #
 # FD_GPU_CHECK_STEPS picks steps (default: "tests python memcheck racecheck
 # initcheck synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in
-# seconds. racecheck tracks every shared-memory access and takes about 11 s a
+# seconds. FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
+# processes at once, each every N-th test (FD_GPU_TEST_SHARD): its float64
+# references run on the host, so the suite takes a fraction of its serial
+# time on a machine with several cores. racecheck tracks every shared-memory access and takes about 11 s a
 # case on the tensor-core kernel, so it runs on the tests matching
 # FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case,
 # the first ten matrix cases, which mix both split kernels and the merge, and
@@ -41,6 +44,7 @@ mkdir -p "$logs"
 steps=${FD_GPU_CHECK_STEPS:-tests python memcheck racecheck initcheck synccheck demo sdpa}
 racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00? test_compact_tiles}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
+shards=${FD_GPU_CHECK_SHARDS:-1}
 sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}
 export PATH="$PATH:/usr/local/cuda/bin"
 export PYTHONUNBUFFERED=1
@@ -91,7 +95,20 @@ echo "=== machine: $machine"
 for step in $steps; do
   case $step in
     tests)
-      run_step tests ctest --test-dir "$build" -L gpu -V --timeout "$step_timeout"
+      if [ "$shards" -gt 1 ]; then
+        # shellcheck disable=SC2016 # the inner script's variables are its arguments
+        run_step tests bash -c '
+          build=$1 shards=$2 limit=$3 logs=$4 rc=0
+          ctest --test-dir "$build" -L gpu -E "^test_cuda_decode\$" -V --timeout "$limit" || rc=1
+          for ((i = 0; i < shards; i++)); do
+            FD_GPU_TEST_SHARD=$i/$shards "$build/tests/gpu/test_cuda_decode" >"$logs/tests-shard$i.log" 2>&1 &
+          done
+          for ((i = 0; i < shards; i++)); do wait -n || rc=1; done
+          for ((i = 0; i < shards; i++)); do cat "$logs/tests-shard$i.log" && rm -f "$logs/tests-shard$i.log"; done
+          exit $rc' _ "$build" "$shards" "$step_timeout" "$logs"
+      else
+        run_step tests ctest --test-dir "$build" -L gpu -V --timeout "$step_timeout"
+      fi
       note "$(grep -E 'PASSED|FAILED|tests passed|Skipped' "$logs/tests.log" | tr -s ' ' | tr '\n' ';' | cut -c1-110)"
       ;;
     memcheck) sanitize memcheck ;;
