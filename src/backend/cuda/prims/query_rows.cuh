@@ -75,7 +75,7 @@ __device__ __forceinline__ int64_t first_key(const SplitParams &p, int64_t len, 
 // A piece of work's tokens [begin, end) of a sequence of length `length`
 // (clamped to [0, kv_capacity]). The sequence's query tokens are read again
 // where a kernel needs them (sequence_q_len): carrying them in the piece
-// made the rows kernels' code 6% longer.
+// made the 64-row kernel's code 6% longer.
 struct TokenRange {
   int64_t begin;
   int64_t end;
