@@ -19,8 +19,9 @@
 # seconds. FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
 # processes at once, each every N-th test (FD_GPU_TEST_SHARD): its float64
 # references run on the host, so the suite takes a fraction of its serial
-# time on a machine with several cores. racecheck tracks every shared-memory access and takes about 11 s a
-# case on the tensor-core kernel, so it runs on the tests matching
+# time on a machine with several cores. racecheck tracks every shared-memory
+# access and takes about 11 s a case on the tensor-core kernel, so it runs
+# on the tests matching
 # FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case,
 # the first ten matrix cases, which mix both split kernels and the merge, and
 # the compact tiles' test).

@@ -146,11 +146,11 @@ struct RowScoring {
 };
 
 // Row (token, q_head) of a sequence with q_len_b query tokens over the
-// tokens of `range`. A padding token
-// (row.token >= q_len_b) sees no key. A slot that holds no row of the
-// problem (`real` false: an m-tile's slots past the chunk's rows) sees
-// every key: its scores are never written, and a mask on it would keep the
-// real rows sharing its warp tiles from the unmasked path.
+// tokens of `range`. A padding token (row.token >= q_len_b) sees no key. A
+// slot that holds no row of the problem (`real` false: an m-tile's slots
+// past the chunk's rows) sees every key: its scores are never written, and
+// a mask on it would keep the real rows sharing its warp tiles from the
+// unmasked path.
 __device__ __forceinline__ RowScoring row_scoring(const SplitParams &p, const TokenRange &range, int q_len_b,
                                                   QueryRow row, bool real = true) {
   constexpr float kLog2e = 1.4426950408889634f;
