@@ -262,6 +262,20 @@ __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_til
   }
 }
 
+// This lane's ldmatrix offsets in the 16-bit stages and the query tile
+// (SwizzledLane): K rows (S's B operand), V rows of the warp's d part (P V's,
+// transposed), query rows (kQueryFromSmem). Not for the wide tiles, whose
+// short splits measured slower with them (docs/performance.md, "Swizzled
+// lane offsets").
+template <class Traits>
+struct MmaLanes {
+  SwizzledLane<Traits::kRowBytes, !Traits::kWide> key, value, query;
+  __device__ __forceinline__ MmaLanes(int lane, int d_part)
+      : key((lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1),
+        value(((lane >> 3) & 1) * 8 + (lane & 7), d_part * (Traits::kDWidth / 8) + (lane >> 4)),
+        query(((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4) {}
+};
+
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
 // token warp_begin): S on tensor cores, online softmax, O += P V.
 // With kVariants the thread's two rows score their keys (RowScoring; warp_key
@@ -281,12 +295,11 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
                                                 float (&o)[Traits::kOTiles][4], float (&m)[2], float (&l)[2],
                                                 float q_scale, int warp_key, const RowScoring (&scoring)[2],
                                                 const uint4 *query_fragments, const unsigned char *query_tile,
-                                                int m_row, const float *key_scales, const float *value_scales) {
+                                                int m_row, const MmaLanes<Traits> &lanes, const float *key_scales,
+                                                const float *value_scales) {
   const unsigned char *k_tile = stage;
   const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowStride;
   const int lane = threadIdx.x % 32;
-  const int matrix = lane >> 3;  // which 8x8 matrix of an x4 ldmatrix this lane addresses
-  const int r8 = lane & 7;
   const int quad_lane = lane & 3;
 
   // S = Q K^T over every k-step of the bucket, without a branch on head_dim:
@@ -325,7 +338,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     for (int kk = 0; kk < Traits::kDSteps; ++kk) {
       uint32_t a[4];
       if constexpr (Traits::kQueryFromSmem) {
-        ldmatrix_x4(a, query_tile + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+        ldmatrix_x4(a, query_tile + lanes.query(m_row, kk));
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
@@ -333,8 +346,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
       for (int j = 0; j < Traits::kSTiles / 2; ++j) {
         uint32_t kb[4];
-        ldmatrix_x4(
-            kb, k_tile + swizzled<Traits::kRowBytes>(row0 + j * 16 + (matrix >> 1) * 8 + r8, kk * 2 + (matrix & 1)));
+        ldmatrix_x4(kb, k_tile + lanes.key(row0 + j * 16, kk));
         Mma<T>::run(s_chain[kk % kChains][2 * j], a, kb[0], kb[1]);
         Mma<T>::run(s_chain[kk % kChains][2 * j + 1], a, kb[2], kb[3]);
       }
@@ -395,8 +407,12 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
           [&](float score, int r, int column) { return scoring[r].score(score * q_scale, warp_key + column); });
     }
   } else {
+    // One loop for every tile, compared in 32 bits: a branch to an unmasked
+    // loop for whole tiles measured slower on short splits (docs/performance.md,
+    // "Swizzled lane offsets").
+    const int keys_here = static_cast<int>(min(remaining, static_cast<int64_t>(Traits::kWarpTokens)));
     for_each_score(
-        [&](float score, int, int column) { return column < remaining ? score * q_scale : negative_infinity(); });
+        [&](float score, int, int column) { return column < keys_here ? score * q_scale : negative_infinity(); });
   }
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
@@ -469,9 +485,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
       for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb,
-                          v_tile + swizzled<Traits::kRowBytes>(row0 + ks * 16 + (matrix & 1) * 8 + r8,
-                                                               d_part * (Traits::kDWidth / 8) + c * 2 + (matrix >> 1)));
+        ldmatrix_x4_trans(vb, v_tile + lanes.value(row0 + ks * 16, c));
         Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
         Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
       }
@@ -503,10 +517,9 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
   const int token_group = warp % Traits::kTokenGroups;
   const int d_part = warp / Traits::kTokenGroups % Traits::kDSplits;
   const int m_row = warp / (Traits::kTokenGroups * Traits::kDSplits) * Traits::kHeads;  // the warp's first row slot
-  const int matrix = lane >> 3;
-  const int r8 = lane & 7;
   const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
   const int quad_lane = lane & 3;
+  const MmaLanes<Traits> lanes(lane, d_part);
 
   // The query tile's staging area: the last pipeline stage, or its own
   // place where it stays for the whole loop (kQueryFromSmem).
@@ -588,8 +601,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     } else if constexpr (!Traits::kQueryFromSmem) {
 #pragma unroll
       for (int kk = 0; kk < Traits::kDSteps; ++kk) {
-        ldmatrix_x4(qf[kk],
-                    q_stage + swizzled<Traits::kRowBytes>(m_row + (matrix & 1) * 8 + r8, kk * 2 + (matrix >> 1)));
+        ldmatrix_x4(qf[kk], q_stage + lanes.query(m_row, kk));
       }
     }
     __syncthreads();  // every warp has its query fragments: the last stage takes a tile
@@ -629,7 +641,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
         const auto attend_rows = [&](auto format, auto upper_rows) {
           attend_tile_mma<T, Traits, kVariants, decltype(format)::value, decltype(upper_rows)::value>(
               loaded, token_group * Traits::kWarpTokens, d_part, warp_begin, end, qf, o, m, l, q_scale,
-              static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, key_scales, value_scales);
+              static_cast<int>(warp_begin - begin), scoring, query_fragments, q_stage, m_row, lanes, key_scales,
+              value_scales);
         };
         // One body for the rows kernel (only its last m-tile can lack upper
         // rows) and for 8-bit caches, whose tiles are bound by dequantizing

@@ -236,6 +236,30 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
+// A lane's ldmatrix addresses in a swizzled tile: chunk first_chunk + 2 pair
+// of row row_base + lane_row, for rows row_base that are multiples of 8. The
+// swizzle only permutes chunks within a row's groups of 8, so 8 rows or 8
+// chunks further is a constant further: with kPrecomputed, four offsets a
+// lane are set once and each address is one of them plus a constant after
+// unrolling (the generic swizzled() costs two integer instructions an
+// ldmatrix).
+template <int kRowBytes, bool kPrecomputed = true>
+struct SwizzledLane {
+  int lane_row, first_chunk;
+  int offset[4];
+  __device__ __forceinline__ SwizzledLane(int row, int chunk) : lane_row(row), first_chunk(chunk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) offset[i] = swizzled<kRowBytes>(lane_row, first_chunk + 2 * i);
+  }
+  __device__ __forceinline__ int operator()(int row_base, int pair) const {
+    if constexpr (kPrecomputed) {
+      return row_base * kRowBytes + (pair >> 2) * 128 + offset[pair & 3];
+    } else {
+      return swizzled<kRowBytes>(row_base + lane_row, first_chunk + 2 * pair);
+    }
+  }
+};
+
 // The tensor-core kernel's loader. Issues the copies of one tile (tokens
 // [tile_begin, tile_begin + kTileTokens) of one sequence and KV head) into a
 // swizzled stage: K rows, then V rows; row bytes come from the storage type
