@@ -232,10 +232,13 @@ __device__ __forceinline__ void quant_key_fragments(const unsigned char *k_tile,
 // fragment of an n-tile whose column g is d 2g, the odd bytes that of d
 // 2g + 1: so n-tile 2h + e (h: which 16 bytes, e: even or odd) holds columns
 // d0 + 16 h + 2 n + e, and accumulator pair (c0, c1) of lane q the columns
-// 4q + e and 4q + 2 + e (write_quant_columns undoes this). With per-token
-// scales (value_scales: the tile's, or null), each value is scaled in float
-// and rounded once.
-template <class T, class Traits, int kFormat>
+// 4q + e and 4q + 2 + e (write_quant_columns undoes this). kScaled: per-token
+// scales (value_scales, the tile's), each value scaled in float and rounded
+// once. A template parameter, not a test of value_scales: the compiler
+// turned that test into predicated code, so per-tensor scales issued the
+// scaled path's conversions and products too (29% of the kernel's
+// instructions, all predicated off, in Nsight Compute on shape 2).
+template <class T, class Traits, int kFormat, bool kScaled>
 __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_tile, int row, int d0,
                                                       const float *value_scales, uint32_t (&b)[4][2]) {
   const int lane = threadIdx.x % 32;
@@ -243,7 +246,7 @@ __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_til
   ldmatrix_x4_trans(
       raw, v_tile + (row + ((lane >> 3) & 1) * 8 + (lane & 7)) * Traits::kRowStride + d0 + (lane >> 4) * kChunkBytes);
   float2 scale[2] = {make_float2(1.0f, 1.0f), make_float2(1.0f, 1.0f)};
-  if (value_scales != nullptr) {
+  if constexpr (kScaled) {
     const int q2 = (lane & 3) * 2;
     scale[0] = *reinterpret_cast<const float2 *>(value_scales + row + q2);
     scale[1] = *reinterpret_cast<const float2 *>(value_scales + row + 8 + q2);
@@ -255,8 +258,11 @@ __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_til
       const uint32_t by_column = __byte_perm(raw[2 * h + t], 0u, 0x3120u);  // even columns low, odd high
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        b[2 * h + e][t] = value_scales != nullptr ? dequantize_pair_scaled<T, kFormat>(by_column, e, scale[t])
-                                                  : dequantize_pair_as<T, kFormat>(by_column, e);
+        if constexpr (kScaled) {
+          b[2 * h + e][t] = dequantize_pair_scaled<T, kFormat>(by_column, e, scale[t]);
+        } else {
+          b[2 * h + e][t] = dequantize_pair_as<T, kFormat>(by_column, e);
+        }
       }
     }
   }
@@ -467,29 +473,42 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     }
   }
 
+  // P V; 8-bit caches: one loop with per-token value scales and one
+  // without, chosen once a tile (warp-uniform).
+  const auto accumulate_values = [&](auto scaled_values) {
 #pragma unroll
-  for (int ks = 0; ks < Traits::kPSteps; ++ks) {
-    const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]),
-                           Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                           Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-    if constexpr (Traits::kQuantized) {
+    for (int ks = 0; ks < Traits::kPSteps; ++ks) {
+      const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]),
+                             Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      if constexpr (Traits::kQuantized) {
 #pragma unroll
-      for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
-        uint32_t vb[4][2];
-        quant_value_fragments<T, Traits, kFormat>(v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32,
-                                                  value_scales, vb);
+        for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
+          uint32_t vb[4][2];
+          quant_value_fragments<T, Traits, kFormat, decltype(scaled_values)::value>(
+              v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32, value_scales, vb);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) Mma<T>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
-      }
-    } else {
+          for (int t = 0; t < 4; ++t) Mma<T>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
+        }
+      } else {
 #pragma unroll
-      for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_tile + lanes.value(row0 + ks * 16, c));
-        Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
-        Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+        for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_tile + lanes.value(row0 + ks * 16, c));
+          Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
+          Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+        }
       }
     }
+  };
+  if constexpr (Traits::kQuantized) {
+    if (value_scales != nullptr) {
+      accumulate_values(std::true_type{});
+    } else {
+      accumulate_values(std::false_type{});
+    }
+  } else {
+    accumulate_values(std::false_type{});
   }
 }
 
@@ -645,10 +664,11 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
               value_scales);
         };
         // One body for the rows kernel (only its last m-tile can lack upper
-        // rows) and for 8-bit caches, whose tiles are bound by dequantizing
-        // K and V rather than by the softmax.
+        // rows) and the 8-bit variant kernels (two bodies spilled there).
+        // Plain 8-bit kernels take both: their softmax costs about as many
+        // instructions as the dequantization (Nsight Compute, history run 29).
         const auto attend = [&](auto format) {
-          if constexpr (Traits::kMTiles > 1 || kQuantized) {
+          if constexpr (Traits::kMTiles > 1 || (kQuantized && kVariants)) {
             attend_rows(format, std::true_type{});
           } else if (m_row + 8 < heads_here) {
             attend_rows(format, std::true_type{});

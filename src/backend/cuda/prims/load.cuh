@@ -321,6 +321,13 @@ struct TileLoader {
     v_scale_base = kv_head * p.v_scale_strides[2] + (p.block_table == nullptr ? b * p.v_scale_strides[0] : 0);
   }
 
+  // Whether tiles carry per-token scales: the copies of a tile's scales
+  // are a loop of their own behind this one test (a test a row became
+  // predicated copies, issued for per-tensor scales too).
+  __device__ __forceinline__ bool copies_scales() const {
+    return Traits::kScales && (p.k_scale_per_token || p.v_scale_per_token);
+  }
+
   // The scales of row `row` of the stage (valid: in the sequence) at scale
   // offsets k_at, v_at (elements), where this thread copies scales.
   __device__ __forceinline__ void copy_scales(unsigned char *stage, int row, bool valid, int64_t k_at,
@@ -358,11 +365,17 @@ struct TileLoader {
           // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
           cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
           cp_async_kv_chunk(v_stage + offset, valid ? static_cast<const void *>(v_src) : p.v, valid, l2_policy);
-          const int64_t token = first_token + i * Traits::kRowsPerPass;
-          copy_scales(stage, row, in_sequence, k_scale_base + token * p.k_scale_strides[1],
-                      v_scale_base + token * p.v_scale_strides[1]);
           k_src += k_step;
           v_src += v_step;
+        }
+        if (copies_scales()) {
+#pragma unroll
+          for (int i = 0; i < Traits::kPasses; ++i) {
+            const int64_t token = first_token + i * Traits::kRowsPerPass;
+            copy_scales(stage, first_row + i * Traits::kRowsPerPass,
+                        decltype(whole_tile)::value || i * Traits::kRowsPerPass < remaining,
+                        k_scale_base + token * p.k_scale_strides[1], v_scale_base + token * p.v_scale_strides[1]);
+          }
         }
       };
       if (column_valid && (Traits::kPasses - 1) * Traits::kRowsPerPass < remaining) {
@@ -408,9 +421,14 @@ struct TileLoader {
         }
         cp_async_kv_chunk(stage + offset, k_src, valid, l2_policy);
         cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
-        copy_scales(stage, row, i * Traits::kRowsPerPass < remaining,
-                    k_scale_base + pages[i] * p.k_scale_strides[0] + slots[i] * p.k_scale_strides[1],
-                    v_scale_base + pages[i] * p.v_scale_strides[0] + slots[i] * p.v_scale_strides[1]);
+      }
+      if (copies_scales()) {
+#pragma unroll
+        for (int i = 0; i < Traits::kPasses; ++i) {
+          copy_scales(stage, first_row + i * Traits::kRowsPerPass, i * Traits::kRowsPerPass < remaining,
+                      k_scale_base + pages[i] * p.k_scale_strides[0] + slots[i] * p.k_scale_strides[1],
+                      v_scale_base + pages[i] * p.v_scale_strides[0] + slots[i] * p.v_scale_strides[1]);
+        }
       }
       if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
     }

@@ -38,8 +38,21 @@ __device__ __forceinline__ __half2 dequantize_pair(uint32_t raw, int half, int f
     const uint32_t bits = __byte_perm(raw ^ 0x80808080u, 0x64646464u, half ? 0x5352u : 0x5150u);
     return __hsub2(*reinterpret_cast<const __half2 *>(&bits), __half2half2(__ushort_as_half(0x6480)));
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // The instruction of __nv_cvt_fp8x2_to_halfraw2, on the register's half
+  // itself: ptxas reads the upper one in place, where a 16-bit argument
+  // cost a shift for every second pair.
+  uint32_t bits;
+  if (half) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(bits) : "r"(raw));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(bits) : "r"(raw));
+  }
+  return *reinterpret_cast<const __half2 *>(&bits);
+#else
   const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw >> (16 * half)), __NV_E4M3);
   return *reinterpret_cast<const __half2 *>(&pair);
+#endif
 }
 
 // A pair of 16-bit values of type T as one 32-bit word.
