@@ -29,8 +29,12 @@
 # PyTorch and CuPy tensors) against this build's library
 # (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
 # FD_GPU_CHECK_SDPA_ARGS adds arguments to compare_sdpa.py (e.g.
-# "--dtypes float16 --shapes 1,2,3"). The Triton split-K reference kernel
-# (labelled seed in the results) is timed when .seed/flash_decode_splitk.py
+# "--dtypes float16 --shapes 1,2,3"). The quantized step (not among the
+# defaults) times the 8-bit caches with compare_quantized.py, arguments
+# FD_GPU_CHECK_QUANTIZED_ARGS (default "--parts decode"; e.g. add
+# "--base-lib base=ab/base/libflashdecode.so.0" for an A/B; its time limit
+# is the SDPA comparison's). The Triton split-K reference kernel (labelled
+# seed in the results) is timed when .seed/flash_decode_splitk.py
 # exists (copy it from ../shared/seed/).
 set -uo pipefail
 
@@ -132,6 +136,12 @@ for step in $steps; do
         '$build/flashdecode' --bench 1x32/8x32768x128,32x32/8x2048x128,8x64/8x16384x128,256x32/32x512x128,1x32/32x2048x128,4x16/16x65536x64,2x8/1x262144x128,4x8/4x16384x256 --iters 20"
       note "$(grep -E 'effective bandwidth' "$logs/demo.log" | sed 's/effective bandwidth: //' | tr '\n' ';' | cut -c1-110)"
       ;;
+    quantized)
+      # shellcheck disable=SC2086 # FD_GPU_CHECK_QUANTIZED_ARGS is a word list
+      step_timeout=$sdpa_timeout run_step quantized python3 "$root/tests/bench/compare_quantized.py" \
+        --lib "$build/src/libflashdecode.so.0" --json "$logs/quantized.json" --plot "$logs/quantized.png" \
+        ${FD_GPU_CHECK_QUANTIZED_ARGS:---parts decode}
+      ;;
     sdpa)
       # shellcheck disable=SC2086 # FD_GPU_CHECK_SDPA_ARGS is a word list
       step_timeout=$sdpa_timeout run_step sdpa python3 "$root/tests/bench/compare_sdpa.py" \
@@ -149,6 +159,10 @@ if [ -f "$logs/tests.log" ]; then
 fi
 if [ -f "$logs/sdpa.log" ]; then
   sed -n '/^ceilings:/p; /=== results/,$p' "$logs/sdpa.log"
+  echo
+fi
+if [ -f "$logs/quantized.log" ]; then
+  sed -n '/^ceilings/p; /=== decode/,$p' "$logs/quantized.log"
   echo
 fi
 for log in "$logs"/memcheck*.log "$logs"/racecheck*.log "$logs"/initcheck*.log "$logs"/synccheck*.log; do
