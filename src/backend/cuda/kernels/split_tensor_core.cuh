@@ -474,21 +474,26 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   }
 
   // P V; 8-bit caches: one loop with per-token value scales and one
-  // without, chosen once a tile (warp-uniform).
+  // without, chosen once a tile (warp-uniform). Without them the stored
+  // values are multiplied in fp16 whatever q's type: every one is exact in
+  // it (the scale comes after, in float), P is finer than in bf16 (at most
+  // 2^15: kProbabilityShift), and a bf16 q's values skip two conversions a
+  // pair.
   const auto accumulate_values = [&](auto scaled_values) {
+    using PvType = std::conditional_t<Traits::kQuantized && !decltype(scaled_values)::value, __half, T>;
 #pragma unroll
     for (int ks = 0; ks < Traits::kPSteps; ++ks) {
-      const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]),
-                             Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                             Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      const uint32_t a[4] = {
+          Mma<PvType>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<PvType>::pack(s[2 * ks][2], s[2 * ks][3]),
+          Mma<PvType>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]), Mma<PvType>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
       if constexpr (Traits::kQuantized) {
 #pragma unroll
         for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
           uint32_t vb[4][2];
-          quant_value_fragments<T, Traits, kFormat, decltype(scaled_values)::value>(
+          quant_value_fragments<PvType, Traits, kFormat, decltype(scaled_values)::value>(
               v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32, value_scales, vb);
 #pragma unroll
-          for (int t = 0; t < 4; ++t) Mma<T>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
+          for (int t = 0; t < 4; ++t) Mma<PvType>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
         }
       } else {
 #pragma unroll
