@@ -403,8 +403,8 @@ Problem validate_decode_args(const fd_decode_args *caller_args) {
   }
   check_cache_dtypes(args.k, args.v, p);
   if (args.out.dtype != p.q_dtype && args.out.dtype != FD_DTYPE_F32) {
-    fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q) or f32, got %s", dtype_name(p.q_dtype),
-         dtype_name(args.out.dtype));
+    fail(FD_ERROR_INVALID_DTYPE, "out: dtype must be %s (that of q)%s, got %s", dtype_name(p.q_dtype),
+         p.q_dtype == FD_DTYPE_F32 ? "" : " or f32", dtype_name(args.out.dtype));
   }
   p.out_dtype = args.out.dtype;
 

@@ -435,7 +435,10 @@ static void test_rejects_mixed_dtypes(void **state) {
   expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "k: dtype must be f16");
   a = f->problem.args;
   a.out.dtype = FD_DTYPE_BF16;
-  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "out: dtype");
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "out: dtype must be f16 (that of q) or f32, got bf16");
+  a = f->problem.args;
+  a.q.dtype = a.k.dtype = a.v.dtype = FD_DTYPE_F32; /* an f32 q allows one out dtype: f32 */
+  expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "out: dtype must be f32 (that of q), got f16");
   a = f->problem.args;
   a.q.dtype = a.k.dtype = a.v.dtype = FD_DTYPE_I32;
   expect_rejected(f, &a, FD_ERROR_INVALID_DTYPE, "q: dtype must be f32, f16 or bf16");
