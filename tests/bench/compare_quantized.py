@@ -35,7 +35,8 @@ table) and each q dtype (fp16; bf16 with --dtypes), rows:
   softmax scale, v_scale is applied after the kernel as `out *= v_scale` (a
   second kernel, part of its time here, as in a serving engine). Its fp8
   modules are prebuilt for an fp16 q only (the bundle in .anchors/flashinfer,
-  see its gen_modules_fp8.py): for bf16 the rows run only with --fi-dtypes
+  made as tests/bench/flashinfer-fp8/README.md says; without them each
+  compiles on first use): for bf16 the rows run only with --fi-dtypes
   float16,bfloat16, which compiles them on first use (the time is printed).
 --base-lib adds another build's fd-NAME-16bit and per-tensor 8-bit rows (an
 A/B on the same inputs in the same process).
