@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # GPU smoke test of the prebuilt fp8 (e4m3) KV-cache decode modules: fp16 q, fp8 K/V, fp16 out.
-# Run after `eval "$(bash .anchors/flashinfer/setup.sh)"`:  python3 .anchors/flashinfer/check_fp8.py
+# Run after `eval "$(bash .anchors/flashinfer/setup.sh)"`:  python3 tests/bench/flashinfer-fp8/check_fp8.py
 import glob, math, os, time, torch, flashinfer
 print("flashinfer", flashinfer.__version__, flashinfer.__file__, torch.__version__)
 dev = "cuda"
