@@ -35,7 +35,8 @@ struct CudaCoreFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
+  static constexpr bool kFormatKernels = false;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = SplitTraits<T, kBucket>;
     static constexpr auto function = split_kernel<T, kBucket, kVariants>;
@@ -57,15 +58,17 @@ struct TensorCoreFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = kTiles == MmaTiles::compact ? 128 : 256;
   static constexpr int kMinSmemOptin = kTiles == MmaTiles::wide ? 200 * 1024 : 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
+  static constexpr bool kFormatKernels = false;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, kTiles>;
     static constexpr auto function = mma_split_kernel<T, kBucket, kTiles, kCluster, kVariants>;
   };
 };
 
-// 8-bit caches: the CUDA-core kernel for any q type, the tensor cores for
-// 16-bit q (standard tiles, no cluster merge).
+// 8-bit caches: the CUDA-core kernel for any q type (one for the three
+// formats, read at run time), the tensor cores for 16-bit q (standard
+// tiles, no cluster merge, a kernel per format: kFormatKernels).
 struct CudaCoreQuantizedFamily {
   static constexpr bool kQuantized = true;
   template <class T>
@@ -74,7 +77,8 @@ struct CudaCoreQuantizedFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
+  static constexpr bool kFormatKernels = false;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = SplitTraits<uint8_t, kBucket>;
     static constexpr auto function = split_kernel<T, kBucket, kVariants, true>;
@@ -89,10 +93,12 @@ struct TensorCoreQuantizedFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
+  static constexpr bool kFormatKernels = true;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, true>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, false, kVariants, true>;
+    static constexpr auto function =
+        mma_split_kernel<T, kBucket, MmaTiles::standard, false, kVariants, true, 1, kFormat>;
   };
 };
 
@@ -110,21 +116,22 @@ struct TensorCoreRowsFamily {
   static constexpr bool kVariantsOnly = true;
   static constexpr int kMaxBucket = 128;
   static constexpr int kMinSmemOptin = 0;
-  template <class T, int kBucket, bool kCluster, bool kVariants>
+  static constexpr bool kFormatKernels = false;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles>;
     static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles>;
   };
 };
 
-template <class Family, class T, bool kCluster, bool kVariants, class Body>
+template <class Family, class T, int kFormat, bool kCluster, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
-    case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants>{});
-    case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants>{});
+    case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants, kFormat>{});
+    case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants, kFormat>{});
     case 256:
       if constexpr (Family::kMaxBucket >= 256)
-        return body(typename Family::template Kernel<T, 256, kCluster, kVariants>{});
+        return body(typename Family::template Kernel<T, 256, kCluster, kVariants, kFormat>{});
       break;
     default: break;
   }
@@ -133,49 +140,67 @@ auto with_bucket(int bucket, Body &&body) {
 
 // Kernels with the variants' scoring have no cluster merge (policy.cpp does
 // not choose it for them): one instantiation less per bucket.
-template <class Family, class T, class Body>
+template <class Family, class T, int kFormat, class Body>
 auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
   if constexpr (Family::kHasClusters) {
-    if (cluster && !variants) return with_bucket<Family, T, true, false>(bucket, body);
+    if (cluster && !variants) return with_bucket<Family, T, kFormat, true, false>(bucket, body);
   }
   if (cluster) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
   if constexpr (Family::kVariantsOnly) {
     if (!variants) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has only the variants' scoring");
-    return with_bucket<Family, T, false, true>(bucket, body);
+    return with_bucket<Family, T, kFormat, false, true>(bucket, body);
   } else {
-    if (variants) return with_bucket<Family, T, false, true>(bucket, body);
-    return with_bucket<Family, T, false, false>(bucket, body);
+    if (variants) return with_bucket<Family, T, kFormat, false, true>(bucket, body);
+    return with_bucket<Family, T, kFormat, false, false>(bucket, body);
   }
 }
 
-// Calls body(Family::Kernel<T, bucket, cluster, variants>{}) for the storage
-// type T of q_dtype, K/V being kv_dtype: q's type, or 8-bit for the
-// quantized families.
+// Calls body(Family::Kernel<T, bucket, cluster, variants, kFormat>{}) for
+// the storage type T of q_dtype.
+template <class Family, int kFormat, class Body>
+auto with_query(fd_dtype q_dtype, int bucket, bool cluster, bool variants, Body &&body) {
+  switch (q_dtype) {
+    case FD_DTYPE_F32:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type, kFormat>(bucket, cluster, variants, body);
+      }
+      break;
+    case FD_DTYPE_F16:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type, kFormat>(bucket, cluster, variants, body);
+      }
+      break;
+    case FD_DTYPE_BF16:
+      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
+        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type, kFormat>(bucket, cluster, variants, body);
+      }
+      break;
+    default: break;
+  }
+  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for q dtype %d", static_cast<int>(q_dtype));
+}
+
+// Calls body(Family::Kernel<T, bucket, cluster, variants, kFormat>{}) for the
+// storage type T of q_dtype, K/V being kv_dtype: q's type, or 8-bit for the
+// quantized families, whose kFormatKernels ones have a kernel per format
+// (kFormat the 8-bit fd_dtype; 0 elsewhere: the format is read at run time).
 template <class Family, class Body>
 auto with_kernel(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, bool cluster, bool variants, Body &&body) {
   if (is_quantized_dtype(kv_dtype) != Family::kQuantized || (!Family::kQuantized && q_dtype != kv_dtype)) {
     fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel of this family for %s K/V with %s q", dtype_name(kv_dtype),
          dtype_name(q_dtype));
   }
-  switch (q_dtype) {
-    case FD_DTYPE_F32:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    case FD_DTYPE_F16:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    case FD_DTYPE_BF16:
-      if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type>(bucket, cluster, variants, body);
-      }
-      break;
-    default: break;
+  if constexpr (Family::kFormatKernels) {
+    switch (kv_dtype) {
+      case FD_DTYPE_E4M3: return with_query<Family, FD_DTYPE_E4M3>(q_dtype, bucket, cluster, variants, body);
+      case FD_DTYPE_E5M2: return with_query<Family, FD_DTYPE_E5M2>(q_dtype, bucket, cluster, variants, body);
+      case FD_DTYPE_I8: return with_query<Family, FD_DTYPE_I8>(q_dtype, bucket, cluster, variants, body);
+      default: break;
+    }
+    fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for the 8-bit format %d", static_cast<int>(kv_dtype));
+  } else {
+    return with_query<Family, 0>(q_dtype, bucket, cluster, variants, body);
   }
-  fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for q dtype %d", static_cast<int>(q_dtype));
 }
 
 // The q dtype whose kernel stands for a K/V dtype's in the tables (shape,
@@ -347,15 +372,22 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
   cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, planned_variants,
                                         [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
   // The variants' kernel has the plain one's shape, and so do the other q
-  // types' kernels of an 8-bit family: their occupancy is not planned with
-  // (plain plans stay as they were), only their attributes set.
+  // types' kernels of an 8-bit family and its other formats' (which share
+  // the table slot of dtype): their occupancy is not planned with (plain
+  // plans stay as they were), only their attributes set.
   int other_ctas = 0;
-  for (fd_dtype q : kStorageDtypes) {
-    if (!family_takes_q<Family>(q, dtype)) continue;
-    for (int variants = Family::kVariantsOnly ? 1 : 0; variants < 2 && err == cudaSuccess; ++variants) {
-      if (q == q_dtype && (variants == 1) == planned_variants) continue;
-      err = with_kernel<Family>(q, dtype, bucket, false, variants == 1,
-                                [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
+  const fd_dtype formats[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+  const bool per_format = Family::kFormatKernels && is_quantized_dtype(dtype);
+  const fd_dtype *const kv_dtypes = per_format ? formats : &dtype;
+  for (int f = 0; f < (per_format ? 3 : 1); ++f) {
+    const fd_dtype kv = kv_dtypes[f];
+    for (fd_dtype q : kStorageDtypes) {
+      if (!family_takes_q<Family>(q, kv)) continue;
+      for (int variants = Family::kVariantsOnly ? 1 : 0; variants < 2 && err == cudaSuccess; ++variants) {
+        if (kv == dtype && q == q_dtype && (variants == 1) == planned_variants) continue;
+        err = with_kernel<Family>(q, kv, bucket, false, variants == 1,
+                                  [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
+      }
     }
   }
   if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {

@@ -287,7 +287,7 @@ struct MmaLanes {
 // With kVariants the thread's two rows score their keys (RowScoring; warp_key
 // is warp_begin relative to the split) instead of the plain end mask.
 // 8-bit caches (Traits::kQuantized): fragments are dequantized from the raw
-// stage (kFormat: SplitParams::kv_format); with per-token scales,
+// stage (kFormat: the kernel's 8-bit format); with per-token scales,
 // key_scales and value_scales point at the stage's.
 // kUpperRows: the m-tile has a real row in slots 8-15. Without one (q_len 1
 // and a group of up to 8) the thread's second row is skipped from the
@@ -522,15 +522,19 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // A template parameter rather than a runtime flag, whose branches cost the
 // other launches time (docs/performance.md, "Kernel variants as template
 // parameters"). kVariants: scores go through the attention variants.
-// kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type).
+// kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type)
+// of format kFormat (an 8-bit fd_dtype; SplitParams::kv_format must match):
+// a kernel per format, so that each carries only its own dequantization.
 // kMTiles: m-tiles of query rows (MmaTraits' MTiles).
 template <class T, int kBucket, MmaTiles kTiles, bool kCluster, bool kVariants, bool kQuantized = false,
-          int kMTiles = 1>
+          int kMTiles = 1, int kFormat = 0>
 __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kThreads,
                                   MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
+  static_assert(kQuantized == (kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8),
+                "8-bit kernels have one 8-bit format, the others none");
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
@@ -681,18 +685,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
             attend_rows(format, std::false_type{});
           }
         };
-        // The 8-bit format is chosen once a tile, not once an element.
-        if constexpr (kQuantized) {
-          if (p.kv_format == FD_DTYPE_E5M2) {
-            attend(std::integral_constant<int, FD_DTYPE_E5M2>{});
-          } else if (p.kv_format == FD_DTYPE_I8) {
-            attend(std::integral_constant<int, FD_DTYPE_I8>{});
-          } else {
-            attend(std::integral_constant<int, FD_DTYPE_E4M3>{});
-          }
-        } else {
-          attend(std::integral_constant<int, 0>{});
-        }
+        attend(std::integral_constant<int, kFormat>{});
       }
       __syncthreads();  // everyone is done with this stage: it takes tile + kStages
       if (tile + Traits::kStages < tiles) {

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // 8-bit cache elements (e4m3, e5m2, int8): decoding to 16-bit and float
-// values, and quantizing for fd_append_kv. The format is a runtime value
-// (SplitParams::kv_format, an fd_dtype), warp-uniform: one kernel serves
-// all three, and its branch costs far less than a per-format instantiation
-// costs in build time and binary size.
+// values, and quantizing for fd_append_kv. The format is a template
+// parameter where the kernel is bound by instructions (the tensor-core 8-bit
+// kernels: one per format), else a runtime value (SplitParams::kv_format, an
+// fd_dtype, warp-uniform: one CUDA-core kernel serves all three).
 //
 // Every value of the three formats is exact in fp16 (e4m3: up to 448, down
 // to 2^-9; e5m2 is fp16 with a 2-bit mantissa; int8 is an integer below
