@@ -38,8 +38,9 @@ table) and each q dtype (fp16; bf16 with --dtypes), rows:
   made as tests/bench/flashinfer-fp8/README.md says; without them each
   compiles on first use): for bf16 the rows run only with --fi-dtypes
   float16,bfloat16, which compiles them on first use (the time is printed).
---base-lib adds another build's fd-NAME-16bit and per-tensor 8-bit rows (an
-A/B on the same inputs in the same process).
+--base-lib adds another build's NAME-16bit and 8-bit rows (NAME-e4m3,
+NAME-e4m3-tok, ...) and, with part `append`, its append rows (impl
+NAME:fd_append_kv, ...): an A/B on the same inputs in the same process.
 Every output is checked against a float64 reference over the dequantized
 cache (stored value * scale) before timing: relative L2 error at most 2e-3
 for an fp16 q, 1e-2 for bf16. Effective bandwidth counts the K and V bytes
@@ -396,7 +397,7 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
     """(name, build, reference) of each row: build() returns the row's calls
     (see time_graph()), or is the reason the row is skipped. bases: (row
     name, FlashDecode, handle) of other builds (--base-lib), whose 16-bit and
-    per-tensor 8-bit rows run too (NAME-16bit, NAME-e4m3, ...)."""
+    8-bit rows run too (NAME-16bit, NAME-e4m3, NAME-e4m3-tok, ...)."""
     kv_len = shape[4]
     qs, outs, lens, table = data["qs"], data["outs"], data["lens"], data["table"]
 
@@ -437,9 +438,8 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
             (f"{base_name}-16bit", fd_build(data["k16"], data["v16"], lambda i: None, base_fd, base_handle), rows[0][2])
         )
         for (fmt, per_token), q8 in data["quant"].items():
-            if not per_token:
-                build = fd_build(q8["k"], q8["v"], scales_for(q8, False), base_fd, base_handle)
-                rows.append((f"{base_name}-{fmt}", build, refs[fmt, False]))
+            build = fd_build(q8["k"], q8["v"], scales_for(q8, per_token), base_fd, base_handle)
+            rows.append((f"{base_name}-{fmt}" + ("-tok" if per_token else ""), build, refs[fmt, per_token]))
     for tensor_cores in (True, False):
         name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
         if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:
@@ -833,8 +833,8 @@ def main():
         "--base-lib",
         action="append",
         default=[],
-        help="NAME=PATH (or PATH: NAME base) of another build, timed in the same process as rows fd-NAME-16bit, "
-        "fd-NAME-e4m3, ... (A/B); repeatable",
+        help="NAME=PATH (or PATH: NAME base) of another build, timed in the same process as rows NAME-16bit, "
+        "NAME-e4m3, NAME-e4m3-tok, ..., NAME:fd_append_kv (A/B); repeatable",
     )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
@@ -891,6 +891,11 @@ def main():
                 )
         if "append" in parts:
             got = run_append(fd, handle, dtype, args)
+            for base_name, base_fd, base_handle in bases:
+                for r in run_append(base_fd, base_handle, dtype, args):
+                    if r["impl"] not in ("d2d-copy", "torch-cast"):
+                        r["impl"] = f"{base_name}:{r['impl']}"
+                        got.append(r)
             append_rows.extend(got)
             times = ", ".join(f"{r['impl']} {r['cache']} {r['us']:.2f}" for r in got if "us" in r)
             print(f"[{time.monotonic() - started:5.0f} s] append {dtype_name}: {times} us", flush=True)

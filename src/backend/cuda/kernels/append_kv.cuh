@@ -51,14 +51,11 @@ struct CacheElement<FD_DTYPE_BF16> {
   __device__ static type from(float x, float, bool) { return __float2bfloat16_rn(x); }
 };
 
-// Eight consecutive elements of one row: the new values in, the cache's out.
-template <class NewT, int kCacheDtype, bool kVector>
-__device__ __forceinline__ void append_chunk(const NewT *src, void *dst_row, int first, int count, float scale,
-                                             bool scaled) {
-  using C = typename CacheElement<kCacheDtype>::type;
-  C *dst = static_cast<C *>(dst_row) + first;
+// Up to eight consecutive new values of one row (count; all eight with
+// kVector) as floats.
+template <class NewT, bool kVector>
+__device__ __forceinline__ void load_new_chunk(const NewT *src, int first, int count, float (&x)[kAppendElements]) {
   if constexpr (kVector) {
-    float x[kAppendElements];
     if constexpr (sizeof(NewT) == 4) {
       const float4 a = reinterpret_cast<const float4 *>(src + first)[0];
       const float4 b = reinterpret_cast<const float4 *>(src + first)[1];
@@ -66,6 +63,19 @@ __device__ __forceinline__ void append_chunk(const NewT *src, void *dst_row, int
     } else {
       Element<NewT>::to_float8(src + first, x);
     }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kAppendElements; ++e) x[e] = e < count ? Element<NewT>::to_float(src[first + e]) : 0.0f;
+  }
+}
+
+// The chunk load_new_chunk read, converted into the cache's row.
+template <int kCacheDtype, bool kVector>
+__device__ __forceinline__ void store_chunk(const float (&x)[kAppendElements], void *dst_row, int first, int count,
+                                            float scale, bool scaled) {
+  using C = typename CacheElement<kCacheDtype>::type;
+  C *dst = static_cast<C *>(dst_row) + first;
+  if constexpr (kVector) {
     C out[kAppendElements];
 #pragma unroll
     for (int e = 0; e < kAppendElements; ++e) out[e] = CacheElement<kCacheDtype>::from(x[e], scale, scaled);
@@ -73,11 +83,27 @@ __device__ __forceinline__ void append_chunk(const NewT *src, void *dst_row, int
 #pragma unroll
     for (int w = 0; w < kWords; ++w) reinterpret_cast<uint2 *>(dst)[w] = reinterpret_cast<const uint2 *>(out)[w];
   } else {
-    for (int e = 0; e < count; ++e) {
-      dst[e] = CacheElement<kCacheDtype>::from(Element<NewT>::to_float(src[first + e]), scale, scaled);
+#pragma unroll
+    for (int e = 0; e < kAppendElements; ++e) {
+      if (e < count) dst[e] = CacheElement<kCacheDtype>::from(x[e], scale, scaled);
     }
   }
 }
+
+// A scale tensor's value at (outer, slot, head h). Scales that do not vary
+// by position (strides 0 on the first two dimensions: per tensor, per
+// head) are read before the length and the page are known: the kernel is
+// a chain of dependent loads, and each link it drops is a round trip.
+struct AppendScale {
+  float value = 1.0f;
+  __device__ AppendScale(const float *scale, const int64_t (&strides)[3], int h) {
+    if (scale != nullptr && strides[0] == 0 && strides[1] == 0) value = scale[h * strides[2]];
+  }
+  __device__ float at(const float *scale, const int64_t (&strides)[3], int64_t outer, int64_t slot, int h) const {
+    if (scale == nullptr || (strides[0] == 0 && strides[1] == 0)) return value;
+    return scale[outer * strides[0] + slot * strides[1] + h * strides[2]];
+  }
+};
 
 template <class NewT, int kCacheDtype, bool kVector>
 __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const AppendParams p) {
@@ -93,9 +119,19 @@ __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const AppendP
   const int count = min(kAppendElements, p.head_dim - first);
   // Only the last `landing` new tokens can have a position in the cache.
   const int64_t landing = min(p.new_len, p.kv_capacity);
+  const AppendScale k_scale_early(p.k_scale, p.k_scale_strides, h);
+  const AppendScale v_scale_early(p.v_scale, p.v_scale_strides, h);
   for (int64_t token = blockIdx.y; token < p.batch * landing; token += gridDim.y) {
     const int64_t b = token / landing;
     const int64_t i = p.new_len - landing + (token - b * landing);
+    // The new values first: their loads overlap the length's and the page's.
+    const NewT *k_new =
+        static_cast<const NewT *>(p.k_new) + b * p.k_new_strides[0] + i * p.k_new_strides[1] + h * p.k_new_strides[2];
+    const NewT *v_new =
+        static_cast<const NewT *>(p.v_new) + b * p.v_new_strides[0] + i * p.v_new_strides[1] + h * p.v_new_strides[2];
+    float k_values[kAppendElements], v_values[kAppendElements];
+    load_new_chunk<NewT, kVector>(k_new, first, count, k_values);
+    load_new_chunk<NewT, kVector>(v_new, first, count, v_values);
     int64_t len = p.kv_capacity;
     if (p.seq_lens != nullptr) len = min(max(static_cast<int64_t>(p.seq_lens[b * p.seq_lens_stride]), int64_t{0}), len);
     const int64_t pos = len - p.new_len + i;
@@ -107,22 +143,13 @@ __global__ void __launch_bounds__(kAppendThreads) append_kv_kernel(const AppendP
       if (outer < 0 || outer >= p.num_pages) continue;  // never outside the pool
       slot = pos - column * p.page_size;
     }
-    float k_scale = 1.0f, v_scale = 1.0f;
-    if (p.k_scale != nullptr) {
-      k_scale = p.k_scale[outer * p.k_scale_strides[0] + slot * p.k_scale_strides[1] + h * p.k_scale_strides[2]];
-    }
-    if (p.v_scale != nullptr) {
-      v_scale = p.v_scale[outer * p.v_scale_strides[0] + slot * p.v_scale_strides[1] + h * p.v_scale_strides[2]];
-    }
+    const float k_scale = k_scale_early.at(p.k_scale, p.k_scale_strides, outer, slot, h);
+    const float v_scale = v_scale_early.at(p.v_scale, p.v_scale_strides, outer, slot, h);
     using C = typename CacheElement<kCacheDtype>::type;
     C *k_row = static_cast<C *>(p.k) + outer * p.k_strides[0] + slot * p.k_strides[1] + h * p.k_strides[2];
     C *v_row = static_cast<C *>(p.v) + outer * p.v_strides[0] + slot * p.v_strides[1] + h * p.v_strides[2];
-    const NewT *k_new =
-        static_cast<const NewT *>(p.k_new) + b * p.k_new_strides[0] + i * p.k_new_strides[1] + h * p.k_new_strides[2];
-    const NewT *v_new =
-        static_cast<const NewT *>(p.v_new) + b * p.v_new_strides[0] + i * p.v_new_strides[1] + h * p.v_new_strides[2];
-    append_chunk<NewT, kCacheDtype, kVector>(k_new, k_row, first, count, k_scale, p.k_scale != nullptr);
-    append_chunk<NewT, kCacheDtype, kVector>(v_new, v_row, first, count, v_scale, p.v_scale != nullptr);
+    store_chunk<kCacheDtype, kVector>(k_values, k_row, first, count, k_scale, p.k_scale != nullptr);
+    store_chunk<kCacheDtype, kVector>(v_values, v_row, first, count, v_scale, p.v_scale != nullptr);
   }
 }
 

@@ -288,10 +288,19 @@ struct TileLoader {
   int32_t k_page_bytes, v_page_bytes, k_slot_bytes, v_slot_bytes, table_stride;
   int32_t pass_pages, pass_slots;
   uint64_t l2_policy;  // kv_stream_policy()
-  // Per-token scales (Traits::kScales, SplitParams::*_scale_per_token):
-  // the threads of column 0 copy each of their rows' scales into the
-  // stage's scale area (Traits::kScaleOffset: K's, then V's).
+  // Per-token scales (Traits::kScales, SplitParams::*_scale_per_token),
+  // copied into the stage's scale area (Traits::kScaleOffset: K's, then
+  // V's). Spread (kSpreadScales): a thread row's 2 x kPasses scales (each
+  // pass's K and V) over the row's columns, copy j (pass j / 2, V if odd)
+  // by column j % kChunksPerRow, so that each thread makes one or two copies
+  // a tile and no warp issues eight: less code, which the instruction-fetch
+  // bound head_dim 256 kernel gained most from. At head_dim 128, whose
+  // kernels sit at their 128-register cap, the spread made ptxas spill and
+  // the kernel slower (history, run 37): there column 0's threads copy all
+  // of their rows' scales.
   int64_t k_scale_base, v_scale_base;  // dense: this sequence and head; paged: this head
+  static constexpr bool kSpreadScales = Traits::kBucket != 128;
+  static constexpr int kScaleCopies = (2 * Traits::kPasses + Traits::kChunksPerRow - 1) / Traits::kChunksPerRow;
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
@@ -328,15 +337,42 @@ struct TileLoader {
     return Traits::kScales && (p.k_scale_per_token || p.v_scale_per_token);
   }
 
-  // The scales of row `row` of the stage (valid: in the sequence) at scale
-  // offsets k_at, v_at (elements), where this thread copies scales.
-  __device__ __forceinline__ void copy_scales(unsigned char *stage, int row, bool valid, int64_t k_at,
-                                              int64_t v_at) const {
-    if constexpr (Traits::kScales) {
+  // This thread's copies of a tile's per-token scales: the scale of pass
+  // `pass`'s row (K's, or V's if `value`) is at offset(pass, value)
+  // elements of its tensor; rows at or past `remaining` (see load) are
+  // zero-filled.
+  template <class Offset>
+  __device__ __forceinline__ void copy_scales(unsigned char *stage, int64_t remaining, Offset offset) const {
+    if constexpr (Traits::kScales && !kSpreadScales) {
       float *scales = reinterpret_cast<float *>(stage + Traits::kScaleOffset);
-      if (column == 0 && p.k_scale_per_token) cp_async_scale(scales + row, valid ? p.k_scale + k_at : p.k_scale, valid);
-      if (column == 0 && p.v_scale_per_token) {
-        cp_async_scale(scales + Traits::kTileTokens + row, valid ? p.v_scale + v_at : p.v_scale, valid);
+      // Offsets for every thread, copies predicated: a branch around
+      // column 0's loop measured slower.
+#pragma unroll
+      for (int pass = 0; pass < Traits::kPasses; ++pass) {
+        const int64_t k_at = offset(pass, false);
+        const int64_t v_at = offset(pass, true);
+        const bool valid = pass * Traits::kRowsPerPass < remaining;
+        const int row = first_row + pass * Traits::kRowsPerPass;
+        if (column == 0 && p.k_scale_per_token)
+          cp_async_scale(scales + row, valid ? p.k_scale + k_at : p.k_scale, valid);
+        if (column == 0 && p.v_scale_per_token) {
+          cp_async_scale(scales + Traits::kTileTokens + row, valid ? p.v_scale + v_at : p.v_scale, valid);
+        }
+      }
+    } else if constexpr (Traits::kScales) {
+      float *scales = reinterpret_cast<float *>(stage + Traits::kScaleOffset);
+#pragma unroll
+      for (int n = 0; n < kScaleCopies; ++n) {
+        const int copy = column + n * Traits::kChunksPerRow;
+        if (copy >= 2 * Traits::kPasses) break;
+        const int pass = copy >> 1;
+        const bool value = (copy & 1) != 0;
+        if (!(value ? p.v_scale_per_token : p.k_scale_per_token)) continue;
+        const float *tensor = value ? p.v_scale : p.k_scale;
+        const bool valid = pass * Traits::kRowsPerPass < remaining;
+        const int row = first_row + pass * Traits::kRowsPerPass;
+        cp_async_scale(scales + (value ? Traits::kTileTokens : 0) + row, valid ? tensor + offset(pass, value) : tensor,
+                       valid);
       }
     }
   }
@@ -369,13 +405,12 @@ struct TileLoader {
           v_src += v_step;
         }
         if (copies_scales()) {
-#pragma unroll
-          for (int i = 0; i < Traits::kPasses; ++i) {
-            const int64_t token = first_token + i * Traits::kRowsPerPass;
-            copy_scales(stage, first_row + i * Traits::kRowsPerPass,
-                        decltype(whole_tile)::value || i * Traits::kRowsPerPass < remaining,
-                        k_scale_base + token * p.k_scale_strides[1], v_scale_base + token * p.v_scale_strides[1]);
-          }
+          // A whole tile's rows are all in the sequence: the tests fold away.
+          const int64_t rows_in = decltype(whole_tile)::value ? int64_t{Traits::kTileTokens} : remaining;
+          copy_scales(stage, rows_in, [&](int pass, bool value) {
+            const int64_t token = first_token + pass * Traits::kRowsPerPass;
+            return value ? v_scale_base + token * p.v_scale_strides[1] : k_scale_base + token * p.k_scale_strides[1];
+          });
         }
       };
       if (column_valid && (Traits::kPasses - 1) * Traits::kRowsPerPass < remaining) {
@@ -423,12 +458,20 @@ struct TileLoader {
         cp_async_kv_chunk(v_stage + offset, v_src, valid, l2_policy);
       }
       if (copies_scales()) {
+        copy_scales(stage, remaining, [&](int pass, bool value) {
+          // The pass's page and slot by unrolled selection: a runtime index
+          // would put the arrays in local memory.
+          int32_t page = pages[0], slot = slots[0];
 #pragma unroll
-        for (int i = 0; i < Traits::kPasses; ++i) {
-          copy_scales(stage, first_row + i * Traits::kRowsPerPass, i * Traits::kRowsPerPass < remaining,
-                      k_scale_base + pages[i] * p.k_scale_strides[0] + slots[i] * p.k_scale_strides[1],
-                      v_scale_base + pages[i] * p.v_scale_strides[0] + slots[i] * p.v_scale_strides[1]);
-        }
+          for (int i = 1; i < Traits::kPasses; ++i) {
+            if (pass == i) {
+              page = pages[i];
+              slot = slots[i];
+            }
+          }
+          return value ? v_scale_base + page * p.v_scale_strides[0] + slot * p.v_scale_strides[1]
+                       : k_scale_base + page * p.k_scale_strides[0] + slot * p.k_scale_strides[1];
+        });
       }
       if (table_ring != nullptr) fetch_table(begin, tile + Traits::kStages, end);
     }
@@ -443,7 +486,9 @@ struct TileLoader {
                                             int32_t (&slots)[Traits::kPasses], int64_t remaining, Lookup lookup) const {
 #pragma unroll
     for (int i = 0; i < Traits::kPasses; ++i) {
-      const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
+      // Columns past head_dim look their pages up too where they make
+      // scale copies (kSpreadScales).
+      const bool valid = (column_valid || (kSpreadScales && copies_scales())) && i * Traits::kRowsPerPass < remaining;
       slots[i] = slot;
       pages[i] = valid ? pool_page(p, lookup(page)) : 0;
       page += pass_pages;
