@@ -918,9 +918,10 @@ typedef struct fd_plan_info {
    * `"tensor-core-compact-<bucket>"` (paged batches of many sequences),
    * `"tensor-core-rows-<bucket>"` / `"tensor-core-rows64-<bucket>"` (17-32
    * / over 32 query rows a KV head: q_len x group) or
-   * `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"`
-   * (8-bit caches) with the head_dim bucket (64, 128 or 256) whose code
-   * runs. For logs: the names may change between versions.
+   * `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"` /
+   * `"tensor-core-8bit-keys-<bucket>"` (8-bit caches; the last with up to
+   * 8 query rows a KV head) with the head_dim bucket (64, 128 or 256)
+   * whose code runs. For logs: the names may change between versions.
    */
   const char *kernel;
   fd_merge merge;   /**< How the splits' partial results are combined. */

@@ -1015,7 +1015,8 @@ static int compact_tiles_planned(const kernel_spec *spec) {
  * checks it with expect_case_on_kernel. spec's kernel is the H200's: where
  * this device decides between compact and standard tiles otherwise
  * (compact_tiles_planned), the other is expected. */
-static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uint64_t seed) {
+static void expect_spec_on_kernel_scaled(const kernel_spec *spec, const char *test, uint64_t seed,
+                                         fdt_scale_mode scale_mode, int wide_scales) {
   const char *kernel = spec->kernel;
   const int wants_compact = starts_with(kernel, "tensor-core-compact-");
   if ((wants_compact || strcmp(kernel, "tensor-core-") == 0) && compact_tiles_planned(spec) != wants_compact) {
@@ -1024,7 +1025,8 @@ static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uin
   const int64_t kv_len = g_quick ? spec->kv_len / 4 : spec->kv_len;
   fdt_case c = dense_case(spec->dtype, spec->batch, spec->q_heads, spec->kv_heads, spec->head_dim, kv_len, seed);
   c.kv_dtype = spec->kv_dtype;
-  c.scale_mode = spec->kv_dtype ? FDT_SCALE_HEAD : FDT_SCALE_NONE;
+  c.scale_mode = spec->kv_dtype ? scale_mode : FDT_SCALE_NONE;
+  c.wide_scales = spec->kv_dtype ? wide_scales : 0;
   c.layout = spec->layout;
   c.page_size = spec->page_size;
   c.q_len = spec->q_len;
@@ -1037,6 +1039,11 @@ static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uin
   c.num_splits = spec->splits;
   c.with_lse = 1;
   expect_case_on_kernel(&c, test, spec->what, kernel);
+}
+
+/* expect_spec_on_kernel_scaled with per-head scales for an 8-bit cache. */
+static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uint64_t seed) {
+  expect_spec_on_kernel_scaled(spec, test, seed, FDT_SCALE_HEAD, 0);
 }
 
 /* ---- over 16 query rows a KV head -------------------------------------------- */
@@ -1102,6 +1109,64 @@ static void test_ragged_query_lengths(void **state) {
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
     expect_spec_on_kernel(&spec[i], "ragged q_lens", g_seed + 1500 + (uint64_t)i);
+}
+
+/* ---- 8-bit caches on tensor cores ------------------------------------------- */
+/* Up to 8 query rows a KV head with head_dim up to 128 run the keys on the
+ * MMA's M (tensor-core-8bit-keys-*): every format and q dtype, per-tensor,
+ * per-head and per-token scales, dense, strided and paged (pages of 1, 16
+ * and 7 tokens), ragged lengths and query lengths, MHA, head_dim 64, 96
+ * and 128, the variants (causal steps, window, softcap, ALiBi, sinks),
+ * automatic and manual splits (fused merge and merge kernel), the balanced
+ * schedule, scales over 2^-12 .. 2^12 with zeros; more rows and head_dim
+ * 256 keep the 16-row kernel. Each
+ * against the reference and twice bitwise equal; the plan names the
+ * kernel. */
+static void test_8bit_kernels(void **state) {
+  (void)state;
+  static const kernel_spec spec[] = {
+      {"e4m3, group 4", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 1, 0, 0.0, 0, 0, 0, 0, 0,
+       "tensor-core-8bit-keys-128"},
+      {"e5m2, group 8, paged, per-token scales", FD_DTYPE_BF16, FD_DTYPE_E5M2, FDT_PAGED_NHD, 5, 64, 8, 128, 2500, 16,
+       1, 0, 0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-keys-128"},
+      {"int8, MHA, head_dim 64, pages of 7", FD_DTYPE_F16, FD_DTYPE_I8, FDT_PAGED_HND, 4, 8, 8, 64, 2000, 7, 1, 0, 0.0,
+       0, 0, 1, 0, 0, "tensor-core-8bit-keys-64"},
+      {"e4m3, q_len 2 x group 4, softcap, ALiBi, sinks", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BHND, 3, 16, 4, 128, 2200, 16,
+       2, 0, 30.0, 1, 1, 1, 0, 0, "tensor-core-8bit-keys-128"},
+      {"int8, q_len 3 x group 2, window, ragged q_lens, per-token", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_BHND, 5, 8, 4, 96,
+       2600, 16, 3, 700, 0.0, 0, 1, 1, 1, 0, "tensor-core-8bit-keys-128"},
+      {"e5m2, group 6, manual splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BNHD, 2, 12, 2, 128, 4000, 16, 1, 0, 0.0, 0, 0,
+       1, 0, 9, "tensor-core-8bit-keys-128"},
+      {"e4m3, one long sequence: merge kernel", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_BNHD, 1, 8, 1, 128, 60000, 16, 1, 0,
+       0.0, 0, 0, 0, 0, 0, "tensor-core-8bit-keys-128"},
+      {"e4m3, balanced schedule, pages of 1", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 40, 32, 8, 64, 3000, 1, 1, 0,
+       0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
+      {"int8, group 16: 16 rows", FD_DTYPE_F16, FD_DTYPE_I8, FDT_BNHD, 2, 32, 2, 128, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0,
+       0, "tensor-core-8bit-128"},
+      {"e4m3, q_len 3 x group 4: 12 rows", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 3, 32, 8, 128, 2000, 16, 3, 0,
+       0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-128"},
+      {"e5m2, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BNHD, 2, 16, 4, 256, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0, 0,
+       "tensor-core-8bit-256"},
+      {"e4m3, group 8, wide per-token scales", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 4, 32, 4, 128, 3000, 16, 1, 0,
+       0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-keys-128"},
+      {"int8, MHA, paged, wide per-token scales", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_PAGED_NHD, 6, 8, 8, 64, 2500, 16, 1,
+       0, 0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
+      {"e5m2, group 4, wide per-head scales, splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BHND, 2, 16, 4, 128, 5000, 16, 1,
+       0, 0.0, 0, 0, 1, 0, 6, "tensor-core-8bit-keys-128"},
+  };
+  /* Scales: mode, and whether drawn over 2^-12 .. 2^12 with zeros (fdt_case::wide_scales). */
+  static const struct {
+    fdt_scale_mode mode;
+    int wide;
+  } scales[] = {{FDT_SCALE_TENSOR, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},
+                {FDT_SCALE_TOKEN, 0},  {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 0},
+                {FDT_SCALE_HEAD, 0},   {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 1},
+                {FDT_SCALE_TOKEN, 1},  {FDT_SCALE_HEAD, 1}};
+  _Static_assert(sizeof scales / sizeof scales[0] == sizeof spec / sizeof spec[0], "a scale mode a case");
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    expect_spec_on_kernel_scaled(&spec[i], "8-bit kernels", g_seed + 1700 + (uint64_t)i, scales[i].mode,
+                                 scales[i].wide);
+  }
 }
 
 /* ---- compact tensor-core tiles ------------------------------------------------ */
@@ -2269,6 +2334,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compact_tiles);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_8bit_kernels);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);

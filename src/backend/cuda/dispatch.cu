@@ -23,10 +23,12 @@ namespace cuda {
 using namespace dispatch;  // NOLINT: the families and their templates (dispatch_families.cuh)
 
 namespace dispatch {
-// The 8-bit families' row functions are instantiated in dispatch_8bit.cu,
+// The 8-bit families' row functions are instantiated in dispatch_8bit.cu
+// (the keys-on-M family's in dispatch_8bit_keys.cu),
 // the rows families' and the compact tiles' in dispatch_rows.cu.
 FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedFamily)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedKeysFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<2>)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<4>)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreFamily<MmaTiles::compact>)
@@ -51,6 +53,8 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
                                  "tensor-core-rows64-256"),
     row<TensorCoreFamily<MmaTiles::compact>>(SplitVariant::tensor_core_compact, "tensor-core-compact-64",
                                              "tensor-core-compact-128", "tensor-core-compact-256"),
+    row<TensorCoreQuantizedKeysFamily>(SplitVariant::tensor_core_8bit_keys, "tensor-core-8bit-keys-64",
+                                       "tensor-core-8bit-keys-128", "tensor-core-8bit-keys-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {

@@ -10,6 +10,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/kernels/split_8bit_keys.cuh"
 #include "backend/cuda/kernels/split_cuda_core.cuh"
 #include "backend/cuda/kernels/split_tensor_core.cuh"
 #include "backend/cuda/variants.h"
@@ -99,6 +100,29 @@ struct TensorCoreQuantizedFamily {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, true>;
     static constexpr auto function =
         mma_split_kernel<T, kBucket, MmaTiles::standard, false, kVariants, true, 1, kFormat>;
+  };
+};
+
+// 8-bit caches with up to 8 query rows a KV head, head_dim up to 128: the
+// keys on the MMA's M, the rows on its N (split_8bit_keys.cuh). No cluster
+// merge, a kernel per format. Its pipeline stages, FD_Q8_KEYS_STAGES, are
+// overridable at build time for A/B measurements ("8-bit caches").
+#ifndef FD_Q8_KEYS_STAGES
+#define FD_Q8_KEYS_STAGES 3
+#endif
+struct TensorCoreQuantizedKeysFamily {
+  static constexpr bool kQuantized = true;
+  template <class T>
+  static constexpr bool kTakes = sizeof(T) == 2;
+  static constexpr bool kHasClusters = false;
+  static constexpr bool kVariantsOnly = false;
+  static constexpr int kMaxBucket = 128;
+  static constexpr int kMinSmemOptin = 0;
+  static constexpr bool kFormatKernels = true;
+  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  struct Kernel {
+    using Traits = KeysTraits<T, kBucket, FD_Q8_KEYS_STAGES>;
+    static constexpr auto function = mma_keys_split_kernel<T, kBucket, kVariants, kFormat, Traits>;
   };
 };
 

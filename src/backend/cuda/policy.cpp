@@ -87,6 +87,15 @@ constexpr int64_t kCompactMinPageSize = 16;
 #endif
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
+// 8-bit caches with up to this many query rows a KV head (and head_dim up
+// to 128) run the keys on the MMA's M (tensor_core_8bit_keys): its N of 8
+// row slots. 0 at build time keeps them on tensor_core_8bit, for A/B
+// measurements ("8-bit caches").
+#ifndef FD_Q8_KEYS_MAX_ROWS
+#define FD_Q8_KEYS_MAX_ROWS 8
+#endif
+constexpr int64_t kQ8KeysMaxRows = FD_Q8_KEYS_MAX_ROWS;
+
 // What a piece of the balanced schedule costs beyond its keys (pipeline
 // fill, query load, epilogue), in tokens: rounded up to whole tiles.
 constexpr int64_t kPieceOverheadTokens = 64;
@@ -251,11 +260,16 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   VariantChoice choice;
   choice.variant = fallback_variant(p);
   if (!tensor_cores_take(p)) return choice;
-  // 8-bit caches: one tensor-core kernel, standard tiles, for every shape
-  // it takes (with one query row per KV head too: the CUDA-core kernel
-  // measured no faster there, docs/performance.md).
+  // 8-bit caches: the tensor cores, standard tiles, for every shape they
+  // take (with one query row per KV head too: the CUDA-core kernel measured
+  // no faster there, docs/performance.md); up to 8 rows a KV head with the
+  // keys on the MMA's M, whose N of 8 they fill (half the MMAs and
+  // accumulators of 16 row slots).
   if (p.kv_quantized) {
-    choice.variant = SplitVariant::tensor_core_8bit;
+    const SplitVariant keys = SplitVariant::tensor_core_8bit_keys;
+    const bool keys_take = p.rows_per_kv_head() <= kQ8KeysMaxRows && p.head_dim <= 128 &&
+                           device.occupancy.ctas(keys, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0;
+    choice.variant = keys_take ? keys : SplitVariant::tensor_core_8bit;
     return choice;
   }
   choice.variant = SplitVariant::tensor_core;

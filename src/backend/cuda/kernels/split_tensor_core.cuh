@@ -517,6 +517,109 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   }
 }
 
+// The token groups' partial states of a piece in shared memory (the
+// combine area at its start): each group's m and l per row slot (m then
+// its weight), each row's merged max and l, and each group's accumulator
+// rows [kTokenGroups * kRows][kBucket]. A kernel writes m, l and o, then
+// write_token_groups merges them.
+template <class Traits>
+struct TokenGroupParts {
+  float *m, *l, *row_l, *row_max, *o;
+  __device__ explicit TokenGroupParts(unsigned char *smem)
+      : m(reinterpret_cast<float *>(smem)),
+        l(m + Traits::kTokenGroups * Traits::kRows),
+        row_l(l + Traits::kTokenGroups * Traits::kRows),
+        row_max(row_l + Traits::kRows),
+        o(row_max + Traits::kRows) {}
+  static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0, "o holds float4 stores");
+};
+
+// Merges the token groups' states (TokenGroupParts, written and synced) in
+// group order and writes the piece's real rows: to out and lse where the
+// piece writes the output, else as the piece's partial state (in the
+// cluster's shared memory with kCluster, else the workspace).
+template <class T, class Traits, bool kCluster>
+__device__ __forceinline__ void write_token_groups(const SplitParams &p, const Piece &piece, int64_t b, int kv_head,
+                                                   const TokenGroupParts<Traits> &parts, unsigned char *smem,
+                                                   int first_row, int heads_here) {
+  constexpr int kBucket = Traits::kBucket;
+  // The token groups' weights exp2(m_group - m_max) and the merged l, once
+  // per head slot, in group order.
+  static_assert(Traits::kRows <= Traits::kThreads, "a thread per head slot");
+  if (threadIdx.x < Traits::kRows) {
+    const int row = threadIdx.x;
+    float m_max = negative_infinity();
+#pragma unroll
+    for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = max_nan(m_max, parts.m[g * Traits::kRows + row]);
+    float l_sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < Traits::kTokenGroups; ++g) {
+      const float weight = merge_weight(parts.m[g * Traits::kRows + row], m_max);
+      l_sum = fmaf(weight, parts.l[g * Traits::kRows + row], l_sum);
+      parts.m[g * Traits::kRows + row] = weight;
+    }
+    parts.row_max[row] = m_max - Traits::kProbabilityShift;  // l and acc carry 2^kProbabilityShift
+    parts.row_l[row] = l_sum;
+  }
+  __syncthreads();
+
+  // Merge the token groups' accumulators in group order, one (real head,
+  // element) per thread.
+  float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
+  for (int i = threadIdx.x; i < heads_here * kBucket; i += Traits::kThreads) {
+    const int row = i / kBucket;
+    const int d = i % kBucket;
+    if (d >= p.head_dim) continue;
+    float acc = 0.0f;
+#pragma unroll
+    for (int g = 0; g < Traits::kTokenGroups; ++g) {
+      acc = fmaf(parts.m[g * Traits::kRows + row], parts.o[(g * Traits::kRows + row) * kBucket + d], acc);
+    }
+    const float m_max = parts.row_max[row];
+    const float l_sum = parts.row_l[row];
+    if (piece_writes_output(p, piece)) {
+      const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
+      const float merged[1] = {acc};
+      if (p.out_f32) {
+        write_output<float>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
+      } else {
+        write_output<T>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
+      }
+    } else if (kCluster) {
+      using Partial = ClusterPartial<Traits::kRows, kBucket>;
+      Partial::acc(cluster_partial, row, d) = acc;
+      if (d == 0) {
+        Partial::m(cluster_partial, row) = m_max;
+        Partial::l(cluster_partial, row) = l_sum;
+      }
+    } else {
+      const int64_t index = partial_state_index(p, piece, row);
+      p.acc[index * p.head_dim + d] = acc;
+      if (d == 0) {
+        p.m[index] = m_max;
+        p.l[index] = l_sum;
+      }
+    }
+  }
+}
+
+// After write_token_groups: the unit's splits merged by the cluster
+// (kCluster), the balanced schedule's last piece of a unit, or the fused
+// merge's last CTA of it. Returns whether this CTA merged.
+template <class T, class Traits, bool kCluster>
+__device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &piece, int64_t b, int kv_head, int chunk,
+                                            unsigned char *smem, int first_row, int heads_here) {
+  if constexpr (kCluster) {
+    float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
+    merge_in_cluster<T, Traits::kThreads, Traits::kRows, Traits::kBucket>(p, b, kv_head, first_row, heads_here,
+                                                                          cluster_partial);
+    return false;
+  } else {
+    return p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false>(p, piece)
+                                  : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem);
+  }
+}
+
 // kCluster: launched in clusters of a unit's splits, which merge through
 // distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
 // A template parameter rather than a runtime flag, whose branches cost the
@@ -707,33 +810,27 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     // Per token group: m and l (the d_part warps of a group hold the same
     // ones), and the accumulator, each d_part warp its columns; only the
     // chunk's real heads (the other slots hold zero queries).
-    float *part_m = reinterpret_cast<float *>(smem);  // then each group's weight
-    float *part_l = part_m + Traits::kTokenGroups * Traits::kRows;
-    float *row_l = part_l + Traits::kTokenGroups * Traits::kRows;
-    float *row_max = row_l + Traits::kRows;
-    float *part_o = row_max + Traits::kRows;
-    static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 8 == 0, "part_o holds float2 stores");
+    const TokenGroupParts<Traits> parts(smem);
     const int slot = token_group * Traits::kRows + m_row + group_row;  // this thread's first row in the parts
     const bool row_real[2] = {m_row + group_row < heads_here, m_row + group_row + 8 < heads_here};
     if (quad_lane == 0 && d_part == 0) {
-      part_m[slot] = m[0];
-      part_m[slot + 8] = m[1];
-      part_l[slot] = l[0];
-      part_l[slot + 8] = l[1];
+      parts.m[slot] = m[0];
+      parts.m[slot + 8] = m[1];
+      parts.l[slot] = l[0];
+      parts.l[slot + 8] = l[1];
     }
     if constexpr (kQuantized) {
       // The n-tiles' columns as quant_value_fragments ordered them: of each
       // 16, tiles 2h and 2h + 1 hold this lane's 4q .. 4q + 3.
-      static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0, "part_o holds float4 stores");
 #pragma unroll
       for (int t = 0; t < Traits::kOTiles; t += 2) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 4;
         if (row_real[0]) {
-          *reinterpret_cast<float4 *>(part_o + slot * kBucket + d) = make_float4(
+          *reinterpret_cast<float4 *>(parts.o + slot * kBucket + d) = make_float4(
               o[t][0] * value_scale, o[t + 1][0] * value_scale, o[t][1] * value_scale, o[t + 1][1] * value_scale);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float4 *>(part_o + (slot + 8) * kBucket + d) = make_float4(
+          *reinterpret_cast<float4 *>(parts.o + (slot + 8) * kBucket + d) = make_float4(
               o[t][2] * value_scale, o[t + 1][2] * value_scale, o[t][3] * value_scale, o[t + 1][3] * value_scale);
         }
       }
@@ -742,79 +839,17 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       for (int t = 0; t < Traits::kOTiles; ++t) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
         if (row_real[0]) {
-          *reinterpret_cast<float2 *>(part_o + slot * kBucket + d) = make_float2(o[t][0], o[t][1]);
+          *reinterpret_cast<float2 *>(parts.o + slot * kBucket + d) = make_float2(o[t][0], o[t][1]);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float2 *>(part_o + (slot + 8) * kBucket + d) = make_float2(o[t][2], o[t][3]);
+          *reinterpret_cast<float2 *>(parts.o + (slot + 8) * kBucket + d) = make_float2(o[t][2], o[t][3]);
         }
       }
     }
     __syncthreads();
-
-    // The token groups' weights exp2(m_group - m_max) and the merged l, once
-    // per head slot, in group order.
-    static_assert(Traits::kRows <= Traits::kThreads, "a thread per head slot");
-    if (threadIdx.x < Traits::kRows) {
-      const int row = threadIdx.x;
-      float m_max = negative_infinity();
-#pragma unroll
-      for (int g = 0; g < Traits::kTokenGroups; ++g) m_max = max_nan(m_max, part_m[g * Traits::kRows + row]);
-      float l_sum = 0.0f;
-#pragma unroll
-      for (int g = 0; g < Traits::kTokenGroups; ++g) {
-        const float weight = merge_weight(part_m[g * Traits::kRows + row], m_max);
-        l_sum = fmaf(weight, part_l[g * Traits::kRows + row], l_sum);
-        part_m[g * Traits::kRows + row] = weight;
-      }
-      row_max[row] = m_max - Traits::kProbabilityShift;  // l and acc carry 2^kProbabilityShift
-      row_l[row] = l_sum;
-    }
-    __syncthreads();
-
-    // Merge the token groups' accumulators in group order, one (real head,
-    // element) per thread.
-    float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
-    for (int i = threadIdx.x; i < heads_here * kBucket; i += Traits::kThreads) {
-      const int row = i / kBucket;
-      const int d = i % kBucket;
-      if (d >= p.head_dim) continue;
-      float acc = 0.0f;
-#pragma unroll
-      for (int g = 0; g < Traits::kTokenGroups; ++g) {
-        acc = fmaf(part_m[g * Traits::kRows + row], part_o[(g * Traits::kRows + row) * kBucket + d], acc);
-      }
-      const float m_max = row_max[row];
-      const float l_sum = row_l[row];
-      if (piece_writes_output(p, piece)) {
-        const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
-        const float merged[1] = {acc};
-        if (p.out_f32) {
-          write_output<float>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
-        } else {
-          write_output<T>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
-        }
-      } else if (kCluster) {
-        using Partial = ClusterPartial<Traits::kRows, kBucket>;
-        Partial::acc(cluster_partial, row, d) = acc;
-        if (d == 0) {
-          Partial::m(cluster_partial, row) = m_max;
-          Partial::l(cluster_partial, row) = l_sum;
-        }
-      } else {
-        const int64_t index = partial_state_index(p, piece, row);
-        p.acc[index * p.head_dim + d] = acc;
-        if (d == 0) {
-          p.m[index] = m_max;
-          p.l[index] = l_sum;
-        }
-      }
-    }
+    write_token_groups<T, Traits, kCluster>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
     FD_TIMELINE_MARK(timeline, 4);
-    if constexpr (kCluster) {
-      merge_in_cluster<T, Traits::kThreads, Traits::kRows, kBucket>(p, b, kv_head, first_row, heads_here,
-                                                                    cluster_partial);
-    } else if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false>(p, piece)
-                                      : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem)) {
+    if (merge_piece<T, Traits, kCluster>(p, piece, b, kv_head, chunk, smem, first_row, heads_here)) {
       FD_TIMELINE_MERGED(timeline);
     }
     __syncthreads();  // shared memory is reused by the next piece
