@@ -108,7 +108,7 @@ struct TensorCoreQuantizedFamily {
 // merge, a kernel per format. Its pipeline stages, FD_Q8_KEYS_STAGES, are
 // overridable at build time for A/B measurements ("8-bit caches").
 #ifndef FD_Q8_KEYS_STAGES
-#define FD_Q8_KEYS_STAGES 3
+#define FD_Q8_KEYS_STAGES 2
 #endif
 struct TensorCoreQuantizedKeysFamily {
   static constexpr bool kQuantized = true;

@@ -46,8 +46,9 @@ namespace cuda {
 #endif
 constexpr bool kFoldValueScales = FD_Q8_KEYS_FOLD_VALUE_SCALES;
 
-// CTAs a multiprocessor the kernel's registers are capped for (0: the
-// standard tiles' two); overridable at build time for A/B measurements.
+// CTAs a multiprocessor the kernel's registers are capped for where their
+// shared memory fits (0: the standard tiles' two); overridable at build
+// time for A/B measurements.
 #ifndef FD_Q8_KEYS_MIN_BLOCKS
 #define FD_Q8_KEYS_MIN_BLOCKS 0
 #endif
@@ -56,11 +57,13 @@ constexpr bool kFoldValueScales = FD_Q8_KEYS_FOLD_VALUE_SCALES;
 // CTA taking one chunk of up to 8 rows of a KV head, and stages of their
 // own: rows unpadded, their 16-byte chunks XOR-swizzled (swizzle_key) so
 // that an ldmatrix's 8 rows still fall on different banks. Against the
-// 16-row kernel's rows padded by 16 bytes, the same kernel ran 6-19%
-// faster (two stages or three alike; docs/performance.md, "8-bit caches").
-// Its shared memory is the pipeline and the table ring, or the token
-// groups' combine: the query waits in the last stage, then in registers.
-template <class T, int Bucket, int Stages = 3>
+// 16-row kernel's rows padded by 16 bytes the same kernel ran 6-19%
+// faster; three stages instead of two, and three CTAs a multiprocessor
+// (80 registers, spilling), measured no faster and 10-40% slower
+// (docs/performance.md, "8-bit caches"). Its shared memory is the
+// pipeline and the table ring, or the token groups' combine: the query
+// waits in the last stage, then in registers.
+template <class T, int Bucket, int Stages = 2>
 struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
   using Base = MmaTraits<T, Bucket, MmaTiles::standard, true>;
   static constexpr int kHeads = 8;  // row slots: the MMA's N
@@ -72,10 +75,11 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
   static constexpr int kStageBytes = kScaleOffset + 2 * Base::kTileTokens * 4;
   static constexpr int kStages = Stages;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
-  static constexpr int kMinBlocks = FD_Q8_KEYS_MIN_BLOCKS > 0 ? FD_Q8_KEYS_MIN_BLOCKS : Base::kMinBlocks;
   static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   static constexpr int kLoopBytes = kPipelineBytes + Base::kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
+  static constexpr bool kMinBlocksFit = FD_Q8_KEYS_MIN_BLOCKS > 0 && kSmemBytes *FD_Q8_KEYS_MIN_BLOCKS <= 226 * 1024;
+  static constexpr int kMinBlocks = kMinBlocksFit ? FD_Q8_KEYS_MIN_BLOCKS : Base::kMinBlocks;
   // The XOR of a row's chunks: 8 rows of 128 bytes, or 4 pairs of 64-byte
   // rows, cover all banks once for every chunk column.
   __device__ static int swizzle_key(int row) { return Base::kChunksPerRow == 8 ? row & 7 : (row >> 1) & 3; }
