@@ -75,6 +75,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
   static constexpr int kStageBytes = kScaleOffset + 2 * Base::kTileTokens * 4;
   static constexpr int kStages = Stages;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr bool kSpreadScales = true;  // the registers allow it at head_dim 128 too
   static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   static constexpr int kLoopBytes = kPipelineBytes + Base::kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;

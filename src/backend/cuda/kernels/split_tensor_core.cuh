@@ -135,6 +135,9 @@ struct MmaTraits {
   static constexpr int kQueryRowBytes = Bucket * static_cast<int>(sizeof(T));
   static constexpr int kChunksPerRow = kRowBytes / kChunkBytes;  // 8, 16, 32 for 16-bit elements
   static constexpr bool kScales = Quantized;                     // per-token scales after K and V (TileLoader)
+  // TileLoader's scale copies spread over a row's threads: not at head_dim
+  // 128, where the 16-row 8-bit kernels sit at their register cap.
+  static constexpr bool kSpreadScales = Bucket != 128;
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
   // 32 KiB (wide: 64 KiB, compact: 16 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);

@@ -297,9 +297,9 @@ struct TileLoader {
   // bound head_dim 256 kernel gained most from. At head_dim 128, whose
   // kernels sit at their 128-register cap, the spread made ptxas spill and
   // the kernel slower (history, run 37): there column 0's threads copy all
-  // of their rows' scales.
+  // of their rows' scales. The traits say which (Traits::kSpreadScales).
   int64_t k_scale_base, v_scale_base;  // dense: this sequence and head; paged: this head
-  static constexpr bool kSpreadScales = Traits::kBucket != 128;
+  static constexpr bool kSpreadScales = Traits::kSpreadScales;
   static constexpr int kScaleCopies = (2 * Traits::kPasses + Traits::kChunksPerRow - 1) / Traits::kChunksPerRow;
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
