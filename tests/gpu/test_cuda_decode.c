@@ -1112,16 +1112,15 @@ static void test_ragged_query_lengths(void **state) {
 }
 
 /* ---- 8-bit caches on tensor cores ------------------------------------------- */
-/* Up to 8 query rows a KV head with head_dim up to 128 run the keys on the
- * MMA's M (tensor-core-8bit-keys-*): every format and q dtype, per-tensor,
+/* Up to 8 query rows a KV head run the keys on the MMA's M
+ * (tensor-core-8bit-keys-*): every format and q dtype, per-tensor,
  * per-head and per-token scales, dense, strided and paged (pages of 1, 16
- * and 7 tokens), ragged lengths and query lengths, MHA, head_dim 64, 96
- * and 128, the variants (causal steps, window, softcap, ALiBi, sinks),
+ * and 7 tokens), ragged lengths and query lengths, MHA, head_dim 64, 96,
+ * 128 and 256, the variants (causal steps, window, softcap, ALiBi, sinks),
  * automatic and manual splits (fused merge and merge kernel), the balanced
- * schedule, scales over 2^-12 .. 2^12 with zeros; more rows and head_dim
- * 256 keep the 16-row kernel. Each
- * against the reference and twice bitwise equal; the plan names the
- * kernel. */
+ * schedule, scales over 2^-12 .. 2^12 with zeros; more rows keep the
+ * 16-row kernel. Each against the reference and twice bitwise equal; the
+ * plan names the kernel. */
 static void test_8bit_kernels(void **state) {
   (void)state;
   static const kernel_spec spec[] = {
@@ -1146,9 +1145,13 @@ static void test_8bit_kernels(void **state) {
       {"e4m3, q_len 3 x group 4: 12 rows", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 3, 32, 8, 128, 2000, 16, 3, 0,
        0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-128"},
       {"e5m2, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BNHD, 2, 16, 4, 256, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-8bit-256"},
+       "tensor-core-8bit-keys-256"},
       {"e4m3, group 8, wide per-token scales", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 4, 32, 4, 128, 3000, 16, 1, 0,
        0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-keys-128"},
+      {"int8, head_dim 256, paged, softcap, sinks, splits", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_PAGED_HND, 3, 16, 2, 256,
+       3000, 16, 1, 0, 20.0, 0, 1, 1, 0, 5, "tensor-core-8bit-keys-256"},
+      {"e4m3, head_dim 256, q_len 3 x group 4: 12 rows", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 2, 16, 4, 256, 1500, 16,
+       3, 0, 0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-256"},
       {"int8, MHA, paged, wide per-token scales", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_PAGED_NHD, 6, 8, 8, 64, 2500, 16, 1,
        0, 0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
       {"e5m2, group 4, wide per-head scales, splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BHND, 2, 16, 4, 128, 5000, 16, 1,
@@ -1161,7 +1164,7 @@ static void test_8bit_kernels(void **state) {
   } scales[] = {{FDT_SCALE_TENSOR, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},
                 {FDT_SCALE_TOKEN, 0},  {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 0},
                 {FDT_SCALE_HEAD, 0},   {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 1},
-                {FDT_SCALE_TOKEN, 1},  {FDT_SCALE_HEAD, 1}};
+                {FDT_SCALE_TOKEN, 0},  {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 1}, {FDT_SCALE_HEAD, 1}};
   _Static_assert(sizeof scales / sizeof scales[0] == sizeof spec / sizeof spec[0], "a scale mode a case");
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     expect_spec_on_kernel_scaled(&spec[i], "8-bit kernels", g_seed + 1700 + (uint64_t)i, scales[i].mode,

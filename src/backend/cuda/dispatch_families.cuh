@@ -103,8 +103,8 @@ struct TensorCoreQuantizedFamily {
   };
 };
 
-// 8-bit caches with up to 8 query rows a KV head, head_dim up to 128: the
-// keys on the MMA's M, the rows on its N (split_8bit_keys.cuh). No cluster
+// 8-bit caches with up to 8 query rows a KV head: the keys on the MMA's M,
+// the rows on its N (split_8bit_keys.cuh). No cluster
 // merge, a kernel per format. Its pipeline stages, FD_Q8_KEYS_STAGES, are
 // overridable at build time for A/B measurements ("8-bit caches").
 #ifndef FD_Q8_KEYS_STAGES
@@ -116,7 +116,7 @@ struct TensorCoreQuantizedKeysFamily {
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
   static constexpr bool kVariantsOnly = false;
-  static constexpr int kMaxBucket = 128;
+  static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   static constexpr bool kFormatKernels = true;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>

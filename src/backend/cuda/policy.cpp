@@ -87,8 +87,8 @@ constexpr int64_t kCompactMinPageSize = 16;
 #endif
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
-// 8-bit caches with up to this many query rows a KV head (and head_dim up
-// to 128) run the keys on the MMA's M (tensor_core_8bit_keys): its N of 8
+// 8-bit caches with up to this many query rows a KV head run the keys on
+// the MMA's M (tensor_core_8bit_keys): its N of 8
 // row slots. 0 at build time keeps them on tensor_core_8bit, for A/B
 // measurements ("8-bit caches").
 #ifndef FD_Q8_KEYS_MAX_ROWS
@@ -267,7 +267,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   // accumulators of 16 row slots).
   if (p.kv_quantized) {
     const SplitVariant keys = SplitVariant::tensor_core_8bit_keys;
-    const bool keys_take = p.rows_per_kv_head() <= kQ8KeysMaxRows && p.head_dim <= 128 &&
+    const bool keys_take = p.rows_per_kv_head() <= kQ8KeysMaxRows &&
                            device.occupancy.ctas(keys, p.kv_dtype, head_dim_bucket(p.head_dim)) > 0;
     choice.variant = keys_take ? keys : SplitVariant::tensor_core_8bit;
     return choice;

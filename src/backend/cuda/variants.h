@@ -26,7 +26,7 @@ enum class SplitVariant : uint8_t {
   tensor_core_rows,       // tensor_core's inputs with 17-32 query rows a KV head (variants' scoring), in one CTA
   tensor_core_rows64,     // the same with over 32 rows, up to 64 a CTA
   tensor_core_compact,    // tensor_core's inputs up to head_dim 128 in compact tiles: paged serving batches
-  tensor_core_8bit_keys,  // tensor_core_8bit's inputs with up to 8 query rows a KV head, head_dim up to 128
+  tensor_core_8bit_keys,  // tensor_core_8bit's inputs with up to 8 query rows a KV head, keys on the MMA's M
 };
 constexpr int kSplitVariantCount = 9;
 

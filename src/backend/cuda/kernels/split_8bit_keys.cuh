@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Phase 1 on tensor cores for 8-bit caches with up to 8 query rows a KV
 // head (q_len x group: one token of a GQA group up to 8, MHA, short
-// speculative steps), head_dim up to 128: the keys on the MMA's M
-// dimension and the query rows on its N (8), transposed against
+// speculative steps): the keys on the MMA's M dimension and the query
+// rows on its N (8), transposed against
 // split_tensor_core.cuh:
 //   S^T[token, row] = K[token, :] . Q[row, :]   (A = K dequantized from ldmatrix, B = Q^T from registers)
 //   O^T[d, row]    += V^T[d, token] P^T[token, row]
@@ -17,8 +17,8 @@
 // which bounds the 16-row 8-bit kernel (docs/performance.md, "8-bit
 // caches").
 //
-// Shared with that kernel (MmaTraits with Quantized): TileLoader, 8 warps
-// each on its own tokens of a tile, the per-sequence scales folded into
+// Shared with that kernel (MmaTraits with Quantized and token warps):
+// TileLoader, warps each on its own tokens of a tile (8; 4 at head_dim 256), the per-sequence scales folded into
 // q's scale and the accumulator, per-token scales copied with each tile,
 // the token groups' combine and the merges (write_token_groups,
 // merge_piece). Its stages are its own (KeysTraits).
@@ -53,7 +53,8 @@ constexpr bool kFoldValueScales = FD_Q8_KEYS_FOLD_VALUE_SCALES;
 #define FD_Q8_KEYS_MIN_BLOCKS 0
 #endif
 
-// The standard 8-bit traits (loader, 8 token warps) with 8 row slots, a
+// The 8-bit traits with token warps (loader; 8 warps, 4 at head_dim 256,
+// whose accumulators take twice the registers) and 8 row slots, a
 // CTA taking one chunk of up to 8 rows of a KV head, and stages of their
 // own: rows unpadded, their 16-byte chunks XOR-swizzled (swizzle_key) so
 // that an ldmatrix's 8 rows still fall on different banks. Against the
@@ -64,8 +65,8 @@ constexpr bool kFoldValueScales = FD_Q8_KEYS_FOLD_VALUE_SCALES;
 // pipeline and the table ring, or the token groups' combine: the query
 // waits in the last stage, then in registers.
 template <class T, int Bucket, int Stages = 2>
-struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
-  using Base = MmaTraits<T, Bucket, MmaTiles::standard, true>;
+struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
+  using Base = MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true>;
   static constexpr int kHeads = 8;  // row slots: the MMA's N
   static constexpr int kRows = kHeads;
   static constexpr int kKeyTiles = Base::kWarpTokens / 16;  // m-tiles of S^T (and k-steps of P V) a warp
@@ -81,9 +82,9 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   static constexpr bool kMinBlocksFit = FD_Q8_KEYS_MIN_BLOCKS > 0 && kSmemBytes *FD_Q8_KEYS_MIN_BLOCKS <= 226 * 1024;
   static constexpr int kMinBlocks = kMinBlocksFit ? FD_Q8_KEYS_MIN_BLOCKS : Base::kMinBlocks;
-  // The XOR of a row's chunks: 8 rows of 128 bytes, or 4 pairs of 64-byte
-  // rows, cover all banks once for every chunk column.
-  __device__ static int swizzle_key(int row) { return Base::kChunksPerRow == 8 ? row & 7 : (row >> 1) & 3; }
+  // The XOR of a row's chunks: 8 rows of 128 or 256 bytes, or 4 pairs of
+  // 64-byte rows, cover all banks once for every chunk column.
+  __device__ static int swizzle_key(int row) { return Base::kChunksPerRow >= 8 ? row & 7 : (row >> 1) & 3; }
   __device__ static int stage_offset(int row, int chunk) {
     return row * kRowStride + (chunk ^ swizzle_key(row)) * kChunkBytes;
   }
@@ -91,7 +92,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true> {
                 "every warp its own tokens and all of head_dim");
   static_assert(Base::kWarpTokens % 16 == 0 && kValueTiles % 2 == 0 && Base::kDSteps % 2 == 0,
                 "x4 ldmatrix covers 16 tokens x two k-steps, or two m-tiles of O^T");
-  static_assert(Base::kChunksPerRow == 8 || Base::kChunksPerRow == 4, "the swizzle takes 64- and 128-byte rows");
+  static_assert(Base::kChunksPerRow % 8 == 0 || Base::kChunksPerRow == 4, "the swizzle takes 64-byte rows and wider");
   static_assert(kRows * Base::kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(Base::kTableSlots > kStages, "a table slot is refilled only after its tile's copies were issued");
   static_assert(kSmemBytes * kMinBlocks <= 226 * 1024, "the CTAs a multiprocessor fit its shared memory");

@@ -98,7 +98,8 @@ constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
 enum class MmaTiles { standard, wide, compact };
 
-template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1>
+template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1,
+          bool TokenWarps = Quantized &&Bucket <= 128>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
@@ -108,16 +109,17 @@ struct MmaTraits {
   static constexpr int kHeads = kMmaHeads;       // head slots of an m-tile: the MMA's M
   static constexpr int kMTiles = MTiles;         // m-tiles of a CTA, each its own warps
   static constexpr int kRows = kHeads * MTiles;  // head slots of a CTA (SplitKernelShape::rows)
-  // 8-bit caches up to head_dim 128: every warp takes its own tokens (no
-  // d split, whose warps would each dequantize and score the same keys:
-  // these kernels are bound by instructions, not bytes).
-  static constexpr bool kTokenWarps = Quantized && Bucket <= 128;
+  // 8-bit caches up to head_dim 128 (and the keys kernel's at 256): every
+  // warp takes its own tokens (no d split, whose warps would each
+  // dequantize and score the same keys: these kernels are bound by
+  // instructions, not bytes); 4 warps at head_dim 256, 8 below.
+  static constexpr bool kTokenWarps = TokenWarps;
   static constexpr bool kWholeTiles = MTiles >= 4;
   // Warps along head_dim for P V (S is computed by each); rows: none.
   static constexpr int kDSplits = kTokenWarps || MTiles > 1 ? 1 : 2;
   static constexpr bool kQueryFromSmem = MTiles > 1 && (kWholeTiles || Bucket > 64);
   static constexpr int kTokenGroups =  // warps along a tile's tokens
-      kTokenWarps   ? 8
+      kTokenWarps   ? (Bucket == 256 ? 4 : 8)
       : kWholeTiles ? 1
                     : (kWide || (Bucket != 256 && !kCompact) ? 8 : 4) / (MTiles * kDSplits);
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
@@ -190,7 +192,7 @@ struct MmaTraits {
   // it, so the LSE and every merge see the true state. P stays below 2^15.
   static constexpr float kProbabilityShift = 15.0f;
   static_assert(kSmemBytes <= (kWide ? 200 : kCompact ? 54 : 110) * 1024, "mma kernel shared memory budget");
-  static_assert(MTiles > 1 || kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes,
+  static_assert(MTiles > 1 || Quantized || kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes,
                 "the cluster merge's state fits");
   static_assert(MTiles == 1 || (Tiles == MmaTiles::standard && !Quantized && Bucket <= 128 && kTokenGroups >= 1),
                 "rows: standard 16-bit tiles up to head_dim 128");
