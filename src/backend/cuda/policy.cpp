@@ -88,9 +88,9 @@ constexpr int64_t kCompactMinPageSize = 16;
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
 // 8-bit caches with up to this many query rows a KV head run the keys on
-// the MMA's M (tensor_core_8bit_keys): its N of 8
-// row slots. 0 at build time keeps them on tensor_core_8bit, for A/B
-// measurements ("8-bit caches").
+// the MMA's M (tensor_core_8bit_keys), whose N of 8 row slots they fill.
+// 0 at build time keeps them on tensor_core_8bit, for A/B measurements
+// ("Keys on M for 8-bit caches").
 #ifndef FD_Q8_KEYS_MAX_ROWS
 #define FD_Q8_KEYS_MAX_ROWS 8
 #endif
