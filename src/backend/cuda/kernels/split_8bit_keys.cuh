@@ -38,21 +38,6 @@
 namespace fd {
 namespace cuda {
 
-// Per-token value scales folded into P (attend_keys_tile) instead of
-// multiplying every value in float; overridable at build time for A/B
-// measurements.
-#ifndef FD_Q8_KEYS_FOLD_VALUE_SCALES
-#define FD_Q8_KEYS_FOLD_VALUE_SCALES 1
-#endif
-constexpr bool kFoldValueScales = FD_Q8_KEYS_FOLD_VALUE_SCALES;
-
-// CTAs a multiprocessor the kernel's registers are capped for where their
-// shared memory fits (0: the standard tiles' two); overridable at build
-// time for A/B measurements.
-#ifndef FD_Q8_KEYS_MIN_BLOCKS
-#define FD_Q8_KEYS_MIN_BLOCKS 0
-#endif
-
 // The 8-bit traits with token warps (loader; 8 warps, 4 at head_dim 256,
 // whose accumulators take twice the registers) and 8 row slots, a
 // CTA taking one chunk of up to 8 rows of a KV head, and stages of their
@@ -80,8 +65,6 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   static constexpr int kLoopBytes = kPipelineBytes + Base::kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
-  static constexpr bool kMinBlocksFit = FD_Q8_KEYS_MIN_BLOCKS > 0 && kSmemBytes *FD_Q8_KEYS_MIN_BLOCKS <= 226 * 1024;
-  static constexpr int kMinBlocks = kMinBlocksFit ? FD_Q8_KEYS_MIN_BLOCKS : Base::kMinBlocks;
   // The XOR of a row's chunks: 8 rows of 128 or 256 bytes, or 4 pairs of
   // 64-byte rows, cover all banks once for every chunk column.
   __device__ static int swizzle_key(int row) { return Base::kChunksPerRow >= 8 ? row & 7 : (row >> 1) & 3; }
@@ -95,7 +78,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   static_assert(Base::kChunksPerRow % 8 == 0 || Base::kChunksPerRow == 4, "the swizzle takes 64-byte rows and wider");
   static_assert(kRows * Base::kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(Base::kTableSlots > kStages, "a table slot is refilled only after its tile's copies were issued");
-  static_assert(kSmemBytes * kMinBlocks <= 226 * 1024, "the CTAs a multiprocessor fit its shared memory");
+  static_assert(kSmemBytes * Base::kMinBlocks <= 226 * 1024, "the CTAs a multiprocessor fit its shared memory");
 };
 
 // movmatrix: the 8x8 16-bit matrix whose fragment (row lane / 4, columns
@@ -110,9 +93,10 @@ __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
 // (global token warp_begin): S^T on tensor cores, online softmax of this
 // lane's two rows (2q and 2q + 1: accumulator elements 0, 2 and 1, 3),
 // O^T += V^T P^T. kVariants, key_scales, value_scales as attend_tile_mma.
-// value_unit: with FD_Q8_KEYS_FOLD_VALUE_SCALES, per-token value scales
-// fold into P (kept in units of value_unit, the largest |scale| the warp
-// has seen: O^T holds the sum over value_unit).
+// value_unit: per-token value scales fold into P, kept in units of
+// value_unit, the largest |scale| the warp has seen (O^T holds the sum
+// over value_unit; multiplying each value by its scale in float measured
+// 3-9% slower, history run 42).
 template <class T, class Traits, bool kVariants, int kFormat>
 __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int row0, int64_t warp_begin, int64_t end,
                                                  const uint32_t (&qf)[Traits::kDSteps][2],
@@ -124,7 +108,6 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
   const unsigned char *v_tile = stage + Traits::kTileTokens * Traits::kRowStride;
   const int lane = threadIdx.x % 32;
   const int g = lane >> 2;
-  const int q = lane & 3;
   // ldmatrix x4: lanes 0-7 address matrix 0 (tokens 0-7 of 16, first
   // chunk), 8-15 matrix 1 (tokens 8-15), 16-23 and 24-31 the next chunk.
   const int lane_row = ((lane >> 3) & 1) * 8 + (lane & 7);
@@ -249,21 +232,15 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
 
   // O^T += V^T P^T, a k-step per m-tile of S^T. P^T's B fragment (keys 2q,
   // 2q + 1 and 2q + 8, 2q + 9 of row g) is S^T's (key g and g + 8 of rows
-  // 2q, 2q + 1) transposed. Without per-token value scales the stored
-  // values are multiplied in fp16 whatever q's type (as attend_tile_mma).
-  const auto accumulate_values = [&](auto scaled_values) {
-    constexpr bool kScaled = decltype(scaled_values)::value;
-    using PvType = std::conditional_t<kScaled, T, __half>;
+  // 2q, 2q + 1) transposed. The stored values are multiplied in fp16
+  // whatever q's type (as attend_tile_mma): scales come after, or in P.
+  const auto accumulate_values = [&]() {
+    using PvType = __half;
 #pragma unroll
     for (int kt = 0; kt < Traits::kKeyTiles; ++kt) {
       const uint32_t b0 = transpose_8x8(Mma<PvType>::pack(s[kt][0], s[kt][1]));
       const uint32_t b1 = transpose_8x8(Mma<PvType>::pack(s[kt][2], s[kt][3]));
       const int key0 = row0 + kt * 16;
-      float2 scale[2] = {make_float2(1.0f, 1.0f), make_float2(1.0f, 1.0f)};
-      if constexpr (kScaled) {
-        scale[0] = *reinterpret_cast<const float2 *>(value_scales + key0 + 2 * q);
-        scale[1] = *reinterpret_cast<const float2 *>(value_scales + key0 + 8 + 2 * q);
-      }
       const unsigned char *rows = v_tile + (key0 + lane_row) * Traits::kRowStride;
 #pragma unroll
       for (int c = 0; c < Traits::kValueTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
@@ -277,11 +254,7 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
             const uint32_t by_column = __byte_perm(raw[2 * h + t], 0u, 0x3120u);  // column 2g low, 2g + 1 high
 #pragma unroll
             for (int e = 0; e < 2; ++e) {  // M row g + 8 e: d 2g + e
-              if constexpr (kScaled) {
-                a[2 * t + e] = dequantize_pair_scaled<PvType, kFormat>(by_column, e, scale[t]);
-              } else {
-                a[2 * t + e] = dequantize_pair_as<PvType, kFormat>(by_column, e);
-              }
+              a[2 * t + e] = dequantize_pair_as<PvType, kFormat>(by_column, e);
             }
           }
           Mma<PvType>::run(o[2 * c + h], a, b0, b1);
@@ -290,8 +263,8 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
     }
   };
   if (value_scales == nullptr) {
-    accumulate_values(std::false_type{});
-  } else if constexpr (kFoldValueScales) {
+    accumulate_values();
+  } else {
     // P x scale / value_unit (at most P) keys g and g + 8 of each m-tile
     // hold, and value_unit raised to the tile's largest |scale| first
     // (O^T shrunk to match), so P stays within fp16 and the stored values
@@ -323,9 +296,7 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[kt][e] *= scale[kt][e >> 1] * inverse;
     }
-    accumulate_values(std::false_type{});
-  } else {
-    accumulate_values(std::true_type{});
+    accumulate_values();
   }
 }
 
@@ -423,7 +394,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
     const float q_scale =
         p.q_scale * sequence_scale(p.k_scale, p.k_scale_strides, p.k_scale_per_token, paged, b, kv_head);
     const float value_scale = sequence_scale(p.v_scale, p.v_scale_strides, p.v_scale_per_token, paged, b, kv_head);
-    float value_unit = kFoldValueScales && p.v_scale_per_token ? 0.0f : 1.0f;  // attend_keys_tile
+    float value_unit = p.v_scale_per_token ? 0.0f : 1.0f;  // attend_keys_tile
 
     int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {

@@ -99,7 +99,7 @@ constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 enum class MmaTiles { standard, wide, compact };
 
 template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1,
-          bool TokenWarps = Quantized &&Bucket <= 128>
+          bool TokenWarps = (Quantized && Bucket <= 128)>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
