@@ -61,6 +61,16 @@ is checked bit for bit against PyTorch's conversion of new / scale. Then
 decode of 32 query heads over the same caches of --append-kv-len tokens
 (sets rotated above L2): the target is at most 3 us more.
 
+Part `scaling`: what a call costs besides its bytes. Two families of
+dense caches, 32 query heads over 8 KV heads, head_dim 128: one sequence
+of 16k-256k tokens, and 16-256 sequences of 2048 tokens (through shapes 1
+and 2). Each impl's times are fitted by least squares as t = fixed +
+bytes / rate: `rate` is what each further byte streams at (% of the read
+ceiling), `fixed` what the call costs whatever its size (launches, the
+pipeline's fill, the last wave's end, merges). A ratio of two impls' times
+at one size approaches the ratio of their rates only where the fixed cost
+is small beside the streaming.
+
 Missing FlashInfer, fp8 in PyTorch, or a library without 8-bit caches or
 fd_append_kv make those rows "n/a" with the reason; the rest still runs.
 The C ABI comes from the Python binding's mirror (bindings/python); the
@@ -393,20 +403,23 @@ def reference_of(data, shape, k, v):
     return reference(data["qs"][0], k, v, data["lens"])
 
 
-def implementations(fd, handle, shape, data, anchor, bases=()):
+def implementations(fd, handle, shape, data, anchor, bases=(), splits=()):
     """(name, build, reference) of each row: build() returns the row's calls
     (see time_graph()), or is the reason the row is skipped. bases: (row
     name, FlashDecode, handle) of other builds (--base-lib), whose 16-bit and
-    8-bit rows run too (NAME-16bit, NAME-e4m3, NAME-e4m3-tok, ...)."""
+    8-bit rows run too (NAME-16bit, NAME-e4m3, NAME-e4m3-tok, ...). splits:
+    split counts (--splits) of extra e4m3 rows fd-e4m3-sN."""
     kv_len = shape[4]
     qs, outs, lens, table = data["qs"], data["outs"], data["lens"], data["table"]
 
-    def fd_build(ks, vs, scales_of, lib=fd, lib_handle=handle):
+    def fd_build(ks, vs, scales_of, lib=fd, lib_handle=handle, num_splits=0):
         def build():
             args = [
                 decode_args(lib, qs[i], ks[i], vs[i], outs[i], lens, table, scales_of(i))
                 for i in range(data["sets"])
             ]
+            for a in args:
+                a.num_splits = num_splits
             calls = flashdecode_calls(lib, lib_handle, args)
             calls.plan = lib.plan(lib_handle, args[0])
             return calls
@@ -433,6 +446,10 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
         )
         build = fd_build(q8["k"], q8["v"], scales_for(q8, per_token))
         rows.append((f"fd-{fmt}" + ("-tok" if per_token else ""), build, refs[fmt, per_token]))
+        if fmt == "e4m3" and not per_token:
+            for n in splits:
+                build = fd_build(q8["k"], q8["v"], scales_for(q8, per_token), num_splits=n)
+                rows.append((f"fd-e4m3-s{n}", build, refs[fmt, per_token]))
     for base_name, base_fd, base_handle in bases:
         rows.append(
             (f"{base_name}-16bit", fd_build(data["k16"], data["v16"], lambda i: None, base_fd, base_handle), rows[0][2])
@@ -442,8 +459,10 @@ def implementations(fd, handle, shape, data, anchor, bases=()):
             rows.append((f"{base_name}-{fmt}" + ("-tok" if per_token else ""), build, refs[fmt, per_token]))
     for tensor_cores in (True, False):
         name = "fi-e4m3-" + ("tc" if tensor_cores else "cc")
-        if anchor is None or anchor.fi is None or ("e4m3", False) not in data["quant"]:
-            rows.append((name, (anchor.reason if anchor else None) or "no float8_e4m3fn in this torch", None))
+        if anchor is None:
+            continue  # a part without FlashInfer rows
+        if anchor.fi is None or ("e4m3", False) not in data["quant"]:
+            rows.append((name, anchor.reason or "no float8_e4m3fn in this torch", None))
             continue
         q_dtype = str(qs[0].dtype).replace("torch.", "")
         if q_dtype not in anchor.dtypes:
@@ -470,7 +489,7 @@ def run_shape(fd, handle, anchor, shape, dtype, args, bases=()):
     qo_bytes = 2 * batch * q_heads * d * elem
     bound = BOUNDS[dtype_name]
     results, timed = [], []
-    for name, build, ref in implementations(fd, handle, shape, data, anchor, bases):
+    for name, build, ref in implementations(fd, handle, shape, data, anchor, bases, args.splits):
         kv_elem = elem if name.endswith("-16bit") else 1
         row = {
             "impl": name,
@@ -517,6 +536,43 @@ def run_shape(fd, handle, anchor, shape, dtype, args, bases=()):
     del data, timed
     torch.cuda.empty_cache()
     return results
+
+
+SCALING_FAMILIES = {
+    "length": [(100 + i, 1, 32, 8, n, 128, "dense") for i, n in enumerate((16384, 32768, 65536, 131072, 262144))],
+    "batch": [(110 + i, b, 32, 8, 2048, 128, "dense") for i, b in enumerate((16, 32, 64, 128, 256))],
+}
+
+
+def fit_scaling(rows, ceiling):
+    """Least-squares t = fixed + bytes / rate per (family, dtype, impl)."""
+    fits = []
+    keys = sorted({(r["family"], r["dtype"], r["impl"]) for r in rows if "us" in r})
+    for family, dtype, impl in keys:
+        pts = [(r["bytes"], r["us"]) for r in rows if (r["family"], r["dtype"], r["impl"]) == (family, dtype, impl)]
+        pts = [pt for pt in pts if pt[1] is not None]
+        if len(pts) < 3:
+            continue
+        n = len(pts)
+        mx = sum(x for x, _ in pts) / n
+        my = sum(y for _, y in pts) / n
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)  # us per byte
+        fixed = my - slope * mx
+        worst = max(abs(y - (fixed + slope * x)) / y for x, y in pts)
+        rate = 1e-3 / slope  # GB/s
+        fits.append(
+            {
+                "family": family,
+                "dtype": dtype,
+                "impl": impl,
+                "fixed_us": fixed,
+                "rate_gbps": rate,
+                "rate_pct_of_read": 100 * rate * 1e9 / ceiling,
+                "worst_residual": worst,
+                "points": len(pts),
+            }
+        )
+    return fits
 
 
 def measure(timed, rounds, replays):
@@ -805,7 +861,7 @@ def main():
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16", help="q dtypes, comma-separated: float16, bfloat16")
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10", help="compare_sdpa.py's shape ids, 1..10")
-    parser.add_argument("--parts", default="decode,append", help="comma-separated: decode, append")
+    parser.add_argument("--parts", default="decode,append", help="comma-separated: decode, append, scaling")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
     parser.add_argument("--rotation-mib", type=int, default=1024, help="8-bit KV bytes rotated through, at least")
@@ -835,6 +891,12 @@ def main():
         default=[],
         help="NAME=PATH (or PATH: NAME base) of another build, timed in the same process as rows NAME-16bit, "
         "NAME-e4m3, NAME-e4m3-tok, ..., NAME:fd_append_kv (A/B); repeatable",
+    )
+    parser.add_argument(
+        "--splits",
+        type=lambda text: [int(x) for x in text.split(",") if x],
+        default=[],
+        help="N,M,...: extra rows fd-e4m3-sN, the e4m3 cache with num_splits N (a planner study)",
     )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
@@ -877,7 +939,7 @@ def main():
         f"ceilings at the start: streaming read {ceilings[0][0] * 1e-9:.0f} GB/s, device-to-device copy "
         f"{ceilings[0][1] * 1e-9:.0f} GB/s (read + written)"
     )
-    rows, append_rows = [], []
+    rows, append_rows, scaling_rows = [], [], []
     started = time.monotonic()
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
@@ -889,6 +951,15 @@ def main():
                 print(
                     f"[{time.monotonic() - started:5.0f} s] {shape_label(shape)} {dtype_name}: {times} us", flush=True
                 )
+        if "scaling" in parts:
+            for family, family_shapes in SCALING_FAMILIES.items():
+                for shape in family_shapes:
+                    got = run_shape(fd, handle, None, shape, dtype, args, bases)
+                    for r in got:
+                        r["family"] = family
+                    scaling_rows.extend(got)
+                    times = ", ".join(f"{r['impl']} {r['us']:.1f}" for r in got if "us" in r)
+                    print(f"[{time.monotonic() - started:5.0f} s] {shape_label(shape)} {dtype_name}: {times} us")
         if "append" in parts:
             got = run_append(fd, handle, dtype, args)
             for base_name, base_fd, base_handle in bases:
@@ -907,9 +978,10 @@ def main():
         f"ceilings at the end: streaming read {ceilings[1][0] * 1e-9:.0f} GB/s, device-to-device copy "
         f"{ceilings[1][1] * 1e-9:.0f} GB/s; used: {ceiling * 1e-9:.0f} and {copy * 1e-9:.0f} GB/s"
     )
-    for row in rows + append_rows:
+    for row in rows + append_rows + scaling_rows:
         if "gbps" in row:
             row["pct_of_read"] = 100 * row["gbps"] * 1e9 / ceiling
+    scaling = fit_scaling(scaling_rows, ceiling)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -925,12 +997,22 @@ def main():
                     "flashinfer_module_seconds": {str(k): v for k, v in (anchor.ready if anchor else {}).items()},
                     "results": rows,
                     "append": append_rows,
+                    "scaling_rows": scaling_rows,
+                    "scaling": scaling,
                 },
                 f,
                 indent=1,
             )
     report(rows, append_rows, shapes, dtypes, args.plot)
-    failed = [r for r in rows + append_rows if r["impl"].startswith("fd") and r.get("ok") is False]
+    if scaling:
+        print("=== scaling: t = fixed + bytes / rate, least squares over each family's sizes")
+        for f in scaling:
+            print(
+                f"{f['family']:<7} {f['dtype']:<8} {f['impl']:<14} fixed {f['fixed_us']:6.1f} us  rate "
+                f"{f['rate_gbps']:5.0f} GB/s ({f['rate_pct_of_read']:5.1f}% of read)  worst residual "
+                f"{100 * f['worst_residual']:.1f}%"
+            )
+    failed = [r for r in rows + append_rows + scaling_rows if r["impl"].startswith("fd") and r.get("ok") is False]
     if failed:
         print(f"flashdecode failed its check on {len(failed)} case(s)")
         return 1

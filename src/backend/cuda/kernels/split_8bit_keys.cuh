@@ -21,7 +21,9 @@
 // TileLoader, warps each on its own tokens of a tile (8; 4 at head_dim 256), the per-sequence scales folded into
 // q's scale and the accumulator, per-token scales copied with each tile,
 // the token groups' combine and the merges (write_token_groups,
-// merge_piece). Its stages are its own (KeysTraits).
+// merge_piece). Its stages are its own (KeysTraits), and so are its
+// load groups: each warp copies the rows it reads, and the loop
+// synchronises a warp with itself only.
 //
 // The k index of S^T's k-steps follows d as quant_key_fragments orders it:
 // lane (g, q) gets key g's bytes 4q .. 4q + 3 of a 16-byte chunk, the k
@@ -62,8 +64,17 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   static constexpr int kStages = Stages;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr bool kSpreadScales = true;  // the registers allow it at head_dim 128 too
+  // Each warp copies the rows it reads (its kWarpTokens of every tile), so
+  // a warp waits for its own copies and refills a stage once it is done
+  // with it, not for the CTA's slowest warp (TileLoader's load groups).
+  static constexpr int kLoadGroups = Base::kTokenGroups;
+  static constexpr int kLoadGroupTokens = Base::kWarpTokens;
+  static constexpr int kRowsPerPass = 32 / Base::kChunksPerRow;
+  static constexpr int kPasses = kLoadGroupTokens / kRowsPerPass;
+  static constexpr int kTableSlotEntries = kLoadGroupTokens + 4;
+  static constexpr int kTableBytes = Base::kTableSlots * kLoadGroups * kTableSlotEntries * 4;
   static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
-  static constexpr int kLoopBytes = kPipelineBytes + Base::kTableBytes;
+  static constexpr int kLoopBytes = kPipelineBytes + kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   // The XOR of a row's chunks: 8 rows of 128 or 256 bytes, or 4 pairs of
   // 64-byte rows, cover all banks once for every chunk column.
@@ -76,6 +87,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   static_assert(Base::kWarpTokens % 16 == 0 && kValueTiles % 2 == 0 && Base::kDSteps % 2 == 0,
                 "x4 ldmatrix covers 16 tokens x two k-steps, or two m-tiles of O^T");
   static_assert(Base::kChunksPerRow % 8 == 0 || Base::kChunksPerRow == 4, "the swizzle takes 64-byte rows and wider");
+  static_assert(32 % Base::kChunksPerRow == 0 && kLoadGroupTokens % kRowsPerPass == 0, "a warp loads whole rows");
   static_assert(kRows * Base::kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(Base::kTableSlots > kStages, "a table slot is refilled only after its tile's copies were issued");
   static_assert(kSmemBytes * Base::kMinBlocks <= 226 * 1024, "the CTAs a multiprocessor fit its shared memory");
@@ -399,7 +411,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
     int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       cp_async_wait<Traits::kStages - 1>();  // this thread's copies of `tile` have landed
-      __syncthreads();                       // everyone's have
+      __syncwarp();                          // the warp's have: its rows are its own (kLoadGroups)
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + warp * Traits::kWarpTokens;
       if (warp_begin < end) {  // warp-uniform
@@ -410,7 +422,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
             static_cast<int>(warp_begin - begin), scoring, p.k_scale_per_token ? tile_scales : nullptr,
             p.v_scale_per_token ? tile_scales + Traits::kTileTokens : nullptr, value_unit);
       }
-      __syncthreads();  // everyone is done with this stage: it takes tile + kStages
+      __syncwarp();  // the warp is done with its rows of this stage: they take tile + kStages
       if (tile + Traits::kStages < tiles) {
         loader.load(smem + stage * Traits::kStageBytes, begin, tile + Traits::kStages, end);
       }

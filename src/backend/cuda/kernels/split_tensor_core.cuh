@@ -150,12 +150,18 @@ struct MmaTraits {
                                  : MTiles > 1 ? 64 * 1024 / kStageBytes
                                               : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // TileLoader's load groups: the threads that copy a tile's rows and the
+  // rows each group copies. Here one, the CTA, and the whole tile: a
+  // tile's stage is complete once the CTA has synchronised.
+  static constexpr int kLoadGroups = 1;
+  static constexpr int kLoadGroupTokens = kTileTokens;
   // Paged caches with small pages: the block table entries of the tiles
-  // kStages loads ahead, in kTableSlots slots of kTableSlotEntries (a tile
-  // spans at most kTileTokens + 1 pages), after the pipeline.
+  // kStages loads ahead, in kTableSlots slots of kLoadGroups x
+  // kTableSlotEntries (a group's rows span at most kLoadGroupTokens + 1
+  // pages), after the pipeline.
   static constexpr int kTableSlots = Quantized || MTiles > 1 ? 8 : 4;
-  static constexpr int kTableSlotEntries = kTileTokens + 4;
-  static constexpr int kTableBytes = kTableSlots * kTableSlotEntries * 4;
+  static constexpr int kTableSlotEntries = kLoadGroupTokens + 4;
+  static constexpr int kTableBytes = kTableSlots * kLoadGroups * kTableSlotEntries * 4;
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
@@ -178,8 +184,8 @@ struct MmaTraits {
   static constexpr int kDWidth = Bucket / kDSplits;              // output columns per warp
   static constexpr int kOTiles = kDWidth / 8;                    // n-tiles of O per warp
   static constexpr int kPSteps = kWarpTokens / 16;               // k-steps of P V
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // tile rows one load pass covers
-  static constexpr int kPasses = kTileTokens / kRowsPerPass;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // a load group's rows one load pass covers
+  static constexpr int kPasses = kLoadGroupTokens / kRowsPerPass;
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
   // 128 bucket is near that limit: read -Xptxas -v after each edit for
   // spills); compact: four of 128 threads, the same 128 registers;

@@ -265,7 +265,9 @@ struct SwizzledLane {
 // swizzled stage: K rows, then V rows; row bytes come from the storage type
 // (Traits::kElementBytes).
 // Each thread keeps one 16-byte chunk column and takes every kRowsPerPass-th
-// row. A dense cache advances a pointer by a fixed stride. A paged one
+// row of its load group's (Traits::kLoadGroups: the CTA, or each warp its
+// own rows, whose stage it may then reuse after a warp's synchronisation
+// only). A dense cache advances a pointer by a fixed stride. A paged one
 // finds its first row's page and slot once per tile (a shift when the page
 // size is a power of two, else one division) and steps both from pass to
 // pass without dividing; with pages of up to 8 tokens it reads the block
@@ -301,10 +303,19 @@ struct TileLoader {
   int64_t k_scale_base, v_scale_base;  // dense: this sequence and head; paged: this head
   static constexpr bool kSpreadScales = Traits::kSpreadScales;
   static constexpr int kScaleCopies = (2 * Traits::kPasses + Traits::kChunksPerRow - 1) / Traits::kChunksPerRow;
+  static constexpr int kGroupThreads = Traits::kThreads / Traits::kLoadGroups;
+  static_assert(Traits::kThreads % Traits::kLoadGroups == 0 && kGroupThreads % Traits::kChunksPerRow == 0 &&
+                    Traits::kLoadGroups * Traits::kLoadGroupTokens == Traits::kTileTokens &&
+                    Traits::kPasses * Traits::kRowsPerPass == Traits::kLoadGroupTokens,
+                "load groups of whole rows cover the tile");
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
     column = threadIdx.x % Traits::kChunksPerRow;
-    first_row = threadIdx.x / Traits::kChunksPerRow;
+    if constexpr (Traits::kLoadGroups == 1) {
+      first_row = threadIdx.x / Traits::kChunksPerRow;
+    } else {
+      first_row = group_first_row() + threadIdx.x % kGroupThreads / Traits::kChunksPerRow;
+    }
     column_valid = column * (kChunkBytes / Traits::kElementBytes) < p.head_dim;
     l2_policy = kv_stream_policy();
     int64_t k_offset = kv_head * p.k_strides[2];
@@ -427,13 +438,14 @@ struct TileLoader {
       int32_t page = page_in_sequence(p, token);
       int32_t slot = token - page * p.page_size;
       // The tiles before kStages read the table; later ones the ring slot
-      // that the copies of tile - kStages filled (complete and visible: the
-      // main loop waited for that group and synchronised since).
+      // that this load group's copies of tile - kStages filled (complete
+      // and visible: the main loop waited for that group and synchronised
+      // the load group since).
       const int32_t *ring_slot = nullptr;
       int32_t ring_first_page = 0;
       if (table_ring != nullptr && tile >= Traits::kStages) {
-        ring_slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
-        ring_first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin));
+        ring_slot = ring_slot_of(tile);
+        ring_first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin + group_first_row()));
       }
       int32_t pages[Traits::kPasses];
       int32_t slots[Traits::kPasses];
@@ -501,20 +513,34 @@ struct TileLoader {
   }
 
   // Copies into ring slot tile % kTableSlots the block table entries of
-  // tile `tile` (kStages loads ahead), one entry a thread, in this load's
-  // commit group. With small pages a tile's entries are new cache lines, and
+  // this load group's rows of tile `tile` (kStages loads ahead), one entry
+  // a thread, in this load's commit group. With small pages a tile's entries are new cache lines, and
   // a lookup from global memory in front of its copies stalls the pipeline;
   // from the ring it is a shared-memory read. Larger pages lose a little to
   // the ring's code (docs/performance.md, "Block-table ring").
   static constexpr int kRingMaxPageSize = 8;
 
+  // The first tile row of this thread's load group.
+  __device__ static __forceinline__ int group_first_row() {
+    return Traits::kLoadGroups == 1 ? 0 : static_cast<int>(threadIdx.x / kGroupThreads) * Traits::kLoadGroupTokens;
+  }
+
+  // A load group's slot for tile `tile`: each group reads only the entries
+  // its own threads fetched.
+  __device__ __forceinline__ int32_t *ring_slot_of(int64_t tile) const {
+    const int group = Traits::kLoadGroups == 1 ? 0 : threadIdx.x / kGroupThreads;
+    return table_ring + ((tile % Traits::kTableSlots) * Traits::kLoadGroups + group) * Traits::kTableSlotEntries;
+  }
+
   __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
-    const int64_t tile_begin = begin + tile * Traits::kTileTokens;
-    if (tile_begin >= end) return;
-    const int32_t first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin));
-    const int32_t last_page = page_in_sequence(p, static_cast<int32_t>(min(tile_begin + Traits::kTileTokens, end) - 1));
-    int32_t *slot = table_ring + (tile % Traits::kTableSlots) * Traits::kTableSlotEntries;
-    for (int i = threadIdx.x; i <= last_page - first_page; i += Traits::kThreads) {
+    const int64_t group_begin = begin + tile * Traits::kTileTokens + group_first_row();
+    if (group_begin >= end) return;
+    const int32_t first_page = page_in_sequence(p, static_cast<int32_t>(group_begin));
+    const int32_t last_page =
+        page_in_sequence(p, static_cast<int32_t>(min(group_begin + Traits::kLoadGroupTokens, end) - 1));
+    int32_t *slot = ring_slot_of(tile);
+    const int group_thread = Traits::kLoadGroups == 1 ? threadIdx.x : threadIdx.x % kGroupThreads;
+    for (int i = group_thread; i <= last_page - first_page; i += kGroupThreads) {
       const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
       const int32_t *src = table_row + static_cast<int64_t>(first_page + i) * table_stride;
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
