@@ -6,10 +6,11 @@ compare_sdpa.py (dense and paged; default 1,2,6), inside an NVTX range
 
   ncu --clock-control none --nvtx --nvtx-include 'probe2/' [-k regex:mma_split] \
       --section SpeedOfLight --section WarpStateStats \
-      python3 tests/bench/ncu_probe.py build/src/libflashdecode.so.0 2,10 [e4m3|e5m2|int8]
+      python3 tests/bench/ncu_probe.py build/src/libflashdecode.so.0 2,10 [e4m3|e5m2|int8|e4m3-tok]
 
 With an 8-bit format, flashdecode alone on that cache (compare_quantized.py's
-inputs and quantization, per-tensor scales; SDPA has no 8-bit cache).
+inputs and quantization, per-tensor scales, or a scale per token with
+e4m3-tok; SDPA has no 8-bit cache).
 A warm-up call of each runs first, outside the range. fp16, fresh random data.
 """
 import ctypes
@@ -51,10 +52,13 @@ def sixteen_bit(shape):
 
 
 def eight_bit(shape, fmt):
-    """fd_decode_args on an 8-bit cache with per-tensor scales; no anchors."""
+    """fd_decode_args on an 8-bit cache (per-tensor scales; per-token with a
+    -tok suffix); no anchors."""
+    per_token = fmt.endswith("-tok")
+    fmt = fmt.removesuffix("-tok")
     data = cq.make_inputs(shape, torch.float16, 0)
-    q8 = data["quant"][fmt, False]
-    scales = cq.cache_scales(q8["k"][0], (q8["k_scale"][0], q8["v_scale"][0]), False, data["paged"])
+    q8 = data["quant"][fmt, per_token]
+    scales = cq.cache_scales(q8["k"][0], (q8["k_scale"][0], q8["v_scale"][0]), per_token, data["paged"])
     a = cq.decode_args(fd, data["qs"][0], q8["k"][0], q8["v"][0], data["outs"][0], data["lens"], data["table"], scales)
     return a, lambda: None, data
 
