@@ -5,14 +5,16 @@
     cmake -S . -B build-timeline -DFLASHDECODE_TIMELINE=ON -DFLASHDECODE_TESTS=OFF \
         -DFLASHDECODE_CUDA_ARCHS=90a-real && cmake --build build-timeline --target flashdecode
     python3 tests/bench/timeline.py --lib build-timeline/src/libflashdecode.so.0 [--shapes 1,5,7] \
-        [--dtype float16] [--replays 3] [--raw out.txt]
+        [--dtype float16] [--kv 16bit|e4m3|e5m2|int8|e4m3-tok] [--replays 3] [--raw out.txt]
 
 In a build with FLASHDECODE_TIMELINE=ON every CTA of the CUDA kernels prints
 its %globaltimer at fixed points (src/backend/cuda/timeline.cuh). For each
 shape of compare_sdpa.py this script builds the inputs as the benchmarks do
 (K/V sets rotated through at least --rotation-mib), captures one CUDA graph
 of one call per set, replays it, catches what the kernels print, and prints
-per launch, in microseconds from the first CTA's start:
+per launch, in microseconds from the first CTA's start (--kv: the cache in
+q's dtype, or 8-bit with compare_quantized.py's inputs, per-tensor scales
+or per-token with -tok):
 
   first tile   median time from a CTA's wait for the previous grid to its
                first tile in shared memory
@@ -103,11 +105,29 @@ def describe(kernel, records):
     return " | ".join(parts)
 
 
+def quantized_args(fd, shape, dtype, kv, rotation_bytes):
+    """compare_quantized.py's inputs for an 8-bit cache and one fd_decode_args a set."""
+    import compare_quantized as cq
+
+    per_token = kv.endswith("-tok")
+    fmt = kv.removesuffix("-tok")
+    data = cq.make_inputs(shape, dtype, rotation_bytes)
+    q8 = data["quant"][fmt, per_token]
+    fd_args = []
+    for i in range(data["sets"]):
+        scales = cq.cache_scales(q8["k"][i], (q8["k_scale"][i], q8["v_scale"][i]), per_token, data["paged"])
+        fd_args.append(
+            cq.decode_args(fd, data["qs"][i], q8["k"][i], q8["v"][i], data["outs"][i], data["lens"], data["table"], scales)
+        )
+    return data, fd_args
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", required=True, help="libflashdecode.so.0 of a FLASHDECODE_TIMELINE=ON build")
     parser.add_argument("--shapes", default="1,5,7")
     parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--kv", default="16bit", help="16bit (q's dtype), e4m3, e5m2, int8, or e4m3-tok")
     parser.add_argument("--replays", type=int, default=3, help="graph replays; the last one is shown")
     parser.add_argument("--rotation-mib", type=int, default=400)
     parser.add_argument("--raw", help="also write every FDTL line here")
@@ -118,8 +138,11 @@ def main():
     dtype = getattr(torch, args.dtype)
     raw = open(args.raw, "w") if args.raw else None
     for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
-        data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
-        fd_args = cs.decode_args_per_set(fd, data, shape)
+        if args.kv == "16bit":
+            data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
+            fd_args = cs.decode_args_per_set(fd, data, shape)
+        else:
+            data, fd_args = quantized_args(fd, shape, dtype, args.kv, args.rotation_mib << 20)
         workspace = ctypes.c_size_t()
         fd.check(fd.lib.fd_workspace_size(handle, ctypes.byref(fd_args[0]), ctypes.byref(workspace)),
                  "fd_workspace_size")
@@ -140,7 +163,7 @@ def main():
         launches = parse(text)
         if raw:
             raw.write(f"# shape {shape[0]}\n{text}")
-        print(f"== {cs.shape_label(shape)} {args.dtype}: {data['sets']} calls in the graph (last replay)")
+        print(f"== {cs.shape_label(shape)} {args.dtype} {args.kv}: {data['sets']} calls in the graph (last replay)")
         if not launches:
             print("   no FDTL lines: is this a FLASHDECODE_TIMELINE=ON build?")
         for (kernel, _), records in launches:
