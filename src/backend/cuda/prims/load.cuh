@@ -306,6 +306,7 @@ struct TileLoader {
   static constexpr int kGroupThreads = Traits::kThreads / Traits::kLoadGroups;
   static_assert(Traits::kThreads % Traits::kLoadGroups == 0 && kGroupThreads % Traits::kChunksPerRow == 0 &&
                     Traits::kLoadGroups * Traits::kLoadGroupTokens == Traits::kTileTokens &&
+                    Traits::kRowsPerPass == kGroupThreads / Traits::kChunksPerRow &&
                     Traits::kPasses * Traits::kRowsPerPass == Traits::kLoadGroupTokens,
                 "load groups of whole rows cover the tile");
 
