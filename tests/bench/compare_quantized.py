@@ -549,8 +549,11 @@ def fit_scaling(rows, ceiling):
     fits = []
     keys = sorted({(r["family"], r["dtype"], r["impl"]) for r in rows if "us" in r})
     for family, dtype, impl in keys:
-        pts = [(r["bytes"], r["us"]) for r in rows if (r["family"], r["dtype"], r["impl"]) == (family, dtype, impl)]
-        pts = [pt for pt in pts if pt[1] is not None]
+        pts = [
+            (r["bytes"], r["us"])
+            for r in rows
+            if "us" in r and (r["family"], r["dtype"], r["impl"]) == (family, dtype, impl)
+        ]
         if len(pts) < 3:
             continue
         n = len(pts)

@@ -40,6 +40,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_quantized as cq  # noqa: E402
 import compare_sdpa as cs  # noqa: E402
 import torch  # noqa: E402
 
@@ -107,8 +108,6 @@ def describe(kernel, records):
 
 def quantized_args(fd, shape, dtype, kv, rotation_bytes):
     """compare_quantized.py's inputs for an 8-bit cache and one fd_decode_args a set."""
-    import compare_quantized as cq
-
     per_token = kv.endswith("-tok")
     fmt = kv.removesuffix("-tok")
     data = cq.make_inputs(shape, dtype, rotation_bytes)

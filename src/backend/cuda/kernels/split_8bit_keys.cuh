@@ -69,10 +69,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   // with it, not for the CTA's slowest warp (TileLoader's load groups).
   static constexpr int kLoadGroups = Base::kTokenGroups;
   static constexpr int kLoadGroupTokens = Base::kWarpTokens;
-  static constexpr int kRowsPerPass = 32 / Base::kChunksPerRow;
-  static constexpr int kPasses = kLoadGroupTokens / kRowsPerPass;
-  static constexpr int kTableSlotEntries = kLoadGroupTokens + 4;
-  static constexpr int kTableBytes = Base::kTableSlots * kLoadGroups * kTableSlotEntries * 4;
+  static constexpr int kTableBytes = table_ring_bytes(Base::kTableSlots, kLoadGroups, kLoadGroupTokens);
   static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   static constexpr int kLoopBytes = kPipelineBytes + kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
@@ -87,7 +84,6 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
   static_assert(Base::kWarpTokens % 16 == 0 && kValueTiles % 2 == 0 && Base::kDSteps % 2 == 0,
                 "x4 ldmatrix covers 16 tokens x two k-steps, or two m-tiles of O^T");
   static_assert(Base::kChunksPerRow % 8 == 0 || Base::kChunksPerRow == 4, "the swizzle takes 64-byte rows and wider");
-  static_assert(32 % Base::kChunksPerRow == 0 && kLoadGroupTokens % kRowsPerPass == 0, "a warp loads whole rows");
   static_assert(kRows * Base::kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
   static_assert(Base::kTableSlots > kStages, "a table slot is refilled only after its tile's copies were issued");
   static_assert(kSmemBytes * Base::kMinBlocks <= 226 * 1024, "the CTAs a multiprocessor fit its shared memory");

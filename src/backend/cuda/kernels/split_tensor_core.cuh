@@ -156,12 +156,10 @@ struct MmaTraits {
   static constexpr int kLoadGroups = 1;
   static constexpr int kLoadGroupTokens = kTileTokens;
   // Paged caches with small pages: the block table entries of the tiles
-  // kStages loads ahead, in kTableSlots slots of kLoadGroups x
-  // kTableSlotEntries (a group's rows span at most kLoadGroupTokens + 1
-  // pages), after the pipeline.
+  // kStages loads ahead, in kTableSlots slots of TileLoader's ring, after
+  // the pipeline.
   static constexpr int kTableSlots = Quantized || MTiles > 1 ? 8 : 4;
-  static constexpr int kTableSlotEntries = kLoadGroupTokens + 4;
-  static constexpr int kTableBytes = kTableSlots * kLoadGroups * kTableSlotEntries * 4;
+  static constexpr int kTableBytes = table_ring_bytes(kTableSlots, kLoadGroups, kLoadGroupTokens);
   static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
@@ -181,11 +179,9 @@ struct MmaTraits {
   // Accumulator chains of S (attend_tile_mma): two where a warp's few
   // n-tiles would leave each k-step's MMAs waiting on the last.
   static constexpr int kChains = kDSteps >= 8 && MTiles == 1 ? 2 : 1;
-  static constexpr int kDWidth = Bucket / kDSplits;              // output columns per warp
-  static constexpr int kOTiles = kDWidth / 8;                    // n-tiles of O per warp
-  static constexpr int kPSteps = kWarpTokens / 16;               // k-steps of P V
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // a load group's rows one load pass covers
-  static constexpr int kPasses = kLoadGroupTokens / kRowsPerPass;
+  static constexpr int kDWidth = Bucket / kDSplits;  // output columns per warp
+  static constexpr int kOTiles = kDWidth / 8;        // n-tiles of O per warp
+  static constexpr int kPSteps = kWarpTokens / 16;   // k-steps of P V
   // Standard: two CTAs per SM, 128 registers a thread at 256 threads (the
   // 128 bucket is near that limit: read -Xptxas -v after each edit for
   // spills); compact: four of 128 threads, the same 128 registers;
@@ -205,7 +201,6 @@ struct MmaTraits {
   static_assert(!kCompact || (MTiles == 1 && !Quantized && Bucket <= 128), "compact: 16-bit tiles up to head_dim 128");
   static_assert(Quantized || kChunksPerRow >= 8, "the swizzle needs 8 chunks per row");
   static_assert(kRows * kQueryRowBytes <= kStageBytes, "the query tile is staged in one pipeline stage");
-  static_assert(kThreads % kChunksPerRow == 0 && kTileTokens % kRowsPerPass == 0, "whole load passes");
   static_assert(kOTiles % 2 == 0 && kSTiles % 2 == 0, "x4 ldmatrix covers two n-tiles");
   static_assert(kTableSlots > kStages, "a slot is refilled only after its tile's copies were issued");
   static_assert(sizeof(T) == 2, "the MMA (prims/mma.cuh) takes 16-bit Q, K, V and P");

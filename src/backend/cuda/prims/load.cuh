@@ -260,6 +260,14 @@ struct SwizzledLane {
   }
 };
 
+// The block-table ring of TileLoader (fetch_table), which the traits place
+// in shared memory: `slots` slots of `groups` load groups' entries, a
+// group's rows spanning at most group_tokens + 1 pages.
+constexpr int table_ring_entries(int group_tokens) { return group_tokens + 4; }
+constexpr int table_ring_bytes(int slots, int groups, int group_tokens) {
+  return slots * groups * table_ring_entries(group_tokens) * 4;
+}
+
 // The tensor-core kernel's loader. Issues the copies of one tile (tokens
 // [tile_begin, tile_begin + kTileTokens) of one sequence and KV head) into a
 // swizzled stage: K rows, then V rows; row bytes come from the storage type
@@ -302,12 +310,15 @@ struct TileLoader {
   // of their rows' scales. The traits say which (Traits::kSpreadScales).
   int64_t k_scale_base, v_scale_base;  // dense: this sequence and head; paged: this head
   static constexpr bool kSpreadScales = Traits::kSpreadScales;
-  static constexpr int kScaleCopies = (2 * Traits::kPasses + Traits::kChunksPerRow - 1) / Traits::kChunksPerRow;
+  // A load group's threads, the rows of its tile one pass covers, and its passes.
   static constexpr int kGroupThreads = Traits::kThreads / Traits::kLoadGroups;
+  static constexpr int kRowsPerPass = kGroupThreads / Traits::kChunksPerRow;
+  static constexpr int kPasses = Traits::kLoadGroupTokens / kRowsPerPass;
+  static constexpr int kScaleCopies = (2 * kPasses + Traits::kChunksPerRow - 1) / Traits::kChunksPerRow;
+  static constexpr int kTableSlotEntries = table_ring_entries(Traits::kLoadGroupTokens);
   static_assert(Traits::kThreads % Traits::kLoadGroups == 0 && kGroupThreads % Traits::kChunksPerRow == 0 &&
                     Traits::kLoadGroups * Traits::kLoadGroupTokens == Traits::kTileTokens &&
-                    Traits::kRowsPerPass == kGroupThreads / Traits::kChunksPerRow &&
-                    Traits::kPasses * Traits::kRowsPerPass == Traits::kLoadGroupTokens,
+                    kPasses * kRowsPerPass == Traits::kLoadGroupTokens,
                 "load groups of whole rows cover the tile");
 
   __device__ TileLoader(const SplitParams &params, int64_t b, int kv_head, int32_t *ring) : p(params) {
@@ -333,8 +344,8 @@ struct TileLoader {
       k_slot_bytes = static_cast<int32_t>(p.k_strides[1] * Traits::kElementBytes);
       v_slot_bytes = static_cast<int32_t>(p.v_strides[1] * Traits::kElementBytes);
       table_stride = static_cast<int32_t>(p.block_table_strides[1]);
-      pass_pages = Traits::kRowsPerPass / p.page_size;
-      pass_slots = Traits::kRowsPerPass - pass_pages * p.page_size;
+      pass_pages = kRowsPerPass / p.page_size;
+      pass_slots = kRowsPerPass - pass_pages * p.page_size;
     }
     k_base = static_cast<const unsigned char *>(p.k) + k_offset * Traits::kElementBytes + column * kChunkBytes;
     v_base = static_cast<const unsigned char *>(p.v) + v_offset * Traits::kElementBytes + column * kChunkBytes;
@@ -360,11 +371,11 @@ struct TileLoader {
       // Offsets for every thread, copies predicated: a branch around
       // column 0's loop measured slower.
 #pragma unroll
-      for (int pass = 0; pass < Traits::kPasses; ++pass) {
+      for (int pass = 0; pass < kPasses; ++pass) {
         const int64_t k_at = offset(pass, false);
         const int64_t v_at = offset(pass, true);
-        const bool valid = pass * Traits::kRowsPerPass < remaining;
-        const int row = first_row + pass * Traits::kRowsPerPass;
+        const bool valid = pass * kRowsPerPass < remaining;
+        const int row = first_row + pass * kRowsPerPass;
         if (column == 0 && p.k_scale_per_token)
           cp_async_scale(scales + row, valid ? p.k_scale + k_at : p.k_scale, valid);
         if (column == 0 && p.v_scale_per_token) {
@@ -376,13 +387,13 @@ struct TileLoader {
 #pragma unroll
       for (int n = 0; n < kScaleCopies; ++n) {
         const int copy = column + n * Traits::kChunksPerRow;
-        if (copy >= 2 * Traits::kPasses) break;
+        if (copy >= 2 * kPasses) break;
         const int pass = copy >> 1;
         const bool value = (copy & 1) != 0;
         if (!(value ? p.v_scale_per_token : p.k_scale_per_token)) continue;
         const float *tensor = value ? p.v_scale : p.k_scale;
-        const bool valid = pass * Traits::kRowsPerPass < remaining;
-        const int row = first_row + pass * Traits::kRowsPerPass;
+        const bool valid = pass * kRowsPerPass < remaining;
+        const int row = first_row + pass * kRowsPerPass;
         cp_async_scale(scales + (value ? Traits::kTileTokens : 0) + row, valid ? tensor + offset(pass, value) : tensor,
                        valid);
       }
@@ -396,8 +407,8 @@ struct TileLoader {
     const int64_t first_token = tile_begin + first_row;
     const int64_t remaining = end - first_token;  // rows i * kRowsPerPass < remaining are in the sequence
     if (p.block_table == nullptr) {
-      const int64_t k_step = Traits::kRowsPerPass * p.k_strides[1] * Traits::kElementBytes;
-      const int64_t v_step = Traits::kRowsPerPass * p.v_strides[1] * Traits::kElementBytes;
+      const int64_t k_step = kRowsPerPass * p.k_strides[1] * Traits::kElementBytes;
+      const int64_t v_step = kRowsPerPass * p.v_strides[1] * Traits::kElementBytes;
       const unsigned char *k_src = k_base + first_token * p.k_strides[1] * Traits::kElementBytes;
       const unsigned char *v_src = v_base + first_token * p.v_strides[1] * Traits::kElementBytes;
       // Every tile but a split's last has all its rows: there the copies
@@ -405,10 +416,10 @@ struct TileLoader {
       // kernels, the rows and 8-bit ones, pay for each).
       const auto copy_rows = [&](auto whole_tile) {
 #pragma unroll
-        for (int i = 0; i < Traits::kPasses; ++i) {
-          const bool in_sequence = decltype(whole_tile)::value || i * Traits::kRowsPerPass < remaining;
+        for (int i = 0; i < kPasses; ++i) {
+          const bool in_sequence = decltype(whole_tile)::value || i * kRowsPerPass < remaining;
           const bool valid = decltype(whole_tile)::value || (column_valid && in_sequence);
-          const int row = first_row + i * Traits::kRowsPerPass;
+          const int row = first_row + i * kRowsPerPass;
           const int offset = Traits::stage_offset(row, column);
           // A zero-filled chunk names the tensor's first byte, which exists; nothing is read.
           cp_async_kv_chunk(stage + offset, valid ? static_cast<const void *>(k_src) : p.k, valid, l2_policy);
@@ -420,12 +431,12 @@ struct TileLoader {
           // A whole tile's rows are all in the sequence: the tests fold away.
           const int64_t rows_in = decltype(whole_tile)::value ? int64_t{Traits::kTileTokens} : remaining;
           copy_scales(stage, rows_in, [&](int pass, bool value) {
-            const int64_t token = first_token + pass * Traits::kRowsPerPass;
+            const int64_t token = first_token + pass * kRowsPerPass;
             return value ? v_scale_base + token * p.v_scale_strides[1] : k_scale_base + token * p.k_scale_strides[1];
           });
         }
       };
-      if (column_valid && (Traits::kPasses - 1) * Traits::kRowsPerPass < remaining) {
+      if (column_valid && (kPasses - 1) * kRowsPerPass < remaining) {
         copy_rows(std::true_type{});
       } else {
         copy_rows(std::false_type{});
@@ -448,8 +459,8 @@ struct TileLoader {
         ring_slot = ring_slot_of(tile);
         ring_first_page = page_in_sequence(p, static_cast<int32_t>(tile_begin + group_first_row()));
       }
-      int32_t pages[Traits::kPasses];
-      int32_t slots[Traits::kPasses];
+      int32_t pages[kPasses];
+      int32_t slots[kPasses];
       if (ring_slot != nullptr) {
         step_rows(page, slot, pages, slots, remaining, [&](int32_t pg) { return ring_slot[pg - ring_first_page]; });
       } else {
@@ -457,9 +468,9 @@ struct TileLoader {
                   [&](int32_t pg) { return __ldg(table_row + pg * table_stride); });
       }
 #pragma unroll
-      for (int i = 0; i < Traits::kPasses; ++i) {
-        const bool valid = column_valid && i * Traits::kRowsPerPass < remaining;
-        const int row = first_row + i * Traits::kRowsPerPass;
+      for (int i = 0; i < kPasses; ++i) {
+        const bool valid = column_valid && i * kRowsPerPass < remaining;
+        const int row = first_row + i * kRowsPerPass;
         const int offset = Traits::stage_offset(row, column);
         const void *k_src = p.k;
         const void *v_src = p.v;
@@ -476,7 +487,7 @@ struct TileLoader {
           // would put the arrays in local memory.
           int32_t page = pages[0], slot = slots[0];
 #pragma unroll
-          for (int i = 1; i < Traits::kPasses; ++i) {
+          for (int i = 1; i < kPasses; ++i) {
             if (pass == i) {
               page = pages[i];
               slot = slots[i];
@@ -495,13 +506,13 @@ struct TileLoader {
   // lookups of all rows before any copy. One loop a lookup kind, so the
   // table loads are not split by a branch.
   template <class Lookup>
-  __device__ __forceinline__ void step_rows(int32_t page, int32_t slot, int32_t (&pages)[Traits::kPasses],
-                                            int32_t (&slots)[Traits::kPasses], int64_t remaining, Lookup lookup) const {
+  __device__ __forceinline__ void step_rows(int32_t page, int32_t slot, int32_t (&pages)[kPasses],
+                                            int32_t (&slots)[kPasses], int64_t remaining, Lookup lookup) const {
 #pragma unroll
-    for (int i = 0; i < Traits::kPasses; ++i) {
+    for (int i = 0; i < kPasses; ++i) {
       // Columns past head_dim look their pages up too where they make
       // scale copies (kSpreadScales).
-      const bool valid = (column_valid || (kSpreadScales && copies_scales())) && i * Traits::kRowsPerPass < remaining;
+      const bool valid = (column_valid || (kSpreadScales && copies_scales())) && i * kRowsPerPass < remaining;
       slots[i] = slot;
       pages[i] = valid ? pool_page(p, lookup(page)) : 0;
       page += pass_pages;
@@ -521,16 +532,19 @@ struct TileLoader {
   // the ring's code (docs/performance.md, "Block-table ring").
   static constexpr int kRingMaxPageSize = 8;
 
-  // The first tile row of this thread's load group.
-  __device__ static __forceinline__ int group_first_row() {
-    return Traits::kLoadGroups == 1 ? 0 : static_cast<int>(threadIdx.x / kGroupThreads) * Traits::kLoadGroupTokens;
+  // This thread's load group, its first tile row, and the thread's place in it.
+  __device__ static __forceinline__ int group() {
+    return Traits::kLoadGroups == 1 ? 0 : static_cast<int>(threadIdx.x / kGroupThreads);
+  }
+  __device__ static __forceinline__ int group_first_row() { return group() * Traits::kLoadGroupTokens; }
+  __device__ static __forceinline__ int group_thread() {
+    return Traits::kLoadGroups == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x % kGroupThreads);
   }
 
   // A load group's slot for tile `tile`: each group reads only the entries
   // its own threads fetched.
   __device__ __forceinline__ int32_t *ring_slot_of(int64_t tile) const {
-    const int group = Traits::kLoadGroups == 1 ? 0 : threadIdx.x / kGroupThreads;
-    return table_ring + ((tile % Traits::kTableSlots) * Traits::kLoadGroups + group) * Traits::kTableSlotEntries;
+    return table_ring + ((tile % Traits::kTableSlots) * Traits::kLoadGroups + group()) * kTableSlotEntries;
   }
 
   __device__ __forceinline__ void fetch_table(int64_t begin, int64_t tile, int64_t end) const {
@@ -540,8 +554,7 @@ struct TileLoader {
     const int32_t last_page =
         page_in_sequence(p, static_cast<int32_t>(min(group_begin + Traits::kLoadGroupTokens, end) - 1));
     int32_t *slot = ring_slot_of(tile);
-    const int group_thread = Traits::kLoadGroups == 1 ? threadIdx.x : threadIdx.x % kGroupThreads;
-    for (int i = group_thread; i <= last_page - first_page; i += kGroupThreads) {
+    for (int i = group_thread(); i <= last_page - first_page; i += kGroupThreads) {
       const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot + i));
       const int32_t *src = table_row + static_cast<int64_t>(first_page + i) * table_stride;
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
