@@ -3,7 +3,8 @@
  * @file flashdecode.h
  * @brief flashdecode: flash-decoding attention behind a stable C ABI.
  *
- * One new query token per sequence attends to a long key/value cache. The
+ * The newest query tokens of each sequence (one, or up to #FD_MAX_Q_LEN for
+ * a speculative step) attend to a long key/value cache. The
  * cache is split along the sequence; each split computes a partial softmax
  * (running max m, running sum l, unnormalised accumulator acc) in parallel,
  * and the splits are merged into the output.
@@ -20,8 +21,8 @@
  * @par Thread safety
  * - fd_version_number(), fd_version_string(), fd_status_string(),
  *   fd_options_init(), fd_decode_args_init(), fd_plan_info_init(),
- *   fd_merge_args_init() and fd_last_error_message() may be called from
- *   any thread at any time.
+ *   fd_merge_args_init(), fd_append_args_init() and fd_last_error_message()
+ *   may be called from any thread at any time.
  * - Distinct handles are independent: any calls on different handles may run
  *   concurrently from different threads.
  * - On one handle, calls are serialised by the library: any of them may be
@@ -47,12 +48,14 @@
  * is returned together with a message naming the offending argument.
  *
  * @par Versioned structs
- * #fd_options, #fd_decode_args, #fd_plan_info and #fd_merge_args start with
+ * #fd_options, #fd_decode_args, #fd_plan_info, #fd_merge_args and
+ * #fd_append_args start with
  * `struct_size`, the sizeof the caller compiled, so that callers built
  * against older and newer headers share one ABI. Later minor versions
  * append fields only past the sizeof of every earlier version (never into
  * its trailing padding), and zero is the default of every field they add.
- * The inputs (#fd_options, #fd_decode_args, #fd_merge_args) are read as
+ * The inputs (#fd_options, #fd_decode_args, #fd_merge_args,
+ * #fd_append_args) are read as
  * Linux's
  * copy_struct_from_user() reads a user's struct:
  * - a smaller struct_size (an older caller): the fields it lacks take their
@@ -175,9 +178,9 @@ typedef enum fd_status {
   FD_ERROR_INVALID_HANDLE = 12,      /**< The handle is not live: destroyed, or never created by fd_create()
                                           (detected by address; see fd_destroy()). */
   FD_ERROR_UNSUPPORTED = 13,         /**< Valid input the handle's backend does not support (yet); or a newer
-                                          caller's #fd_options, #fd_decode_args or #fd_merge_args with a non-zero
-                                          byte past this library's struct: a field this version does not know
-                                          (see "Versioned structs" above). */
+                                          caller's #fd_options, #fd_decode_args, #fd_merge_args or
+                                          #fd_append_args with a non-zero byte past this library's struct: a
+                                          field this version does not know (see "Versioned structs" above). */
   FD_ERROR_NO_DEVICE = 14,           /**< No usable CUDA device with that ordinal, or the library was built
                                           without CUDA. */
   FD_ERROR_OUT_OF_MEMORY = 15,       /**< Host or device memory could not be allocated, or a workspace size is
@@ -310,7 +313,9 @@ typedef enum fd_backend {
  *
  * The environment variable `FLASHDECODE_CHECKS` adds checks to every handle
  * fd_create() makes, whatever its options say, so that a deployed program
- * can be checked without rebuilding it: `FLASHDECODE_CHECKS=contents`.
+ * can be checked without rebuilding it: `FLASHDECODE_CHECKS=contents`. An
+ * unknown word in it (anything but `contents` and `none`, comma-separated)
+ * makes fd_create() fail with #FD_ERROR_INVALID_ARGUMENT.
  */
 typedef enum fd_check {
   FD_CHECK_NONE = 0,    /**< The default: nothing beyond argument validation. */
@@ -368,8 +373,11 @@ FD_API size_t fd_options_init(fd_options *options, size_t struct_size);
  * @param options Options, or NULL for the defaults of fd_options_init().
  * @return #FD_SUCCESS; #FD_ERROR_NULL_POINTER if @p handle is NULL;
  *         #FD_ERROR_INVALID_ARGUMENT for a bad struct_size, backend, thread
- *         count (above #FD_MAX_THREADS), or a negative device with
- *         #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU then);
+ *         count (negative or above #FD_MAX_THREADS), unknown bits in
+ *         fd_options::checks, a `FLASHDECODE_CHECKS` value other than a
+ *         comma-separated list of `contents` and `none`, or a negative
+ *         device with #FD_BACKEND_CUDA (#FD_BACKEND_AUTO takes the CPU
+ *         then);
  *         #FD_ERROR_UNSUPPORTED for a non-zero byte past this library's
  *         #fd_options (a newer caller's field; see "Versioned structs");
  *         #FD_ERROR_NO_DEVICE if the CUDA backend was requested but the
@@ -604,7 +612,8 @@ typedef struct fd_decode_args {
                                (older libraries would not see it): never read. */
   int64_t split_tokens;   /**< Since 0.3: a fixed split length in KV tokens, for batch-invariant results (see
                                "Batch invariance" above); 0 (default) leaves the splits to num_splits or the
-                               planner. Must not be negative, nor set together with num_splits. */
+                               planner. Must be in [0, #FD_MAX_KV_LEN] and not set together with
+                               num_splits. */
   fd_attention_mask mask; /**< Since 0.3: #FD_MASK_CAUSAL (default) or #FD_MASK_NONE, for q_len > 1 (see
                               "Attention variants" above); another value is #FD_ERROR_INVALID_ARGUMENT. */
   float logit_softcap;    /**< Since 0.3: c > 0 caps scores to `c * tanh(s / c)`; 0 (default) leaves them.
@@ -807,7 +816,8 @@ FD_API fd_status fd_append_kv(fd_handle *handle, const fd_append_args *args, fd_
 /**
  * @brief Bytes of workspace fd_decode() needs for a problem on this handle.
  *
- * Depends only on shapes and num_splits, never on tensor contents.
+ * Depends only on dtypes, shapes, which of seq_lens and block_table are
+ * given, num_splits, split_tokens and window_left, never on tensor contents.
  *
  * @param handle A live handle.
  * @param args The problem, validated as fd_decode() validates it.
@@ -905,9 +915,10 @@ typedef struct fd_plan_info {
   fd_backend backend;     /**< #FD_BACKEND_CPU or #FD_BACKEND_CUDA: the handle's backend. */
   int32_t num_splits;     /**< Splits of the KV sequence: fd_decode_args::num_splits, or the planner's
                                choice when that is 0. Since 0.3, 0 on CUDA when the device cuts each
-                               sequence from its length (per-sequence lengths with automatic splits and
-                               no split_tokens: each of `blocks` thread blocks takes an equal share of the
-                               batch's keys, and a sequence is split where the shares end). */
+                               sequence from its length (a paged cache with per-sequence lengths,
+                               automatic splits and no split_tokens, on the balanced schedule: each of
+                               `blocks` thread blocks takes an equal share of the batch's keys, and a
+                               sequence is split where the shares end). */
   int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty); when num_splits
                                is 0, the tile whose multiples the device cuts at. */
   size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
