@@ -265,7 +265,8 @@ typedef enum fd_dtype {
  * - `out` may be `q` itself (the same data, dtype and strides): the
  *   decode then runs in place. Otherwise an output's bytes (from its first
  *   to the end of its furthest element) must not overlap an input's
- *   (#FD_ERROR_INVALID_ARGUMENT).
+ *   (#FD_ERROR_INVALID_ARGUMENT): with `out` in place, `lse` in `out`'s
+ *   padding is in `q`'s bytes too, and refused.
  *
  * Memory is host memory for the CPU backend and device memory (of the
  * handle's device) for the CUDA backend.
@@ -487,14 +488,18 @@ typedef enum fd_attention_mask {
  * keep full fp16 precision, which stays well within that output's precision.
  * An F32 output keeps the weights in float32.
  *
- * Non-finite values. A score is scale * q.k computed in float32 (with q
- * pre-multiplied by the scale); both backends then follow these rules:
+ * Non-finite values. A score is scale * q.k computed in float32, in base 2
+ * (q pre-multiplied by scale * log2(e); an ALiBi bias and a sink logit are
+ * multiplied by log2(e) likewise), so a score, bias or sink of magnitude
+ * above FLT_MAX / log2(e), about 2.36e38, overflows. Both backends then
+ * follow these rules:
  * - A score of -inf masks its key: it gets weight 0 (a large negative
  *   score whose float32 product or sum overflows is such a score). A row
  *   whose keys are all masked is zeros with LSE -inf, as an empty sequence.
  * - A score that is NaN or +inf (a NaN in q or k, an infinite q or k
- *   element whose product does not cancel, or an overflow to +inf) makes
- *   that row's output and LSE NaN.
+ *   element whose product does not cancel, or an overflow to +inf), and a
+ *   sink logit that overflows to +inf in a row that sees a key, make that
+ *   row's output and LSE NaN.
  * - A NaN or infinity in v reaches every row that gives its token a
  *   non-zero weight. Under a masked key it may or may not (0 * NaN is NaN
  *   where a kernel multiplies, and a kernel may skip masked blocks), so the
@@ -534,9 +539,11 @@ typedef enum fd_attention_mask {
  * between calls with the same backend, device model and library version,
  * dtypes, head_dim, group size, softmax_scale, cache kind (dense, or paged
  * with one page size) and 16-byte alignment of the cache's rows. The split
- * count, ceil(kv_capacity / split length), must be at most #FD_MAX_SPLITS
- * (#FD_ERROR_INVALID_SPLITS). The CUDA backend then merges several splits
- * in a second kernel; docs/performance.md measures what the mode costs.
+ * count, ceil(span / split length), must be at most #FD_MAX_SPLITS
+ * (#FD_ERROR_INVALID_SPLITS), the span being kv_capacity, or with a window
+ * the keys a query token can see, min(window_left + q_len - 1,
+ * kv_capacity). The CUDA backend then merges several splits in a second
+ * kernel; docs/performance.md measures what the mode costs.
  *
  * Attention variants (since 0.3; the zero defaults are plain causal
  * attention, bit for bit the result of 0.2). For query token i of a

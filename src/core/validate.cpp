@@ -142,13 +142,16 @@ bool same_view(const StridedView &a, const StridedView &b, int ndim) {
 // while other threads write outputs. Checked by address range (an input
 // interleaved into an output's padding is refused too: rare, and exact
 // tests for strided inputs cost more than they save).
-void require_apart(const ByteRange &output, const char *output_name, const ByteRange &input, const char *input_name) {
+// in_place: the call lets this output be that very input (its note says so).
+void require_apart(const ByteRange &output, const char *output_name, const ByteRange &input, const char *input_name,
+                   bool in_place = false) {
   if (ranges_overlap(output, input)) {
     fail(FD_ERROR_INVALID_ARGUMENT,
-         "%s: its bytes %p-%p overlap those of input %s (%p-%p); outputs must not share memory with inputs (out may "
-         "only be q itself)",
+         "%s: its bytes %p-%p overlap those of input %s (%p-%p); outputs must not share "
+         "memory with inputs%s",
          output_name, reinterpret_cast<void *>(output.begin), reinterpret_cast<void *>(output.end), input_name,
-         reinterpret_cast<void *>(input.begin), reinterpret_cast<void *>(input.end));
+         reinterpret_cast<void *>(input.begin), reinterpret_cast<void *>(input.end),
+         in_place ? " (unless the output is that very input: the same data, dtype and strides)" : "");
   }
 }
 
@@ -227,8 +230,8 @@ void require_input_apart(const Outputs &o, const StridedView &input, int ndim, f
   const ByteRange in_bytes = byte_range(input, ndim, dtype_bytes(dtype));
   const bool out_is_it = out_may_be_it && dtype == o.out_dtype && same_view(o.out, input, 4);
   const bool lse_is_it = lse_may_be_it && o.lse != nullptr && same_view(*o.lse, input, 3);
-  if (!out_is_it) require_apart(o.out_bytes, "out", in_bytes, name);
-  if (!lse_is_it) require_apart(o.lse_bytes, "lse", in_bytes, name);
+  if (!out_is_it) require_apart(o.out_bytes, "out", in_bytes, name, out_may_be_it);
+  if (!lse_is_it) require_apart(o.lse_bytes, "lse", in_bytes, name, lse_may_be_it);
 }
 
 void require_float_dtype(const fd_tensor &t, const char *name) {
