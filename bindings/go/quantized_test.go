@@ -311,3 +311,24 @@ func TestQuantizedArgumentsPassValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestBytesTakesOnly8BitDTypes(t *testing.T) {
+	// Bytes over a slice of bytes described as a wider dtype would let the
+	// library read and write past the slice: refused before any call.
+	handle := cpuHandle(t)
+	q, k, out := make([]float32, 1*1*2*16), make([]float32, 1*8*2*16), make([]uint8, 4*32)
+	for i := range out {
+		out[i] = 0xab
+	}
+	args := flashdecode.DecodeArgs{Q: flashdecode.Float32(q, 1, 1, 2, 16), K: flashdecode.Float32(k, 1, 8, 2, 16),
+		V: flashdecode.Float32(k, 1, 8, 2, 16), Out: flashdecode.Bytes(out[:32], flashdecode.Float32Type, 1, 1, 2, 16)}
+	expectError(t, handle.Decode(&args), flashdecode.ErrInvalidDType, "Bytes takes")
+	for i, b := range out {
+		if b != 0xab {
+			t.Fatalf("out[%d] written: %#x", i, b)
+		}
+	}
+	args.Out = flashdecode.Float32(make([]float32, 32), 1, 1, 2, 16)
+	args.K = flashdecode.Bytes(make([]uint8, 8*2*16), flashdecode.Float16Type, 1, 8, 2, 16)
+	expectError(t, handle.Decode(&args), flashdecode.ErrInvalidDType, "k: dtype 1 over a slice of 1-byte elements")
+}

@@ -31,6 +31,20 @@ const (
 // Is8Bit says whether d is one of the 8-bit cache dtypes (since 0.3).
 func (d DType) Is8Bit() bool { return d == E4M3Type || d == E5M2Type || d == Int8Type }
 
+// elementBytes is the size of one element of d; 0 for a dtype this package
+// does not know.
+func (d DType) elementBytes() int {
+	switch d {
+	case Float32Type, Int32Type:
+		return 4
+	case Float16Type, BFloat16Type:
+		return 2
+	case E4M3Type, E5M2Type, Int8Type:
+		return 1
+	}
+	return 0
+}
+
 // Tensor describes memory a call reads or writes: a Go slice (host memory,
 // for the CPU backend) or a device pointer (for the CUDA backend), with a
 // shape and strides in elements. The dimension order is fixed by the
@@ -41,21 +55,22 @@ type Tensor struct {
 	shape    []int64
 	strides  []int64
 	host     unsafe.Pointer // first element of the slice (nil when it is empty); keeps it alive
-	hostLen  int
+	hostLen  int            // elements of the slice
+	hostSize int            // bytes of one element of the slice (the dtype's, except through Bytes)
 	device   uintptr
 	onDevice bool // made by Device, whatever the address (0 is the library's to refuse)
 }
 
 // Int8 is an int8 K/V cache over a []int8 (since 0.3).
 func Int8(data []int8, shape ...int64) Tensor {
-	return hostTensor(Int8Type, unsafe.Pointer(first(data)), len(data), shape)
+	return hostTensor(Int8Type, unsafe.Pointer(first(data)), len(data), 1, shape)
 }
 
 // Bytes is an 8-bit K/V cache over its bytes (since 0.3): dtype is
 // E4M3Type, E5M2Type or Int8Type; another dtype makes a tensor the
-// calls refuse (ErrInvalidDType, the library's message).
+// calls refuse (ErrInvalidDType) before the library sees it.
 func Bytes(data []uint8, dtype DType, shape ...int64) Tensor {
-	return hostTensor(dtype, unsafe.Pointer(first(data)), len(data), shape)
+	return hostTensor(dtype, unsafe.Pointer(first(data)), len(data), 1, shape)
 }
 
 // ScalePerTensor is one dequantization scale for a whole 8-bit cache
@@ -88,22 +103,22 @@ func firstThree(shape []int64) []int64 {
 
 // Float32 is a tensor over a []float32.
 func Float32(data []float32, shape ...int64) Tensor {
-	return hostTensor(Float32Type, unsafe.Pointer(first(data)), len(data), shape)
+	return hostTensor(Float32Type, unsafe.Pointer(first(data)), len(data), 4, shape)
 }
 
 // Float16 is a tensor of IEEE half-precision values given as their bits.
 func Float16(bits []uint16, shape ...int64) Tensor {
-	return hostTensor(Float16Type, unsafe.Pointer(first(bits)), len(bits), shape)
+	return hostTensor(Float16Type, unsafe.Pointer(first(bits)), len(bits), 2, shape)
 }
 
 // BFloat16 is a tensor of bfloat16 values given as their bits.
 func BFloat16(bits []uint16, shape ...int64) Tensor {
-	return hostTensor(BFloat16Type, unsafe.Pointer(first(bits)), len(bits), shape)
+	return hostTensor(BFloat16Type, unsafe.Pointer(first(bits)), len(bits), 2, shape)
 }
 
 // Int32 is a tensor over a []int32 (sequence lengths, block tables).
 func Int32(data []int32, shape ...int64) Tensor {
-	return hostTensor(Int32Type, unsafe.Pointer(first(data)), len(data), shape)
+	return hostTensor(Int32Type, unsafe.Pointer(first(data)), len(data), 4, shape)
 }
 
 // Device is a tensor in CUDA device memory at address, which must stay valid
@@ -135,8 +150,8 @@ func first[T any](data []T) *T {
 	return &data[0]
 }
 
-func hostTensor(dtype DType, data unsafe.Pointer, length int, shape []int64) Tensor {
-	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), host: data, hostLen: length}
+func hostTensor(dtype DType, data unsafe.Pointer, length, size int, shape []int64) Tensor {
+	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), host: data, hostLen: length, hostSize: size}
 }
 
 func rowMajor(shape []int64) []int64 {
@@ -191,6 +206,12 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		raw.strides[axis] = C.int64_t(stride)
 	}
 	if !t.onDevice {
+		// The library reads and writes the dtype's elements: they must be
+		// the slice's, or the bounds below would count the wrong bytes.
+		if t.dtype.elementBytes() != t.hostSize {
+			return raw, refuse(ErrInvalidDType, fmt.Sprintf("%s: dtype %d over a slice of %d-byte elements (Bytes takes E4M3Type, E5M2Type or Int8Type)",
+				name, int(t.dtype), t.hostSize))
+		}
 		if !empty && last >= int64(t.hostLen) {
 			return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: shape %v with strides %v reaches element %d, but the slice has %d",
 				name, t.shape, t.strides, last, t.hostLen))

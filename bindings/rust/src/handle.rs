@@ -385,7 +385,7 @@ impl<'a> DecodeArgs<'a> {
         if self.q_lens.is_some() {
             library.require(3, "q_lens")?;
         }
-        require_quantized(library, &self.k, &self.k_scale, &self.v_scale)?;
+        require_quantized(library, &self.k, &self.v, &self.k_scale, &self.v_scale)?;
         // The C API reads 0 as "automatic" or "none": refuse it rather than change its meaning.
         if self.softmax_scale == Some(0.0) {
             return Err(Error::refused(
@@ -447,14 +447,15 @@ impl<'a> DecodeArgs<'a> {
     }
 }
 
-/// What an 8-bit cache or its scales need of the library: 0.3.
+/// What an 8-bit cache (k's or v's) or its scales need of the library: 0.3.
 fn require_quantized(
     library: &Library,
     k: &Tensor<'_>,
+    v: &Tensor<'_>,
     k_scale: &Option<Tensor<'_>>,
     v_scale: &Option<Tensor<'_>>,
 ) -> Result<()> {
-    if k.dtype().is_8_bit() {
+    if k.dtype().is_8_bit() || v.dtype().is_8_bit() {
         library.require(3, "an 8-bit cache")?;
     }
     if k_scale.is_some() {

@@ -143,6 +143,14 @@ fn loads_and_decodes_without_the_new_features() {
     let mut args = DecodeArgs::new(
         Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
         Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::i8(&cache, &cache_shape).unwrap(), // v alone 8-bit: refused as 0.3's too
+        TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap(),
+    );
+    needs(handle.decode(&mut args).unwrap_err(), "an 8-bit cache");
+    drop(args);
+    let mut args = DecodeArgs::new(
+        Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
         Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
         TensorMut::f32(&mut scratch, &[2, 1, 8, 64]).unwrap(),
     )
