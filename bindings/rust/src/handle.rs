@@ -221,6 +221,7 @@ pub struct DecodeArgs<'a> {
     k_scale: Option<Tensor<'a>>,
     v_scale: Option<Tensor<'a>>,
     q_lens: Option<Tensor<'a>>,
+    in_place: bool,
 }
 
 impl<'a> DecodeArgs<'a> {
@@ -246,6 +247,18 @@ impl<'a> DecodeArgs<'a> {
             k_scale: None,
             v_scale: None,
             q_lens: None,
+            in_place: false,
+        }
+    }
+
+    /// A decode in place (since 0.3): `q_out` is the query, `[batch, q_len,
+    /// q_heads, head_dim]`, and receives the output (the C API's `out` that
+    /// is `q` itself: the same memory, dtype and strides).
+    pub fn in_place(q_out: TensorMut<'a>, k: Tensor<'a>, v: Tensor<'a>) -> Self {
+        let q = q_out.reborrow_as_input();
+        DecodeArgs {
+            in_place: true,
+            ..DecodeArgs::new(q, k, v, q_out)
         }
     }
 
@@ -366,6 +379,9 @@ impl<'a> DecodeArgs<'a> {
     fn raw(&self, library: &Library) -> Result<sys::fd_decode_args> {
         if self.split_tokens != 0 {
             library.require(3, "split_tokens")?;
+        }
+        if self.in_place {
+            library.require(3, "an in-place decode")?;
         }
         if self.mask != AttentionMask::Causal {
             library.require(3, "mask")?;

@@ -352,6 +352,16 @@ impl<'a> Tensor<'a> {
 }
 
 impl<'a> TensorMut<'a> {
+    /// The same memory as an input: the query of an in-place decode, which
+    /// the library reads before it writes there (no Rust reference to the
+    /// memory is made: both are raw descriptors).
+    pub(crate) fn reborrow_as_input(&self) -> Tensor<'a> {
+        Tensor {
+            view: self.view,
+            _borrow: PhantomData,
+        }
+    }
+
     fn host<T>(data: &'a mut [T], dtype: DType, shape: &[i64]) -> Result<Self> {
         let view = View::new(data.as_mut_ptr() as *mut c_void, dtype, shape, Some(data.len()))?;
         Ok(TensorMut {

@@ -166,6 +166,35 @@ fn f32_gqa_with_ragged_lengths_and_lse() {
     }
 }
 
+#[test]
+fn in_place_decode_overwrites_the_query_with_the_output() {
+    let problem = Problem {
+        batch: 3,
+        heads: 8,
+        kv_heads: 2,
+        kv_len: 300,
+        dim: 64,
+    };
+    let (q_shape, kv_shape) = problem.shapes();
+    let q = values(3 * 8 * 64, 1);
+    let k = values(3 * 300 * 2 * 64, 2);
+    let v = values(3 * 300 * 2 * 64, 3);
+    let lens = [300i32, 0, 17];
+    let mut q_out = q.clone();
+    let mut handle = cpu_handle();
+    let mut args = DecodeArgs::in_place(
+        TensorMut::f32(&mut q_out, &q_shape).unwrap(),
+        Tensor::f32(&k, &kv_shape).unwrap(),
+        Tensor::f32(&v, &kv_shape).unwrap(),
+    )
+    .seq_lens(Tensor::i32(&lens, &[3]).unwrap())
+    .num_splits(5);
+    handle.decode(&mut args).unwrap();
+    drop(args);
+    let (expected, _) = problem.reference(&widen(&q), &widen(&k), &widen(&v), &[300, 0, 17], 1.0 / 8.0);
+    assert_close(&widen(&q_out), &expected, 2e-5);
+}
+
 /// A 16-bit storage type as `half_and_bfloat16_bits` uses it: rounding from
 /// f32, widening to f64, its tensor constructors and the error it allows.
 struct Format16 {

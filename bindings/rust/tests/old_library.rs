@@ -61,6 +61,15 @@ fn loads_and_decodes_without_the_new_features() {
         "check_contents",
     );
     needs(handle.check_contents().unwrap_err(), "check_contents");
+    let mut q_out = q.clone();
+    let mut args = DecodeArgs::in_place(
+        TensorMut::f32(&mut q_out, &[2, 1, 8, 64]).unwrap(),
+        Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
+        Tensor::f32(&v, &[2, 100, 2, 64]).unwrap(),
+    );
+    needs(handle.decode(&mut args).unwrap_err(), "an in-place decode");
+    drop(args);
+    assert_eq!(q_out, q, "nothing written");
     let mut args = DecodeArgs::new(
         Tensor::f32(&q, &[2, 1, 8, 64]).unwrap(),
         Tensor::f32(&k, &[2, 100, 2, 64]).unwrap(),
