@@ -63,14 +63,14 @@ type Tensor struct {
 
 // Int8 is an int8 K/V cache over a []int8 (since 0.3).
 func Int8(data []int8, shape ...int64) Tensor {
-	return hostTensor(Int8Type, unsafe.Pointer(first(data)), len(data), 1, shape)
+	return hostTensor(Int8Type, data, shape)
 }
 
 // Bytes is an 8-bit K/V cache over its bytes (since 0.3): dtype is
 // E4M3Type, E5M2Type or Int8Type; another dtype makes a tensor the
 // calls refuse (ErrInvalidDType) before the library sees it.
 func Bytes(data []uint8, dtype DType, shape ...int64) Tensor {
-	return hostTensor(dtype, unsafe.Pointer(first(data)), len(data), 1, shape)
+	return hostTensor(dtype, data, shape)
 }
 
 // ScalePerTensor is one dequantization scale for a whole 8-bit cache
@@ -103,22 +103,22 @@ func firstThree(shape []int64) []int64 {
 
 // Float32 is a tensor over a []float32.
 func Float32(data []float32, shape ...int64) Tensor {
-	return hostTensor(Float32Type, unsafe.Pointer(first(data)), len(data), 4, shape)
+	return hostTensor(Float32Type, data, shape)
 }
 
 // Float16 is a tensor of IEEE half-precision values given as their bits.
 func Float16(bits []uint16, shape ...int64) Tensor {
-	return hostTensor(Float16Type, unsafe.Pointer(first(bits)), len(bits), 2, shape)
+	return hostTensor(Float16Type, bits, shape)
 }
 
 // BFloat16 is a tensor of bfloat16 values given as their bits.
 func BFloat16(bits []uint16, shape ...int64) Tensor {
-	return hostTensor(BFloat16Type, unsafe.Pointer(first(bits)), len(bits), 2, shape)
+	return hostTensor(BFloat16Type, bits, shape)
 }
 
 // Int32 is a tensor over a []int32 (sequence lengths, block tables).
 func Int32(data []int32, shape ...int64) Tensor {
-	return hostTensor(Int32Type, unsafe.Pointer(first(data)), len(data), 4, shape)
+	return hostTensor(Int32Type, data, shape)
 }
 
 // Device is a tensor in CUDA device memory at address, which must stay valid
@@ -150,8 +150,10 @@ func first[T any](data []T) *T {
 	return &data[0]
 }
 
-func hostTensor(dtype DType, data unsafe.Pointer, length, size int, shape []int64) Tensor {
-	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), host: data, hostLen: length, hostSize: size}
+func hostTensor[T any](dtype DType, data []T, shape []int64) Tensor {
+	var element T
+	return Tensor{dtype: dtype, shape: shape, strides: rowMajor(shape), host: unsafe.Pointer(first(data)),
+		hostLen: len(data), hostSize: int(unsafe.Sizeof(element))}
 }
 
 func rowMajor(shape []int64) []int64 {

@@ -124,8 +124,9 @@ fn library_reports_a_compatible_version() {
     }
 }
 
-#[test]
-fn f32_gqa_with_ragged_lengths_and_lse() {
+/// Three GQA sequences of 300, 0 and 17 tokens in a 300-token f32 cache:
+/// the problem, q, k, v and the lengths.
+fn ragged_gqa() -> (Problem, Vec<f32>, Vec<f32>, Vec<f32>, [i32; 3]) {
     let problem = Problem {
         batch: 3,
         heads: 8,
@@ -133,11 +134,16 @@ fn f32_gqa_with_ragged_lengths_and_lse() {
         kv_len: 300,
         dim: 64,
     };
-    let (q_shape, kv_shape) = problem.shapes();
     let q = values(3 * 8 * 64, 1);
     let k = values(3 * 300 * 2 * 64, 2);
     let v = values(3 * 300 * 2 * 64, 3);
-    let lens = [300i32, 0, 17];
+    (problem, q, k, v, [300, 0, 17])
+}
+
+#[test]
+fn f32_gqa_with_ragged_lengths_and_lse() {
+    let (problem, q, k, v, lens) = ragged_gqa();
+    let (q_shape, kv_shape) = problem.shapes();
     let mut out = vec![f32::NAN; q.len()];
     let mut lse = vec![0f32; 3 * 8];
     let mut handle = cpu_handle();
@@ -168,18 +174,8 @@ fn f32_gqa_with_ragged_lengths_and_lse() {
 
 #[test]
 fn in_place_decode_overwrites_the_query_with_the_output() {
-    let problem = Problem {
-        batch: 3,
-        heads: 8,
-        kv_heads: 2,
-        kv_len: 300,
-        dim: 64,
-    };
+    let (problem, q, k, v, lens) = ragged_gqa();
     let (q_shape, kv_shape) = problem.shapes();
-    let q = values(3 * 8 * 64, 1);
-    let k = values(3 * 300 * 2 * 64, 2);
-    let v = values(3 * 300 * 2 * 64, 3);
-    let lens = [300i32, 0, 17];
     let mut q_out = q.clone();
     let mut handle = cpu_handle();
     let mut args = DecodeArgs::in_place(
