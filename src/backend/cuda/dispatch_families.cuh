@@ -129,7 +129,7 @@ struct TensorCoreQuantizedKeysFamily {
 // Query rows past 16 a KV head (several query tokens x the GQA group, which
 // only the variants' scoring has) on kMTiles m-tiles in one CTA (MmaTraits'
 // MTiles), 16-bit K/V up to head_dim 128: two m-tiles for up to 32 rows,
-// four (a warp per m-tile over whole tiles) above (docs/performance.md,
+// four (a warp per m-tile over whole tiles) above (tests/bench/policy.md,
 // "Rows kernels").
 template <int kMTiles>
 struct TensorCoreRowsFamily {

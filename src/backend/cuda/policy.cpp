@@ -65,7 +65,7 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 // CTA a unit, which the hardware already balances, measured faster there
 // than workers walking a dozen pieces each ("Balanced schedule"). Compact
 // tiles have twice the workers: half the waves, the same units a
-// multiprocessor (serving batch 3's 3072 units ran 2% faster fixed).
+// multiprocessor (serving batch 3's 3072 units ran faster fixed).
 constexpr int64_t kBalancedMaxUnitWaves = 8;
 constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
 
@@ -232,7 +232,7 @@ bool compact_tiles_take(const Problem &p, const DeviceProfile &device) {
 // group above 16): the rows kernels read each K/V tile once for up to 32
 // (two m-tiles) or, above 32 rows, 64 of them (four), where the standard
 // tiles' chunks of 16 rows would each stream the keys again
-// (docs/performance.md, "Rows kernels"). They score through the variants
+// (tests/bench/policy.md, "Rows kernels"). They score through the variants
 // (plain scoring is their special case) and depend on no batch field.
 // Returns whether one takes p, and which.
 bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, SplitVariant &variant) {
@@ -262,7 +262,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   if (!tensor_cores_take(p)) return choice;
   // 8-bit caches: the tensor cores, standard tiles, for every shape they
   // take (with one query row per KV head too: the CUDA-core kernel measured
-  // no faster there, docs/performance.md); up to 8 rows a KV head with the
+  // no faster there); up to 8 rows a KV head with the
   // keys on the MMA's M, whose N of 8 they fill (half the MMAs and
   // accumulators of 16 row slots).
   if (p.kv_quantized) {

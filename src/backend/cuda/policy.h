@@ -3,8 +3,8 @@
 // how many splits, which merge runs, and why. Decided from shapes and the
 // device's occupancy alone (and, at launch, the alignment of K/V), so plans
 // and workspace sizes never depend on tensor contents. Every threshold's
-// measurement is in docs/performance.md, "Why the CUDA backend's policy is
-// what it is".
+// measurement is in tests/bench/policy.md (the section named where it is
+// set).
 #pragma once
 
 #include <cstdint>

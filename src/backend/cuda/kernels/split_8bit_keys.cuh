@@ -14,8 +14,8 @@
 // empty: half the MMAs a tile, half the accumulator registers (O^T holds
 // head_dim x 8 floats a warp), and the query's fragments stay in registers
 // for the whole split: a shorter chain of dependent steps a warp tile,
-// which bounds the 16-row 8-bit kernel (docs/performance.md, "8-bit
-// caches").
+// which bounds the 16-row 8-bit kernel (tests/bench/policy.md, "Keys on M
+// for 8-bit caches").
 //
 // Shared with that kernel (MmaTraits with Quantized and token warps):
 // TileLoader, warps each on its own tokens of a tile (8; 4 at head_dim 256), the per-sequence scales folded into
@@ -44,11 +44,11 @@ namespace cuda {
 // whose accumulators take twice the registers) and 8 row slots, a
 // CTA taking one chunk of up to 8 rows of a KV head, and stages of their
 // own: rows unpadded, their 16-byte chunks XOR-swizzled (swizzle_key) so
-// that an ldmatrix's 8 rows still fall on different banks. Against the
-// 16-row kernel's rows padded by 16 bytes the same kernel ran 6-19%
-// faster; three stages instead of two, and three CTAs a multiprocessor
-// (80 registers, spilling), measured no faster and 10-40% slower
-// (docs/performance.md, "8-bit caches"). Its shared memory is the
+// that an ldmatrix's 8 rows still fall on different banks: faster than
+// the 16-row kernel's rows padded by 16 bytes; three stages instead of
+// two measured no faster, three CTAs a multiprocessor (80 registers,
+// spilling) slower (tests/bench/policy.md, "8-bit caches: what a call
+// costs besides its bytes"). Its shared memory is the
 // pipeline and the table ring, or the token groups' combine: the query
 // waits in the last stage, then in registers.
 template <class T, int Bucket, int Stages = 2>
@@ -104,7 +104,7 @@ __device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
 // value_unit: per-token value scales fold into P, kept in units of
 // value_unit, the largest |scale| the warp has seen (O^T holds the sum
 // over value_unit; multiplying each value by its scale in float measured
-// 3-9% slower, history run 42).
+// slower, history run 42).
 template <class T, class Traits, bool kVariants, int kFormat>
 __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int row0, int64_t warp_begin, int64_t end,
                                                  const uint32_t (&qf)[Traits::kDSteps][2],

@@ -28,7 +28,7 @@
 // K/V tiles move with 16-byte cp.async (.cg: past L1; TileLoader in
 // prims/load.cuh) into a two-stage pipeline. A stage is refilled right after
 // the CTA is done with it (a second barrier per tile), so both stages are
-// loading while the CTA waits (docs/performance.md, "Tensor-core pipeline").
+// loading while the CTA waits (tests/bench/policy.md, "Tensor-core pipeline").
 // Rows are XOR-swizzled in 16-byte chunks so that ldmatrix reads 8 rows
 // without bank conflicts. Tokens at or past the sequence's end are
 // zero-filled without a read and masked to -inf.
@@ -65,7 +65,7 @@ namespace cuda {
 // KiB of shared memory per block): 8 warps, 64 KiB stages (256, 128 or 64
 // tokens for head_dim buckets 64, 128, 256), one CTA per multiprocessor: it
 // streams long splits faster and loses where the grid cannot be sized to the
-// multiprocessors (docs/performance.md, "Wide tensor-core tiles"). Compact
+// multiprocessors (tests/bench/policy.md, "Wide tensor-core tiles"). Compact
 // (head_dim up to 128): 4 warps, 16 KiB stages (32 or 64 tokens for buckets
 // 128 and 64), three stages, four CTAs per multiprocessor: one CTA's
 // pipeline fill and epilogue hide behind three others', which serving
@@ -85,7 +85,7 @@ namespace cuda {
 // chunks of 16 rows would each stream the keys again. Each warp takes all
 // of head_dim (a d split's warps would each compute the same S and
 // softmax), and a warp whose m-tile holds no real row skips the tiles. Two
-// layouts (docs/performance.md, "Rows kernels"):
+// layouts (tests/bench/policy.md, "Rows kernels"):
 // - two m-tiles (up to 32 rows): four warps along each m-tile's tokens, 16
 //   a warp (32 at head_dim 64), which keeps all 8 warps busy;
 // - four m-tiles (up to 64 rows, kWholeTiles): a warp per m-tile over the
@@ -277,7 +277,7 @@ __device__ __forceinline__ void quant_value_fragments(const unsigned char *v_til
 // This lane's ldmatrix offsets in the 16-bit stages and the query tile
 // (SwizzledLane): K rows (S's B operand), V rows of the warp's d part (P V's,
 // transposed), query rows (kQueryFromSmem). Not for the wide tiles, whose
-// short splits measured slower with them (docs/performance.md, "Swizzled
+// short splits measured slower with them (tests/bench/policy.md, "Swizzled
 // lane offsets").
 template <class Traits>
 struct MmaLanes {
@@ -420,7 +420,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     }
   } else {
     // One loop for every tile, compared in 32 bits: a branch to an unmasked
-    // loop for whole tiles measured slower on short splits (docs/performance.md,
+    // loop for whole tiles measured slower on short splits (tests/bench/policy.md,
     // "Swizzled lane offsets").
     const int keys_here = static_cast<int>(min(remaining, static_cast<int64_t>(Traits::kWarpTokens)));
     for_each_score(
@@ -629,7 +629,7 @@ __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &p
 // kCluster: launched in clusters of a unit's splits, which merge through
 // distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
 // A template parameter rather than a runtime flag, whose branches cost the
-// other launches time (docs/performance.md, "Kernel variants as template
+// other launches time (tests/bench/policy.md, "Kernel variants as template
 // parameters"). kVariants: scores go through the attention variants.
 // kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type)
 // of format kFormat (an 8-bit fd_dtype; SplitParams::kv_format must match):

@@ -38,7 +38,7 @@ __device__ inline void cp_async_chunk(void *smem, const void *gmem, bool valid) 
 // The K/V stream is read once per call: with FD_KV_EVICT_FIRST the
 // tensor-core kernel's copies carry an L2 evict-first policy, so they leave
 // alone the lines that are reused (block table, partials, q;
-// docs/performance.md, "L2 evict-first"). On by default from CUDA 13.4;
+// tests/bench/policy.md, "L2 evict-first"). On by default from CUDA 13.4;
 // -DFD_KV_EVICT_FIRST=0 or 1 overrides (1 only with a ptxas of 13.4.59 or
 // newer). Older ptxas drop the createpolicy and keep the copies that read
 // its register: an illegal instruction at run time (triton-lang/triton#11660
@@ -529,7 +529,7 @@ struct TileLoader {
   // a thread, in this load's commit group. With small pages a tile's entries are new cache lines, and
   // a lookup from global memory in front of its copies stalls the pipeline;
   // from the ring it is a shared-memory read. Larger pages lose a little to
-  // the ring's code (docs/performance.md, "Block-table ring").
+  // the ring's code (tests/bench/policy.md, "Block-table ring").
   static constexpr int kRingMaxPageSize = 8;
 
   // This thread's load group, its first tile row, and the thread's place in it.
