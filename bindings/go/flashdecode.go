@@ -263,10 +263,11 @@ type Options struct {
 // overlapping calls on a handle), so a Handle may be shared by goroutines;
 // use one per goroutine to decode in parallel. Close it when done.
 type Handle struct {
-	mu      sync.Mutex
-	raw     *C.fd_handle
-	backend Backend
-	device  int
+	mu        sync.Mutex
+	raw       *C.fd_handle
+	backend   Backend
+	device    int
+	workspace *HostWorkspace // the one SetHostWorkspace gave it, kept (and not freed) while used
 }
 
 // New creates a handle. It fails with ErrNoDevice when CUDA is asked for and
@@ -309,8 +310,9 @@ func New(options Options) (*Handle, error) {
 // Backend is the backend the handle runs on (BackendAuto resolved).
 func (h *Handle) Backend() Backend { return h.backend }
 
-// Close destroys the handle and frees its library-owned workspace. For CUDA,
-// work enqueued with it must have finished. Closing twice is a no-op.
+// Close destroys the handle and frees its library-owned workspace, or lets
+// go of its HostWorkspace. For CUDA, work enqueued with it must have
+// finished. Closing twice is a no-op.
 func (h *Handle) Close() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -320,7 +322,10 @@ func (h *Handle) Close() error {
 	raw := h.raw
 	h.raw = nil
 	runtime.SetFinalizer(h, nil)
-	return call(func() C.fd_status { return C.fd_destroy(raw) })
+	err := call(func() C.fd_status { return C.fd_destroy(raw) })
+	h.workspace.release()
+	h.workspace = nil
+	return err
 }
 
 // Decode computes decode attention for the newest query tokens of every
@@ -441,14 +446,23 @@ func (h *Handle) ReserveWorkspace(bytes int) error {
 // SetWorkspace hands the handle caller-owned workspace memory: device memory
 // for the CUDA backend, or host memory Go does not manage (C, mmap) for the
 // CPU backend, aligned to WorkspaceAlignment and valid until replaced or the
-// handle is closed. A zero address goes back to library-owned memory.
+// handle is closed (SetHostWorkspace does this for you on the CPU). A zero
+// address goes back to library-owned memory. Either lets go of a
+// HostWorkspace the handle had.
 func (h *Handle) SetWorkspace(address uintptr, bytes int) error {
 	if bytes < 0 {
 		return refuse(ErrInvalidArgument, fmt.Sprintf("workspace: %d bytes", bytes))
 	}
-	return h.locked(func(raw *C.fd_handle) C.fd_status {
-		return C.fd_set_workspace(raw, C.fdgo_address(C.uintptr_t(address)), C.size_t(bytes))
+	var previous *HostWorkspace
+	err := h.locked(func(raw *C.fd_handle) C.fd_status {
+		status := C.fd_set_workspace(raw, C.fdgo_address(C.uintptr_t(address)), C.size_t(bytes))
+		if status == C.FD_SUCCESS {
+			previous, h.workspace = h.workspace, nil
+		}
+		return status
 	})
+	previous.release()
+	return err
 }
 
 func (h *Handle) locked(f func(*C.fd_handle) C.fd_status) error {

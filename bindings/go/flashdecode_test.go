@@ -314,6 +314,165 @@ func TestWorkspace(t *testing.T) {
 	expectError(t, handle.ReserveWorkspace(-1), flashdecode.ErrInvalidArgument, "-1 bytes")
 }
 
+// A HostWorkspace gives the bits of the library-owned workspace (same
+// backend, same plan); too small, it fails as other caller memory does.
+func TestHostWorkspace(t *testing.T) {
+	q, k := values(8*64, 16), values(512*2*64, 17)
+	out := make([]float32, len(q))
+	args := flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
+		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: 4,
+	}
+	handle := cpuHandle(t)
+	decode := func(what string) {
+		t.Helper()
+		for i := range out {
+			out[i] = 7
+		}
+		if err := handle.Decode(&args); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	decode("library-owned")
+	want := append([]float32(nil), out...)
+	same := func(what string) {
+		t.Helper()
+		for i := range want {
+			if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: element %d is %g, with the library-owned workspace %g", what, i, out[i], want[i])
+			}
+		}
+	}
+	bytes, err := handle.WorkspaceSize(&args)
+	if err != nil || bytes < 8*4*64*4 {
+		t.Fatalf("workspace size %d, %v", bytes, err)
+	}
+	workspace, err := flashdecode.NewHostWorkspace(bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workspace.Free()
+	if workspace.Len() != bytes {
+		t.Fatalf("Len %d, asked for %d", workspace.Len(), bytes)
+	}
+	if err := handle.SetHostWorkspace(workspace); err != nil {
+		t.Fatal(err)
+	}
+	decode("HostWorkspace")
+	same("HostWorkspace")
+
+	small, err := flashdecode.NewHostWorkspace(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Free()
+	if err := handle.SetHostWorkspace(small); err != nil {
+		t.Fatal(err)
+	}
+	expectError(t, handle.Decode(&args), flashdecode.ErrWorkspaceTooSmall, "bytes needed, the caller's workspace has 256")
+	if err := handle.UseLibraryWorkspace(); err != nil {
+		t.Fatal(err)
+	}
+	decode("library-owned again")
+	same("library-owned again")
+}
+
+// A HostWorkspace is one handle's at a time; Free is idempotent and, while
+// a handle uses the memory, leaves it to the handle until it lets go.
+func TestHostWorkspaceLifetime(t *testing.T) {
+	_, err := flashdecode.NewHostWorkspace(-1)
+	expectError(t, err, flashdecode.ErrInvalidArgument, "workspace: bytes must be >= 0, got -1")
+	_, err = flashdecode.NewHostWorkspace(math.MaxInt64)
+	expectError(t, err, flashdecode.ErrOutOfMemory, "workspace: cannot allocate")
+
+	empty, err := flashdecode.NewHostWorkspace(0) // not NULL, which would mean library-owned
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := cpuHandle(t), cpuHandle(t)
+	if err := first.SetHostWorkspace(empty); err != nil {
+		t.Fatal(err)
+	}
+	q, k := values(4*32, 18), values(64*4*32, 19)
+	out := make([]float32, len(q))
+	args := flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(q, 1, 1, 4, 32), K: flashdecode.Float32(k, 1, 64, 4, 32),
+		V: flashdecode.Float32(k, 1, 64, 4, 32), Out: flashdecode.Float32(out, 1, 1, 4, 32), NumSplits: 3,
+	}
+	expectError(t, first.Decode(&args), flashdecode.ErrWorkspaceTooSmall, "the caller's workspace has 0")
+	empty.Free()
+	empty.Free()
+	expectError(t, first.SetHostWorkspace(empty), flashdecode.ErrInvalidArgument, "the HostWorkspace was freed")
+	expectError(t, second.SetHostWorkspace(empty), flashdecode.ErrInvalidArgument, "the HostWorkspace was freed")
+
+	workspace, err := flashdecode.NewHostWorkspace(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer workspace.Free()
+	if err := first.SetHostWorkspace(workspace); err != nil { // lets go of empty: freed now
+		t.Fatal(err)
+	}
+	if err := first.SetHostWorkspace(workspace); err != nil { // again: still first's
+		t.Fatal(err)
+	}
+	expectError(t, second.SetHostWorkspace(workspace), flashdecode.ErrInvalidArgument, "another handle's workspace")
+	if err := first.Decode(&args); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]float32(nil), out...)
+	if err := first.UseLibraryWorkspace(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.SetHostWorkspace(workspace); err != nil {
+		t.Fatalf("after the first handle let go: %v", err)
+	}
+	workspace.Free() // in use: second keeps it until it lets go
+	for i := range out {
+		out[i] = 7
+	}
+	if err := second.Decode(&args); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("after Free: element %d is %g, not %g", i, out[i], want[i])
+		}
+	}
+	expectError(t, first.SetHostWorkspace(workspace), flashdecode.ErrInvalidArgument, "the HostWorkspace was freed")
+	if err := second.Close(); err != nil { // lets go: the memory is freed
+		t.Fatal(err)
+	}
+	workspace.Free()
+	expectError(t, second.SetHostWorkspace(workspace), flashdecode.ErrInvalidHandle, "the handle is closed")
+	kept, err := flashdecode.NewHostWorkspace(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Free() // before the cleanup closes first: left to first until then
+	third := cpuHandle(t)
+	if err := third.SetHostWorkspace(kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SetHostWorkspace(kept); err != nil {
+		t.Fatalf("after closing the handle that used it: %v", err)
+	}
+	expectError(t, first.SetHostWorkspace(nil), flashdecode.ErrNullPointer, "nil *HostWorkspace")
+
+	if handle, err := flashdecode.New(flashdecode.Options{Backend: flashdecode.BackendCUDA}); err == nil {
+		defer handle.Close()
+		fresh, err := flashdecode.NewHostWorkspace(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Free()
+		expectError(t, handle.SetHostWorkspace(fresh), flashdecode.ErrInvalidArgument, "runs on the cuda backend")
+	}
+}
+
 func expectError(t *testing.T, err error, status flashdecode.Status, needle string) {
 	t.Helper()
 	var failure *flashdecode.Error
