@@ -68,7 +68,7 @@ if [ -n "$bindir" ]; then
   # It finds the installed library by itself (its RUNPATH), not the build tree's.
   loaded=$(env -u LD_LIBRARY_PATH ldd "$program" | awk '$1 ~ /^libflashdecode\.so/ {print $3}')
   [ "$(realpath -m "$loaded")" = "$(realpath "$library")" ] || fail "$program loads '$loaded', not $library"
-  env -u LD_LIBRARY_PATH "$program" --help | grep -q '^usage: ' || fail "$program --help printed no usage"
+  grep -q '^usage: ' <<<"$(env -u LD_LIBRARY_PATH "$program" --help)" || fail "$program --help printed no usage"
   env -u LD_LIBRARY_PATH "$program" --backend cpu --batch 1 --kv-len 64 --iters 1 > "$work/program.out" ||
     fail "$program failed a CPU decode: $(cat "$work/program.out")"
   grep -q '^check against float64 reference: ok' "$work/program.out" || fail "$program: $(cat "$work/program.out")"

@@ -31,13 +31,15 @@ defined=$(readelf -sW "$archive" | awk '$7 != "UND" && ($5 == "GLOBAL" || $5 == 
 others=$(echo "$defined" | awk '$1 == "GLOBAL" && $2 !~ /^fd_/ || $1 == "WEAK" && $2 !~ /^_ZN?K?St/ {print $2}')
 [ -z "$others" ] || fail "global symbols of default visibility besides fd_*: $others"
 for fn in $(grep -o 'FD_API [^(]*(' "$source_dir/include/flashdecode.h" | grep -o 'fd_[a-z0-9_]*(' | tr -d '('); do
-  echo "$defined" | grep -qx "GLOBAL $fn" || fail "$fn is not defined in $archive"
+  # A here-string, not a pipe: grep -q exits at the first match, and under
+  # pipefail the writer's SIGPIPE would fail the test now and then.
+  grep -qx "GLOBAL $fn" <<<"$defined" || fail "$fn is not defined in $archive"
 done
 echo "archive: $archive defines the header's $(echo "$defined" | grep -c '^GLOBAL fd_') fd_* functions, nothing else visible"
 
 # run <program>: runs it and checks it loads no libflashdecode.so.
 run() {
-  if objdump -p "$1" | grep -q 'NEEDED *libflashdecode'; then fail "$1 needs the shared library"; fi
+  if grep -q 'NEEDED *libflashdecode' <<<"$(objdump -p "$1")"; then fail "$1 needs the shared library"; fi
   "$@"
 }
 
