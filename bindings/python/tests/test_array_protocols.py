@@ -126,7 +126,7 @@ def test_cuda_array_interface_is_parsed_not_touched() -> None:
 def test_empty_arrays_without_an_address_get_a_placeholder() -> None:
     # PyTorch and CuPy give empty arrays the address 0; the library refuses
     # NULL even where it reads nothing, so an aligned placeholder stands in.
-    from flashdecode._handle import _fill
+    from flashdecode._describe import _fill
     from flashdecode._library import FdTensor
 
     def described(shape: tuple) -> FdTensor:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import flashdecode
-from flashdecode import _handle
+from flashdecode._signature import _MAX_PLANS, _numpy_pointer, _signature
 from reference import attention, from_bf16_bits, random_inputs, variant_attention
 
 
@@ -237,11 +237,11 @@ def test_bf16_storage_alternates(cpu, rng) -> None:
 
 
 def test_many_signatures_evict_the_oldest(cpu, rng) -> None:
-    problems = [make(rng, 1, 2, 1, length, 16) for length in range(1, _handle._MAX_PLANS + 6)]
+    problems = [make(rng, 1, 2, 1, length, 16) for length in range(1, _MAX_PLANS + 6)]
     for _ in range(2):
         for problem in problems:
             check(cpu.decode(*problem), *problem)
-    assert plans(cpu) == _handle._MAX_PLANS
+    assert plans(cpu) == _MAX_PLANS
 
 
 def test_threads_share_a_handle(rng) -> None:
@@ -268,18 +268,18 @@ def test_numpy_pointer_reader_agrees_with_the_interface(rng) -> None:
     base = rng.standard_normal((6, 5, 4)).astype(np.float16)
     views = [base, base[2:], base[:, ::-1], base[..., 1:3], base.T, np.asfortranarray(base), base[3, 2, 1:2], base[:0]]
     for view in views:
-        assert _handle._numpy_pointer(view) == view.__array_interface__["data"][0]
+        assert _numpy_pointer(view) == view.__array_interface__["data"][0]
 
 
 def test_only_plain_arrays_take_the_fast_path(cpu, rng) -> None:
     """Subclasses, lists and mixed kinds go the full way (and still work)."""
     q, k, v = make(rng, 2, 8, 2, 40, 64)
-    assert _handle._signature(q, k, v, None, None, False, None, None, None, None, None, "NHD", None) is not None
+    assert _signature(q, k, v, None, None, False, None, None, None, None, None, "NHD", None) is not None
     for args in ((q.view(np.matrix) if q.ndim == 2 else np.ma.masked_array(q), k, v), (q, k, v.tolist())):
-        assert _handle._signature(*args, None, None, False, None, None, None, None, None, "NHD", None) is None
-    assert _handle._signature(q, k, v, None, None, False, [40, 40], None, None, None, None, "NHD", None) is None
-    assert _handle._signature(q, k, v, None, None, False, None, None, np.float32(0.5), None, None, "NHD", None) is None
-    assert _handle._signature(q, k, v, None, None, False, None, None, None, None, np.int64(64), "NHD", None) is None
+        assert _signature(*args, None, None, False, None, None, None, None, None, "NHD", None) is None
+    assert _signature(q, k, v, None, None, False, [40, 40], None, None, None, None, "NHD", None) is None
+    assert _signature(q, k, v, None, None, False, None, None, np.float32(0.5), None, None, "NHD", None) is None
+    assert _signature(q, k, v, None, None, False, None, None, None, None, np.int64(64), "NHD", None) is None
     check(cpu.decode(q, k, v, seq_lens=[40, 12]), q, k, v, seq_lens=[40, 12])
     check(cpu.decode(q, k, v, softmax_scale=np.float32(0.5)), q, k, v, scale=float(np.float32(0.5)))
     check(cpu.decode(q, k, v, split_tokens=np.int64(16)), q, k, v)

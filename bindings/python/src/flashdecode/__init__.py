@@ -65,18 +65,9 @@ from ._errors import (
     WorkspaceTooSmallError,
 )
 from . import _torch
-from ._handle import (
-    LAYOUTS,
-    Backend,
-    Handle,
-    Layout,
-    Merge,
-    PlanInfo,
-    append_kv,
-    flash_decode,
-    host_workspace,
-    merge_states,
-)
+from ._describe import LAYOUTS, Layout
+from ._functions import append_kv, flash_decode, merge_states
+from ._handle import Backend, Handle, Merge, PlanInfo, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.3.0"

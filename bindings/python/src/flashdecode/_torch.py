@@ -130,7 +130,7 @@ def _register_op(torch: Any) -> Any:
         v_scale: Any = None,
         q_lens: Any = None,
     ) -> Tuple[Any, Any]:
-        from ._handle import op_decode
+        from ._functions import op_decode
 
         return op_decode(
             q, k, v, seq_lens, block_table, softmax_scale, num_splits, layout, split_tokens, causal, window_left,
