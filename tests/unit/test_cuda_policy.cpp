@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA backend's policy (src/backend/cuda/policy.cpp) on an H200-like
+// device profile, without a GPU: which kernel, schedule, split count and
+// merge a problem gets. The rules are those of docs/performance.md ("How the
+// CUDA backend chooses") and the plans its tables show; a change of policy
+// shows up here, in CI, before any device run. The profile is what the
+// backend would read on an H200 (132 multiprocessors; resident CTAs per
+// variant as the kernels' launch bounds and shared memory give them; the
+// cluster counts are those the policy's wave test sees there).
+//
+// Problems come through validate_decode_args() with distinct, aligned fake
+// addresses: planning reads shapes and alignment, never memory.
+// The library's headers first: cmocka.h defines a fail() macro.
+#include "backend/cuda/policy.h"
+#include "core/error.h"
+#include "core/problem.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <string>
+
+extern "C" {  // this cmocka.h has no C++ guards
+#include <cmocka.h>
+}
+
+namespace {
+
+using fd::cuda::SplitVariant;
+
+// Resident CTAs a multiprocessor of an H200 holds, per variant (16-bit
+// storage, and the 8-bit slot for the 8-bit variants), by bucket 64/128/256.
+struct Residency {
+  SplitVariant variant;
+  int ctas[fd::cuda::kBucketCount];
+};
+constexpr Residency kH200[] = {
+    {SplitVariant::cuda_core, {4, 4, 2}},
+    {SplitVariant::tensor_core, {2, 2, 2}},
+    {SplitVariant::tensor_core_wide, {1, 1, 1}},
+    {SplitVariant::cuda_core_8bit, {4, 4, 2}},
+    {SplitVariant::tensor_core_8bit, {2, 2, 2}},
+    {SplitVariant::tensor_core_rows, {2, 2, 0}},
+    {SplitVariant::tensor_core_rows64, {2, 2, 0}},
+    {SplitVariant::tensor_core_compact, {4, 4, 0}},
+    {SplitVariant::tensor_core_8bit_keys, {2, 2, 2}},
+};
+
+fd::cuda::DeviceProfile h200() {
+  fd::cuda::DeviceProfile device;
+  device.sm_count = 132;
+  const fd_dtype dtypes[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_E4M3};
+  for (const Residency &r : kH200) {
+    for (fd_dtype dtype : dtypes) {
+      if (!fd::cuda::split_variant_takes(r.variant, dtype)) continue;
+      for (int b = 0; b < fd::cuda::kBucketCount; ++b) {
+        const int d = fd::cuda::dtype_slot(dtype);
+        device.occupancy.ctas_at(r.variant, d, b) = r.ctas[b];
+        // Clusters of the 16-bit tensor-core tiles: the H200 holds every
+        // wide CTA in clusters of 2, and 117-120 of its 132 in clusters of
+        // 3, 4 or 8 (a cluster stays within a GPC); standard tiles alike.
+        const bool clustered = r.variant == SplitVariant::tensor_core || r.variant == SplitVariant::tensor_core_wide;
+        if (!clustered || dtype == FD_DTYPE_F32) continue;
+        for (int size = 2; size <= fd::cuda::kMaxClusterSplits; ++size) {
+          const int ctas = size == 2 ? device.sm_count * r.ctas[b] : 120 * r.ctas[b];
+          device.occupancy.clusters_at(r.variant, d, b)[size] = ctas / size;
+        }
+      }
+    }
+  }
+  return device;
+}
+
+// A tensor at a fake address: distinct for every tensor, 256-byte aligned.
+fd_tensor tensor(fd_dtype dtype, std::initializer_list<int64_t> shape, uintptr_t offset = 0) {
+  static uintptr_t next = uintptr_t{1} << 40;
+  fd_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = reinterpret_cast<void *>(next + offset);
+  next += uintptr_t{1} << 36;
+  t.dtype = dtype;
+  t.ndim = static_cast<int32_t>(shape.size());
+  int i = 0;
+  for (int64_t extent : shape) t.shape[i++] = extent;
+  int64_t stride = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.strides[d] = stride;
+    stride *= t.shape[d];
+  }
+  return t;
+}
+
+struct Shape {
+  int64_t batch = 1, q_len = 1, q_heads = 32, kv_heads = 8, capacity = 4096, head_dim = 128;
+  fd_dtype dtype = FD_DTYPE_F16;     // q, out
+  fd_dtype kv_dtype = FD_DTYPE_F16;  // k, v
+  int64_t page_size = 0;             // > 0: a paged pool of exactly the pages the batch needs
+  bool seq_lens = false;
+  int32_t num_splits = 0;
+  int64_t split_tokens = 0;
+  uintptr_t k_offset = 0;  // bytes past an aligned address: unaligned rows
+};
+
+fd_decode_args args_of(const Shape &s) {
+  fd_decode_args a;
+  fd_decode_args_init(&a, sizeof a);
+  a.q = tensor(s.dtype, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  a.out = tensor(s.dtype, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  if (s.page_size > 0) {
+    const int64_t pages_per_sequence = (s.capacity + s.page_size - 1) / s.page_size;
+    const int64_t pool = s.batch * pages_per_sequence;
+    a.k = tensor(s.kv_dtype, {pool, s.page_size, s.kv_heads, s.head_dim}, s.k_offset);
+    a.v = tensor(s.kv_dtype, {pool, s.page_size, s.kv_heads, s.head_dim});
+    a.block_table = tensor(FD_DTYPE_I32, {s.batch, pages_per_sequence});
+  } else {
+    a.k = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim}, s.k_offset);
+    a.v = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim});
+  }
+  if (s.seq_lens) a.seq_lens = tensor(FD_DTYPE_I32, {s.batch});
+  a.num_splits = s.num_splits;
+  a.split_tokens = s.split_tokens;
+  return a;
+}
+
+// What fd_describe_plan() would report, as the benchmarks print it:
+// "<kernel> <splits>x<tokens> <merge>", the balanced schedule as 0x<tile>.
+std::string plan_of(const Shape &s) {
+  const fd_decode_args args = args_of(s);
+  const fd::Problem problem = fd::validate_decode_args(&args);
+  const fd::cuda::DeviceProfile device = h200();
+  const fd::Plan plan = fd::cuda::plan_decode(problem, device);
+  const fd::cuda::LaunchChoice launch = fd::cuda::choose_launch(problem, plan, device);
+  const fd::LaunchSummary summary = fd::cuda::summarize(problem, plan, launch);
+  const char *merge = summary.merge == FD_MERGE_NONE      ? "direct"
+                      : summary.merge == FD_MERGE_FUSED   ? "fused"
+                      : summary.merge == FD_MERGE_CLUSTER ? "cluster"
+                                                          : "merge kernel";
+  const bool device_cut = summary.device_cut_tokens > 0;
+  return std::string(summary.kernel) + " " + std::to_string(device_cut ? 0 : plan.num_splits) + "x" +
+         std::to_string(device_cut ? summary.device_cut_tokens : plan.split_tokens) + " " + merge;
+}
+
+void expect_plan(const Shape &s, const char *want, const char *what) {
+  std::string got;
+  try {
+    got = plan_of(s);
+  } catch (const fd::Error &error) {
+    got = std::string("error: ") + error.what();
+  }
+  if (got != want) fail_msg("%s: planned '%s', expected '%s'", what, got.c_str(), want);
+}
+
+fd_status status_of(const std::function<void()> &f) {
+  try {
+    f();
+  } catch (const fd::Error &error) {
+    return error.status();
+  }
+  return FD_SUCCESS;
+}
+
+Shape dense(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capacity, int64_t head_dim) {
+  Shape s;
+  s.batch = batch;
+  s.q_heads = q_heads;
+  s.kv_heads = kv_heads;
+  s.capacity = capacity;
+  s.head_dim = head_dim;
+  return s;
+}
+
+// docs/performance.md, "Results": the dense shapes' plans.
+void test_dense_shapes(void **) {
+  expect_plan(dense(1, 32, 8, 32768, 128), "tensor-core-wide-128 16x2048 fused", "shape 1");
+  expect_plan(dense(32, 32, 8, 2048, 128), "tensor-core-128 1x2048 direct", "shape 2");
+  expect_plan(dense(8, 64, 8, 16384, 128), "tensor-core-wide-128 2x8192 cluster", "shape 3");
+  expect_plan(dense(256, 32, 32, 512, 128), "cuda-core-128 1x512 direct", "shape 4 (MHA on CUDA cores)");
+  expect_plan(dense(1, 32, 32, 2048, 128), "tensor-core-wide-128 4x512 fused", "shape 5");
+  expect_plan(dense(4, 16, 16, 65536, 64), "tensor-core-wide-64 2x32768 cluster", "shape 6");
+  expect_plan(dense(2, 8, 1, 262144, 128), "tensor-core-wide-128 64x4096 merge kernel", "shape 7");
+  expect_plan(dense(4, 8, 4, 16384, 256), "tensor-core-wide-256 8x2048 fused", "shape 8");
+  expect_plan(dense(1, 32, 8, 4096, 128), "tensor-core-128 32x128 merge kernel", "shape 101");
+  expect_plan(dense(1, 32, 8, 1024, 128), "tensor-core-128 8x128 cluster", "shape 104");
+  Shape paged = dense(32, 32, 8, 2048, 128);
+  paged.page_size = 16;
+  expect_plan(paged, "tensor-core-128 1x2048 direct", "shape 10 (paged, one length)");
+}
+
+// "Serving batches": paged caches with device lengths run the balanced
+// schedule (compact tiles from a unit a multiprocessor), many waves of units
+// the fixed one.
+void test_serving_batches(void **) {
+  Shape s = dense(48, 32, 8, 12288, 128);
+  s.page_size = 16;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 1");
+  s = dense(384, 32, 8, 1536, 128);
+  s.page_size = 16;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-compact-128 1x1536 direct", "serving 3 (many waves of units: fixed)");
+  s = dense(6, 32, 8, 98304, 128);
+  s.page_size = 32;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-128 0x64 fused", "serving 5 (48 units: standard tiles)");
+  s = dense(48, 32, 8, 12288, 128);
+  s.page_size = 1;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-128 0x64 fused", "serving 7 (pages of 1: no compact tiles)");
+  s = dense(48, 32, 8, 12288, 128);
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-wide-128 2x6144 fused", "serving 8 (dense: the fixed schedule)");
+  s = dense(32, 16, 16, 3000, 64);
+  s.page_size = 16;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-compact-64 0x64 fused", "serving 4 (MHA head_dim 64)");
+}
+
+// Several query rows a KV head: the tensor-core kernel up to 16, the rows
+// kernels above (up to 32 on two m-tiles, up to 64 a CTA on four).
+void test_query_rows(void **) {
+  Shape s = dense(1, 32, 8, 32768, 128);
+  s.q_len = 4;  // 16 rows: 16 splits' partials of 16 rows are over 32 KiB a unit
+  expect_plan(s, "tensor-core-wide-128 16x2048 merge kernel", "16 rows");
+  s.q_len = 8;  // 32 rows
+  assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
+  s = dense(8, 64, 8, 16384, 128);
+  s.q_len = 8;  // 64 rows
+  assert_true(plan_of(s).rfind("tensor-core-rows64-128 ", 0) == 0);
+  s.q_len = 16;  // 128 rows: two rows64 CTAs a KV head
+  assert_true(plan_of(s).rfind("tensor-core-rows64-128 ", 0) == 0);
+  s = dense(4, 8, 4, 16384, 256);
+  s.q_len = 16;  // 32 rows at head_dim 256: no rows kernel, standard or wide tiles
+  const std::string plan = plan_of(s);
+  assert_true(plan.rfind("tensor-core-rows", 0) != 0);
+  assert_true(plan.rfind("tensor-core", 0) == 0);
+}
+
+// 8-bit caches: keys on the MMA's M up to 8 rows a KV head, 16-row tiles
+// above; int8 and e5m2 alike.
+void test_8bit_caches(void **) {
+  const fd_dtype formats[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+  for (fd_dtype format : formats) {
+    Shape s = dense(32, 32, 8, 2048, 128);
+    s.kv_dtype = format;
+    assert_true(plan_of(s).rfind("tensor-core-8bit-keys-128 ", 0) == 0);
+    s = dense(4, 128, 8, 8192, 128);  // a group of 16
+    s.kv_dtype = format;
+    assert_true(plan_of(s).rfind("tensor-core-8bit-128 ", 0) == 0);
+    s = dense(4, 8, 4, 16384, 256);
+    s.kv_dtype = format;
+    assert_true(plan_of(s).rfind("tensor-core-8bit-keys-256 ", 0) == 0);
+  }
+}
+
+// Rows that are not on 16 bytes, and f32 caches, take the CUDA-core kernel,
+// which runs every problem.
+void test_fallbacks(void **) {
+  Shape s = dense(32, 32, 8, 2048, 128);
+  s.k_offset = 2;  // f16 rows 2 bytes off 16
+  assert_true(plan_of(s).rfind("cuda-core-128 ", 0) == 0);
+  s = dense(32, 32, 8, 2048, 128);
+  s.dtype = s.kv_dtype = FD_DTYPE_F32;
+  assert_true(plan_of(s).rfind("cuda-core-128 ", 0) == 0);
+  s = dense(32, 32, 8, 2048, 96);
+  s.kv_dtype = FD_DTYPE_E4M3;
+  s.k_offset = 8;
+  assert_true(plan_of(s).rfind("cuda-core-8bit-128 ", 0) == 0);
+}
+
+// Batch-invariant splits always merge in the merge kernel; wide tiles only
+// from 2048-token splits and above head_dim 64 ("Batch-invariant mode").
+void test_batch_invariant(void **) {
+  Shape s = dense(1, 32, 8, 32768, 128);
+  s.split_tokens = 2048;
+  expect_plan(s, "tensor-core-wide-128 16x2048 merge kernel", "2048-token splits");
+  s.split_tokens = 1024;
+  expect_plan(s, "tensor-core-128 32x1024 merge kernel", "1024-token splits");
+  s = dense(4, 16, 16, 65536, 64);
+  s.split_tokens = 4096;
+  expect_plan(s, "tensor-core-64 16x4096 merge kernel", "head_dim 64");
+  s = dense(1, 32, 8, 1000, 128);
+  s.split_tokens = 2048;
+  expect_plan(s, "tensor-core-wide-128 1x2048 direct", "one split writes its output");
+}
+
+// Manual split counts are kept; the tables fail closed.
+void test_manual_splits_and_tables(void **) {
+  Shape s = dense(32, 32, 8, 2048, 128);
+  s.num_splits = 3;
+  expect_plan(s, "tensor-core-128 3x704 fused", "3 splits asked (of whole 64-token tiles)");
+  assert_int_equal(status_of([] { fd::cuda::split_variant_at(fd::cuda::kSplitVariantCount); }), FD_ERROR_INTERNAL);
+  assert_int_equal(status_of([] { fd::cuda::split_variant_at(-1); }), FD_ERROR_INTERNAL);
+  for (int i = 0; i < fd::cuda::kSplitVariantCount; ++i) {
+    assert_int_equal(static_cast<int>(fd::cuda::split_variant_at(i)), i);
+  }
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_dense_shapes),
+      cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_query_rows),
+      cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),
+      cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_manual_splits_and_tables),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
