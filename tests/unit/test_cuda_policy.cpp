@@ -184,7 +184,19 @@ void test_dense_shapes(void **) {
   expect_plan(dense(2, 8, 1, 262144, 128), "tensor-core-wide-128 64x4096 merge kernel", "shape 7");
   expect_plan(dense(4, 8, 4, 16384, 256), "tensor-core-wide-256 8x2048 fused", "shape 8");
   expect_plan(dense(1, 32, 8, 4096, 128), "tensor-core-128 32x128 merge kernel", "shape 101");
+  expect_plan(dense(4, 8, 4, 4096, 256), "tensor-core-wide-256 8x512 fused", "shape 102");
+  expect_plan(dense(1, 8, 4, 4096, 256), "tensor-core-256 32x128 merge kernel", "shape 103");
   expect_plan(dense(1, 32, 8, 1024, 128), "tensor-core-128 8x128 cluster", "shape 104");
+  expect_plan(dense(1, 32, 32, 1024, 128), "tensor-core-128 8x128 fused", "shape 105");
+  expect_plan(dense(1, 16, 16, 4096, 64), "tensor-core-64 16x256 fused", "shape 106");
+  Shape bf16 = dense(1, 32, 8, 32768, 128);
+  bf16.dtype = bf16.kv_dtype = FD_DTYPE_BF16;
+  expect_plan(bf16, "tensor-core-wide-128 16x2048 fused", "shape 1, bf16");
+  Shape ragged = dense(16, 32, 8, 16384, 128);
+  ragged.seq_lens = true;
+  expect_plan(ragged, "tensor-core-wide-128 5x3328 fused", "shape 9 (ragged dense: fixed splits)");
+  ragged.page_size = 16;  // the 0.2.0 table shows its plan then, 9x1856
+  expect_plan(ragged, "tensor-core-128 0x64 fused", "shape 12 (ragged paged: the balanced schedule)");
   Shape paged = dense(32, 32, 8, 2048, 128);
   paged.page_size = 16;
   expect_plan(paged, "tensor-core-128 1x2048 direct", "shape 10 (paged, one length)");
@@ -198,6 +210,14 @@ void test_serving_batches(void **) {
   s.page_size = 16;
   s.seq_lens = true;
   expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 1");
+  s = dense(24, 64, 8, 24576, 128);
+  s.page_size = 16;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 2");
+  s = dense(128, 32, 8, 32768, 128);
+  s.page_size = 16;
+  s.seq_lens = true;
+  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 6");
   s = dense(384, 32, 8, 1536, 128);
   s.page_size = 16;
   s.seq_lens = true;
