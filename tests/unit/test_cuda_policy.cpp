@@ -103,6 +103,7 @@ struct Shape {
   int32_t num_splits = 0;
   int64_t split_tokens = 0;
   uintptr_t k_offset = 0;  // bytes past an aligned address: unaligned rows
+  int64_t window = 0;      // window_left
 };
 
 fd_decode_args args_of(const Shape &s) {
@@ -121,6 +122,7 @@ fd_decode_args args_of(const Shape &s) {
     a.v = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim});
   }
   if (s.seq_lens) a.seq_lens = tensor(FD_DTYPE_I32, {s.batch});
+  a.window_left = s.window;
   a.num_splits = s.num_splits;
   a.split_tokens = s.split_tokens;
   return a;
@@ -307,6 +309,20 @@ void test_batch_invariant(void **) {
   expect_plan(s, "tensor-core-wide-128 1x2048 direct", "one split writes its output");
 }
 
+// A sliding window is planned on the keys it sees: 4096 over a 32768-token
+// cache as a 4096-token cache, dense and paged ("Attention variants").
+void test_window_plans(void **) {
+  for (int64_t page_size : {int64_t{0}, int64_t{16}}) {
+    Shape window = dense(1, 32, 8, 32768, 128);
+    window.window = 4096;
+    window.page_size = page_size;
+    Shape short_cache = dense(1, 32, 8, 4096, 128);
+    short_cache.page_size = page_size;
+    const std::string want = plan_of(short_cache);
+    expect_plan(window, want.c_str(), page_size > 0 ? "window 4096, pages of 16" : "window 4096, dense");
+  }
+}
+
 // Manual split counts are kept; the tables fail closed.
 void test_manual_splits_and_tables(void **) {
   Shape s = dense(32, 32, 8, 2048, 128);
@@ -323,13 +339,10 @@ void test_manual_splits_and_tables(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dense_shapes),
-      cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_query_rows),
-      cmocka_unit_test(test_8bit_caches),
-      cmocka_unit_test(test_fallbacks),
-      cmocka_unit_test(test_batch_invariant),
-      cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_dense_shapes), cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_query_rows),   cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),    cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_window_plans), cmocka_unit_test(test_manual_splits_and_tables),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
