@@ -208,37 +208,25 @@ void test_dense_shapes(void **) {
 // schedule (compact tiles from a unit a multiprocessor), many waves of units
 // the fixed one.
 void test_serving_batches(void **) {
-  Shape s = dense(48, 32, 8, 12288, 128);
-  s.page_size = 16;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 1");
-  s = dense(24, 64, 8, 24576, 128);
-  s.page_size = 16;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 2");
-  s = dense(128, 32, 8, 32768, 128);
-  s.page_size = 16;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-compact-128 0x32 fused", "serving 6");
-  s = dense(384, 32, 8, 1536, 128);
-  s.page_size = 16;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-compact-128 1x1536 direct", "serving 3 (many waves of units: fixed)");
-  s = dense(6, 32, 8, 98304, 128);
-  s.page_size = 32;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-128 0x64 fused", "serving 5 (48 units: standard tiles)");
-  s = dense(48, 32, 8, 12288, 128);
-  s.page_size = 1;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-128 0x64 fused", "serving 7 (pages of 1: no compact tiles)");
-  s = dense(48, 32, 8, 12288, 128);
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-wide-128 2x6144 fused", "serving 8 (dense: the fixed schedule)");
-  s = dense(32, 16, 16, 3000, 64);
-  s.page_size = 16;
-  s.seq_lens = true;
-  expect_plan(s, "tensor-core-compact-64 0x64 fused", "serving 4 (MHA head_dim 64)");
+  // A serving batch: lengths on the device, pages of `page_size` (0: dense).
+  const auto serving = [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capacity, int64_t head_dim,
+                          int64_t page_size) {
+    Shape s = dense(batch, q_heads, kv_heads, capacity, head_dim);
+    s.page_size = page_size;
+    s.seq_lens = true;
+    return s;
+  };
+  expect_plan(serving(48, 32, 8, 12288, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 1");
+  expect_plan(serving(24, 64, 8, 24576, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 2");
+  expect_plan(serving(384, 32, 8, 1536, 128, 16), "tensor-core-compact-128 1x1536 direct",
+              "serving 3 (many waves of units: fixed)");
+  expect_plan(serving(32, 16, 16, 3000, 64, 16), "tensor-core-compact-64 0x64 fused", "serving 4 (MHA head_dim 64)");
+  expect_plan(serving(6, 32, 8, 98304, 128, 32), "tensor-core-128 0x64 fused", "serving 5 (48 units: standard tiles)");
+  expect_plan(serving(128, 32, 8, 32768, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 6");
+  expect_plan(serving(48, 32, 8, 12288, 128, 1), "tensor-core-128 0x64 fused",
+              "serving 7 (pages of 1: no compact tiles)");
+  expect_plan(serving(48, 32, 8, 12288, 128, 0), "tensor-core-wide-128 2x6144 fused",
+              "serving 8 (dense: the fixed schedule)");
 }
 
 // Several query rows a KV head: the tensor-core kernel up to 16, the rows
