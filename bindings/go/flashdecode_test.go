@@ -29,6 +29,17 @@ func cpuHandle(t *testing.T) *flashdecode.Handle {
 }
 
 // values are deterministic numbers in [-1, 1).
+// splitDecode: 8 query heads over 2 KV heads, 512 tokens, head_dim 64, in
+// f32 from two seeds, with a given split count (a workspace to plan).
+func splitDecode(qSeed, kSeed uint64, splits int) (flashdecode.DecodeArgs, []float32) {
+	q, k := values(8*64, qSeed), values(512*2*64, kSeed)
+	out := make([]float32, len(q))
+	return flashdecode.DecodeArgs{
+		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
+		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: splits,
+	}, out
+}
+
 func values(count int, seed uint64) []float32 {
 	state := seed*6364136223846793005 + 1442695040888963407
 	out := make([]float32, count)
@@ -269,12 +280,7 @@ func TestStridesAndPagedCacheAgreeWithDense(t *testing.T) {
 }
 
 func TestWorkspace(t *testing.T) {
-	q, k := values(8*64, 10), values(512*2*64, 11)
-	out := make([]float32, len(q))
-	args := flashdecode.DecodeArgs{
-		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
-		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: 4,
-	}
+	args, _ := splitDecode(10, 11, 4)
 	handle := cpuHandle(t)
 	bytes, err := handle.WorkspaceSize(&args)
 	if err != nil || bytes < 8*4*64*4 {
@@ -317,12 +323,7 @@ func TestWorkspace(t *testing.T) {
 // A HostWorkspace gives the bits of the library-owned workspace (same
 // backend, same plan); too small, it fails as other caller memory does.
 func TestHostWorkspace(t *testing.T) {
-	q, k := values(8*64, 16), values(512*2*64, 17)
-	out := make([]float32, len(q))
-	args := flashdecode.DecodeArgs{
-		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
-		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: 4,
-	}
+	args, out := splitDecode(16, 17, 4)
 	handle := cpuHandle(t)
 	decode := func(what string) {
 		t.Helper()
@@ -488,12 +489,7 @@ func expectError(t *testing.T, err error, status flashdecode.Status, needle stri
 }
 
 func TestDescribePlan(t *testing.T) {
-	q, k := values(8*64, 12), values(512*2*64, 13)
-	out := make([]float32, len(q))
-	args := flashdecode.DecodeArgs{
-		Q: flashdecode.Float32(q, 1, 1, 8, 64), K: flashdecode.Float32(k, 1, 512, 2, 64),
-		V: flashdecode.Float32(k, 1, 512, 2, 64), Out: flashdecode.Float32(out, 1, 1, 8, 64), NumSplits: 5,
-	}
+	args, _ := splitDecode(12, 13, 5)
 	handle := cpuHandle(t)
 	info, err := handle.DescribePlan(&args)
 	if err != nil {
