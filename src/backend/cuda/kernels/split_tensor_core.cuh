@@ -49,6 +49,7 @@
 #include "backend/cuda/prims/schedule.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 #include "backend/cuda/prims/timeline.cuh"
+#include "backend/cuda/prims/wgmma.cuh"
 
 namespace fd {
 namespace cuda {
@@ -57,6 +58,11 @@ namespace cuda {
 // measurements.
 #ifndef FD_MMA_STAGES
 #define FD_MMA_STAGES 2
+#endif
+// Whole-tile rows kernels on wgmma where the device code is sm_90a's (0:
+// mma.sync everywhere, for A/B measurements).
+#ifndef FD_ROWS_WGMMA
+#define FD_ROWS_WGMMA 1
 #endif
 
 // Three tile shapes (MmaTiles). Standard: 8 warps (4 for head_dim 256),
@@ -93,7 +99,12 @@ namespace cuda {
 //   fewer instructions per MMA: at 64 rows the kernel is bound by them.
 // Above head_dim 64 (and always with whole tiles) the query is read from
 // shared memory at each k-step, which leaves the registers to the
-// accumulators.
+// accumulators. Whole tiles compiled for sm_90a (kAsyncMma) compute S and
+// P V with wgmma (prims/wgmma.cuh): the CTA's four warps are one warpgroup
+// whose 64 rows are wgmma's M, B read from the stages by descriptor, where
+// mma.sync needed an ldmatrix and four times the MMA instructions: the
+// kernel is bound by instruction issue. Its stages and query tile then use
+// wgmma's 128-byte swizzle, 1024-byte aligned.
 constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 
 enum class MmaTiles { standard, wide, compact };
@@ -115,6 +126,8 @@ struct MmaTraits {
   // instructions, not bytes); 4 warps at head_dim 256, 8 below.
   static constexpr bool kTokenWarps = TokenWarps;
   static constexpr bool kWholeTiles = MTiles >= 4;
+  // Device code only (FD_HAS_WGMMA): nothing the host sizes depends on it.
+  static constexpr bool kAsyncMma = kWholeTiles && FD_HAS_WGMMA && FD_ROWS_WGMMA;
   // Warps along head_dim for P V (S is computed by each); rows: none.
   static constexpr int kDSplits = kTokenWarps || MTiles > 1 ? 1 : 2;
   static constexpr bool kQueryFromSmem = MTiles > 1 && (kWholeTiles || Bucket > 64);
@@ -167,13 +180,21 @@ struct MmaTraits {
   // 8-bit caches: the query's MMA fragments wait in shared memory, in lane
   // order (one 16-byte load per lane and k-step), not in 4 x kDSteps
   // registers: the dequantization needs them.
-  static constexpr int kQueryFragmentOffset = kPipelineBytes + kTableBytes;
+  // Whole tiles: 1024-byte aligned for wgmma's swizzle (on every target, so
+  // that the host's sizes are one).
+  static constexpr int kQueryFragmentOffset =
+      kWholeTiles ? (kPipelineBytes + kTableBytes + 1023) / 1024 * 1024 : kPipelineBytes + kTableBytes;
   // Rows with kQueryFromSmem: the query tile [kRows, Bucket] (swizzled) there.
   static constexpr int kQueryFragmentBytes = Quantized        ? kDStepsOf(Bucket) * 32 * 16
                                              : kQueryFromSmem ? kRows * kQueryRowBytes
                                                               : 0;
   static constexpr int kLoopBytes = kQueryFragmentOffset + kQueryFragmentBytes;
-  static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
+  // Whole tiles: room to align the dynamic shared memory to 1024 bytes
+  // (mma_split_kernel aligns its pointer), which follows the static
+  // schedule batch.
+  static constexpr int kSmemAlignment = kWholeTiles ? 1024 : 16;
+  static constexpr int kSmemBytes =
+      (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes) + (kSmemAlignment > 16 ? kSmemAlignment : 0);
   static constexpr int kSTiles = kWarpTokens / 8;  // n-tiles of S per warp
   static constexpr int kDSteps = Bucket / 16;      // k-steps of S
   // Accumulator chains of S (attend_tile_mma): two where a warp's few
@@ -206,9 +227,16 @@ struct MmaTraits {
   static_assert(sizeof(T) == 2, "the MMA (prims/mma.cuh) takes 16-bit Q, K, V and P");
   static_assert(!Quantized || (kOTiles % 4 == 0 && kDSteps % 4 == 0), "8-bit fragments come in fours");
   // A 16-byte chunk of a stage row (TileLoader): swizzled for 16-bit rows
-  // (ldmatrix reads 8 rows of a column), padded rows for 8-bit ones.
+  // (ldmatrix reads 8 rows of a column; wgmma its 128-byte swizzle), padded
+  // rows for 8-bit ones.
   __device__ static int stage_offset(int row, int chunk) {
+    if constexpr (kAsyncMma) return wgmma_swizzled_offset<kTileTokens>(row, chunk);
     return Quantized ? row * kRowStride + chunk * kChunkBytes : swizzled<kRowBytes>(row, chunk);
+  }
+  // A 16-byte chunk of the query tile.
+  __device__ static int query_offset(int row, int chunk) {
+    if constexpr (kAsyncMma) return wgmma_swizzled_offset<kRows>(row, chunk);
+    return swizzled<kQueryRowBytes>(row, chunk);
   }
 };
 
@@ -288,6 +316,14 @@ struct MmaLanes {
         query(((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4) {}
 };
 
+// wgmma's descriptor of a V tile (B of P V, MN-major): the byte offsets
+// between its 64-column blocks (leading) and its 8-token groups (stride).
+// The other assignment fails the rows tests (history, run 60).
+template <class Traits>
+constexpr uint32_t kValueLeadingBytes = Traits::kTileTokens * 128;
+template <class Traits>
+constexpr uint32_t kValueStrideBytes = 1024;
+
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
 // token warp_begin): S on tensor cores, online softmax, O += P V.
 // With kVariants the thread's two rows score their keys (RowScoring; warp_key
@@ -323,7 +359,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   constexpr int kChains = Traits::kChains;
   float s_chain[kChains][Traits::kSTiles][4];
 #pragma unroll
-  for (int c = 0; c < kChains; ++c) {
+  for (int c = 0; c < (Traits::kAsyncMma ? 0 : kChains); ++c) {  // wgmma's first k-step writes S
 #pragma unroll
     for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
@@ -345,6 +381,23 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
         }
       }
     }
+  } else if constexpr (Traits::kAsyncMma) {
+    // The warpgroup's 64 row slots at once, A the query tile, B the K rows;
+    // a k-step is 32 bytes further in a 128-byte column block.
+    static_assert(Traits::kSTiles == 8 && Traits::kRows == 64, "wgmma: the warpgroup's 64 rows, 64 keys");
+    const uint64_t query_descriptor = wgmma_descriptor(query_tile, 16, 1024);
+    const uint64_t key_descriptor = wgmma_descriptor(k_tile, 16, 1024);
+    const auto k_step_bytes = [](int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; };
+    wgmma_fence();
+    Wgmma<T>::ss_n64_first(s_chain[0], query_descriptor, key_descriptor);
+#pragma unroll
+    for (int kk = 1; kk < Traits::kDSteps; ++kk) {
+      Wgmma<T>::ss_n64(s_chain[0], wgmma_advance(query_descriptor, k_step_bytes(kk, Traits::kRows)),
+                       wgmma_advance(key_descriptor, k_step_bytes(kk, Traits::kTileTokens)));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_fence_registers(s_chain[0]);
   } else {
 #pragma unroll
     for (int kk = 0; kk < Traits::kDSteps; ++kk) {
@@ -487,27 +540,57 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // pair.
   const auto accumulate_values = [&](auto scaled_values) {
     using PvType = std::conditional_t<Traits::kQuantized && !decltype(scaled_values)::value, __half, T>;
+    const auto p_fragments = [&](int ks, uint32_t(&a)[4]) {
+      a[0] = Mma<PvType>::pack(s[2 * ks][0], s[2 * ks][1]);
+      a[1] = Mma<PvType>::pack(s[2 * ks][2], s[2 * ks][3]);
+      a[2] = Mma<PvType>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      a[3] = Mma<PvType>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    };
+    if constexpr (Traits::kAsyncMma) {
+      // Every k-step's P before the fence (a register that an instruction
+      // after it writes makes ptxas insert another). V's rows are P V's k
+      // (B MN-major): its 8-row groups and 64-column blocks at
+      // kValueStrideBytes and kValueLeadingBytes; 16 tokens a k-step.
+      uint32_t a[Traits::kPSteps][4];
 #pragma unroll
-    for (int ks = 0; ks < Traits::kPSteps; ++ks) {
-      const uint32_t a[4] = {
-          Mma<PvType>::pack(s[2 * ks][0], s[2 * ks][1]), Mma<PvType>::pack(s[2 * ks][2], s[2 * ks][3]),
-          Mma<PvType>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]), Mma<PvType>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      if constexpr (Traits::kQuantized) {
+      for (int ks = 0; ks < Traits::kPSteps; ++ks) p_fragments(ks, a[ks]);
+      const uint64_t value_descriptor = wgmma_descriptor(v_tile, kValueLeadingBytes<Traits>, kValueStrideBytes<Traits>);
+      wgmma_fence_registers(o);
+      wgmma_fence();
 #pragma unroll
-        for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
-          uint32_t vb[4][2];
-          quant_value_fragments<PvType, Traits, kFormat, decltype(scaled_values)::value>(
-              v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32, value_scales, vb);
-#pragma unroll
-          for (int t = 0; t < 4; ++t) Mma<PvType>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
+      for (int ks = 0; ks < Traits::kPSteps; ++ks) {
+        const uint64_t values = wgmma_advance(value_descriptor, ks * 16 * 128);
+        if constexpr (Traits::kOTiles == 16) {
+          Wgmma<T>::rs_n128(o, a[ks], values);
+        } else {
+          Wgmma<T>::rs_n64(o, a[ks], values);
         }
-      } else {
+      }
+      wgmma_commit();
+      wgmma_wait_all();  // o is read next, and the stage is refilled after the next barrier
+      wgmma_fence_registers(o);
+    } else {
 #pragma unroll
-        for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, v_tile + lanes.value(row0 + ks * 16, c));
-          Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
-          Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+      for (int ks = 0; ks < Traits::kPSteps; ++ks) {
+        uint32_t a[4];
+        p_fragments(ks, a);
+        if constexpr (Traits::kQuantized) {
+#pragma unroll
+          for (int c = 0; c < Traits::kOTiles / 4; ++c) {  // no branch on head_dim: V past it is zeros
+            uint32_t vb[4][2];
+            quant_value_fragments<PvType, Traits, kFormat, decltype(scaled_values)::value>(
+                v_tile, row0 + ks * 16, d_part * Traits::kDWidth + c * 32, value_scales, vb);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) Mma<PvType>::run(o[4 * c + t], a, vb[t][0], vb[t][1]);
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < Traits::kOTiles / 2; ++c) {  // no branch on head_dim: V past it is zeros
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, v_tile + lanes.value(row0 + ks * 16, c));
+            Mma<T>::run(o[2 * c], a, vb[0], vb[1]);
+            Mma<T>::run(o[2 * c + 1], a, vb[2], vb[3]);
+          }
         }
       }
     }
@@ -644,7 +727,8 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   static_assert(kQuantized == (kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8),
                 "8-bit kernels have one 8-bit format, the others none");
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  unsigned char *const smem = align_shared<Traits::kSmemAlignment>(dynamic_smem);
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
   FD_TIMELINE_MARK(timeline, 1);
@@ -709,9 +793,9 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
 #pragma unroll
         for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
       }
-      *reinterpret_cast<uint4 *>(q_stage + swizzled<Traits::kQueryRowBytes>(row, column)) =
-          *reinterpret_cast<const uint4 *>(words);
+      *reinterpret_cast<uint4 *>(q_stage + Traits::query_offset(row, column)) = *reinterpret_cast<const uint4 *>(words);
     }
+    if constexpr (Traits::kAsyncMma) fence_async_shared();  // wgmma reads the query tile
     __syncthreads();
     // 16-bit caches: the query fragments in registers. 8-bit: in shared
     // memory (Traits::kQueryFragmentOffset), written by warp 0, where the
@@ -767,10 +851,12 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       cp_async_wait<Traits::kStages - 1>();  // this thread's copies of `tile` have landed
-      __syncthreads();                       // everyone's have
+      if constexpr (Traits::kAsyncMma) fence_async_shared();
+      __syncthreads();  // everyone's have
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
-      if (warp_begin < end && m_row < heads_here) {  // warp-uniform
+      // Warp-uniform; wgmma: CTA-uniform (the warpgroup computes every row slot).
+      if (warp_begin < end && (Traits::kAsyncMma || m_row < heads_here)) {
         const unsigned char *loaded = smem + stage * Traits::kStageBytes;
         const float *tile_scales = reinterpret_cast<const float *>(loaded + Traits::kScaleOffset);
         const float *key_scales = kQuantized && p.k_scale_per_token ? tile_scales : nullptr;
