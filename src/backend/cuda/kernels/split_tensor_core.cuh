@@ -560,11 +560,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 #pragma unroll
       for (int ks = 0; ks < Traits::kPSteps; ++ks) {
         const uint64_t values = wgmma_advance(value_descriptor, ks * 16 * 128);
-        if constexpr (Traits::kOTiles == 16) {
-          Wgmma<T>::rs_n128(o, a[ks], values);
-        } else {
-          Wgmma<T>::rs_n64(o, a[ks], values);
-        }
+        Wgmma<T>::rs(o, a[ks], values);
       }
       wgmma_commit();
       wgmma_wait_all();  // o is read next, and the stage is refilled after the next barrier
