@@ -1050,7 +1050,8 @@ static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uin
 /* Several query tokens x the GQA group, or a group above 16: the rows kernels
  * take up to 32 rows of a KV head in one CTA (two m-tiles, four warps along
  * each one's tokens) or, above 32, up to 64 (four m-tiles, a warp each over
- * whole tiles; warps of m-tiles without real rows idle). Against the float64
+ * whole tiles; warps of m-tiles without real rows idle, but on sm_90a, where
+ * the four warps are one wgmma warpgroup, they compute). Against the float64
  * reference, twice bitwise equal, and the plan names the kernel: 17-32 rows,
  * 33-64 rows, 128 rows in two chunks, the variants' scoring (the plain causal
  * fast path and softcap + ALiBi), splits and merges, paged and balanced,

@@ -428,7 +428,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   const int64_t unit_states = static_cast<int64_t>(launch.heads.heads_per_chunk) * plan.num_splits;
   const bool fused = launch.units <= kMergeCounterSlots &&
                      unit_states * p.head_dim * static_cast<int64_t>(sizeof(float)) <= kFusedMergeMaxBytes &&
-                     fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.smem_bytes;
+                     fused_merge_smem_bytes(unit_states, p.head_dim, shape.threads) <= shape.usable_smem_bytes;
   if (cluster_merge_fits(p, launch.variant, plan.num_splits, launch.units * plan.num_splits, device)) {
     launch.merge = FD_MERGE_CLUSTER;
   } else {

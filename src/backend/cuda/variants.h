@@ -50,10 +50,11 @@ int bucket_slot(int bucket);
 struct SplitKernelShape {
   int head_dim_bucket = 0;  // 64, 128 or 256: head_dim rounded up
   int threads = 0;
-  int rows = 0;         // head slots (x token groups for the CUDA-core kernel) of a CTA
-  int tile_tokens = 0;  // tokens per pipeline stage
-  int stages = 0;       // tiles in flight
-  int smem_bytes = 0;
+  int rows = 0;               // head slots (x token groups for the CUDA-core kernel) of a CTA
+  int tile_tokens = 0;        // tokens per pipeline stage
+  int stages = 0;             // tiles in flight
+  int smem_bytes = 0;         // launched with
+  int usable_smem_bytes = 0;  // of those, what its work areas may use (the rest aligns them)
 };
 
 // The variant's table entries (dispatch.cu): its name for fd_plan_info::kernel

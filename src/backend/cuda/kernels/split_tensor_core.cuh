@@ -191,10 +191,11 @@ struct MmaTraits {
   static constexpr int kLoopBytes = kQueryFragmentOffset + kQueryFragmentBytes;
   // Whole tiles: room to align the dynamic shared memory to 1024 bytes
   // (mma_split_kernel aligns its pointer), which follows the static
-  // schedule batch.
+  // schedule batch. kSmemSlack is launched but not usable: the host's
+  // checks of what fits (the fused merge) see kSmemBytes - kSmemSlack.
   static constexpr int kSmemAlignment = kWholeTiles ? 1024 : 16;
-  static constexpr int kSmemBytes =
-      (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes) + (kSmemAlignment > 16 ? kSmemAlignment : 0);
+  static constexpr int kSmemSlack = kSmemAlignment > 16 ? kSmemAlignment : 0;
+  static constexpr int kSmemBytes = (kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes) + kSmemSlack;
   static constexpr int kSTiles = kWarpTokens / 8;  // n-tiles of S per warp
   static constexpr int kDSteps = Bucket / 16;      // k-steps of S
   // Accumulator chains of S (attend_tile_mma): two where a warp's few
@@ -316,12 +317,11 @@ struct MmaLanes {
         query(((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4) {}
 };
 
-// wgmma's descriptor of a V tile (B of P V, MN-major): the byte offsets
-// between its 64-column blocks (leading) and its 8-token groups (stride).
-// The other assignment fails the rows tests (history, run 60).
+// wgmma's descriptor of a V tile (B of P V, MN-major, the 128-byte swizzle's
+// canonical layout): the byte offsets between its 64-column blocks along N
+// (leading) and its 8-token groups along K (stride).
 template <class Traits>
 constexpr uint32_t kValueLeadingBytes = Traits::kTileTokens * 128;
-template <class Traits>
 constexpr uint32_t kValueStrideBytes = 1024;
 
 // One warp's kWarpTokens tokens of a tile, starting at stage row row0 (global
@@ -358,8 +358,9 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   // chain left the kernel issue-bound).
   constexpr int kChains = Traits::kChains;
   float s_chain[kChains][Traits::kSTiles][4];
+  constexpr int kZeroedChains = Traits::kAsyncMma ? 0 : kChains;  // wgmma's first k-step writes S
 #pragma unroll
-  for (int c = 0; c < (Traits::kAsyncMma ? 0 : kChains); ++c) {  // wgmma's first k-step writes S
+  for (int c = 0; c < kZeroedChains; ++c) {
 #pragma unroll
     for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll
@@ -384,7 +385,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   } else if constexpr (Traits::kAsyncMma) {
     // The warpgroup's 64 row slots at once, A the query tile, B the K rows;
     // a k-step is 32 bytes further in a 128-byte column block.
-    static_assert(Traits::kSTiles == 8 && Traits::kRows == 64, "wgmma: the warpgroup's 64 rows, 64 keys");
+    static_assert(Traits::kSTiles == 8 && Traits::kRows == 64 && Traits::kThreads == 128 && Traits::kQueryFromSmem,
+                  "wgmma: one warpgroup, its 64 rows, 64 keys, the query tile in shared memory");
     const uint64_t query_descriptor = wgmma_descriptor(query_tile, 16, 1024);
     const uint64_t key_descriptor = wgmma_descriptor(k_tile, 16, 1024);
     const auto k_step_bytes = [](int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; };
@@ -554,7 +556,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       uint32_t a[Traits::kPSteps][4];
 #pragma unroll
       for (int ks = 0; ks < Traits::kPSteps; ++ks) p_fragments(ks, a[ks]);
-      const uint64_t value_descriptor = wgmma_descriptor(v_tile, kValueLeadingBytes<Traits>, kValueStrideBytes<Traits>);
+      const uint64_t value_descriptor = wgmma_descriptor(v_tile, kValueLeadingBytes<Traits>, kValueStrideBytes);
       wgmma_fence_registers(o);
       wgmma_fence();
 #pragma unroll

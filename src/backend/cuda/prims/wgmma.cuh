@@ -67,7 +67,7 @@ __device__ __forceinline__ uint64_t wgmma_advance(uint64_t descriptor, uint32_t 
 // Orders this thread's generic-proxy shared-memory writes (cp.async,
 // st.shared) before later reads by wgmma (the async proxy); then a barrier.
 __device__ __forceinline__ void fence_async_shared() {
-#if FD_HAS_WGMMA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -171,10 +171,8 @@ struct Wgmma {
       FD_WGMMA_SS_N64("bf16", "=f", 0);
     }
 #else
-    (void)a, (void)b;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.0f;
-    __trap();
+    static_assert(sizeof(T) == 0, "wgmma only in sm_90a device code (FD_HAS_WGMMA)");
+    (void)d, (void)a, (void)b;
 #endif
   }
   // D += A B.
@@ -186,8 +184,8 @@ struct Wgmma {
       FD_WGMMA_SS_N64("bf16", "+f", 1);
     }
 #else
+    static_assert(sizeof(T) == 0, "wgmma only in sm_90a device code (FD_HAS_WGMMA)");
     (void)d, (void)a, (void)b;
-    __trap();
 #endif
   }
   // D += A B, N = 8 kTiles (64 or 128).
@@ -205,11 +203,20 @@ struct Wgmma {
       FD_WGMMA_RS(128, "bf16");
     }
 #else
+    static_assert(sizeof(T) == 0, "wgmma only in sm_90a device code (FD_HAS_WGMMA)");
     (void)d, (void)a, (void)b;
-    __trap();
 #endif
   }
 };
 
 }  // namespace cuda
 }  // namespace fd
+
+#undef FD_WGMMA_RS
+#undef FD_WGMMA_RS_OPERANDS_128
+#undef FD_WGMMA_RS_OPERANDS_64
+#undef FD_WGMMA_RS_OUTPUTS_128
+#undef FD_WGMMA_RS_OUTPUTS_64
+#undef FD_WGMMA_RS_SCALE_128
+#undef FD_WGMMA_RS_SCALE_64
+#undef FD_WGMMA_SS_N64
