@@ -349,12 +349,6 @@ struct DeviceLimits {
   bool cluster_launch = false;
 };
 
-// Bytes a kernel's traits launch but do not let it use (MmaTraits::kSmemSlack).
-template <class Traits, class = void>
-constexpr int kSmemSlackOf = 0;
-template <class Traits>
-constexpr int kSmemSlackOf<Traits, std::void_t<decltype(Traits::kSmemSlack)>> = Traits::kSmemSlack;
-
 // What the host needs to know about a split kernel, from its traits.
 template <class Traits>
 SplitKernelShape shape_of() {
@@ -365,7 +359,7 @@ SplitKernelShape shape_of() {
   shape.tile_tokens = Traits::kTileTokens;
   shape.stages = Traits::kStages;
   shape.smem_bytes = Traits::kSmemBytes;
-  shape.usable_smem_bytes = Traits::kSmemBytes - kSmemSlackOf<Traits>;
+  shape.usable_smem_bytes = Traits::kSmemBytes - Traits::kSmemSlack;
   return shape;
 }
 

@@ -58,6 +58,7 @@ struct SplitTraits {
   // the merge of token groups.
   static constexpr int kCombineBytes = (2 * kRows + kRows * kBucket) * static_cast<int>(sizeof(float));
   static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+  static constexpr int kSmemSlack = 0;  // of kSmemBytes, none spent on alignment
   // CTAs a multiprocessor holds (by shared memory: 4 x 48 KiB at 128
   // threads): stated so that ptxas budgets registers for that many and no
   // more (without it, it spilled).
