@@ -617,6 +617,46 @@ static void test_append_paged(void **state) {
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
 }
 
+/* ---- append of a long broadcast step --------------------------------------------------------------- */
+/* new_len far beyond the capacity (k_new and v_new broadcast along it, so
+ * no memory backs it; an empty cache besides): only the last kv_capacity
+ * tokens can land, and the call's work follows them, not new_len. Token i
+ * of the step holds the value of row (sequence b, head h), i excepted, so
+ * every slot must hold its sequence's broadcast row. */
+static void test_append_long_step(void **state) {
+  (void)state;
+  enum { kBatch = 3, kCap = 5, kH = 2, kD = 8 };
+  fd_handle *h = fdt_cpu_handle(2, FD_CHECK_NONE);
+  assert_non_null(h);
+  float rows[kBatch * kH * kD], k[kBatch * kCap * kH * kD], v[kBatch * kCap * kH * kD];
+  for (int i = 0; i < kBatch * kH * kD; ++i) rows[i] = (float)(i % 13) - 6.0f;
+  memset(k, 0xff, sizeof k);
+  memset(v, 0xff, sizeof v);
+  const int64_t new_shape[4] = {kBatch, FD_MAX_KV_LEN, kH, kD}, new_strides[4] = {kH * kD, 0, kD, 1};
+  const int64_t cache_shape[4] = {kBatch, kCap, kH, kD}, cache_strides[4] = {kCap * kH * kD, kH * kD, kD, 1};
+  fd_append_args a;
+  fd_append_args_init(&a, sizeof a);
+  a.k_new = fdt_tensor(rows, FD_DTYPE_F32, 4, new_shape, new_strides);
+  a.v_new = fdt_tensor(rows, FD_DTYPE_F32, 4, new_shape, new_strides);
+  a.k = fdt_tensor(k, FD_DTYPE_F32, 4, cache_shape, cache_strides);
+  a.v = fdt_tensor(v, FD_DTYPE_F32, 4, cache_shape, cache_strides);
+  assert_int_equal(fd_append_kv(h, &a, NULL), FD_SUCCESS);
+  for (int b = 0; b < kBatch; ++b) {
+    for (int j = 0; j < kCap; ++j) {
+      for (int e = 0; e < kH * kD; ++e) {
+        assert_true(k[(b * kCap + j) * kH * kD + e] == rows[b * kH * kD + e]);
+        assert_true(v[(b * kCap + j) * kH * kD + e] == rows[b * kH * kD + e]);
+      }
+    }
+  }
+  /* The same step into an empty cache writes nothing, at once. */
+  const int64_t empty_shape[4] = {kBatch, 0, kH, kD};
+  a.k = fdt_tensor(k, FD_DTYPE_F32, 4, empty_shape, cache_strides);
+  a.v = fdt_tensor(v, FD_DTYPE_F32, 4, empty_shape, cache_strides);
+  assert_int_equal(fd_append_kv(h, &a, NULL), FD_SUCCESS);
+  assert_int_equal(fd_destroy(h), FD_SUCCESS);
+}
+
 /* ---- append then decode ------------------------------------------------------------------------- */
 /* A generated problem whose last new tokens (up to 3 per sequence) are
  * replaced by padding, then appended from their values (f32, stored value x
@@ -835,6 +875,7 @@ int main(void) {
       cmocka_unit_test(test_batch_invariant),    cmocka_unit_test(test_decode_validation),
       cmocka_unit_test(test_append_rounding),    cmocka_unit_test(test_append_paged),
       cmocka_unit_test(test_append_then_decode), cmocka_unit_test(test_append_validation),
+      cmocka_unit_test(test_append_long_step),
   };
   return cmocka_run_group_tests_name("quantized", tests, NULL, NULL);
 }

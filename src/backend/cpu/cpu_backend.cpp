@@ -423,10 +423,15 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // fd_append_kv: a task per (sequence, new token); each writes only its own
-  // position's rows (flashdecode.h, fd_append_args).
+  // fd_append_kv: a task per (sequence, new token that can land); each
+  // writes only its own position's rows (flashdecode.h, fd_append_args).
+  // Only the last kv_capacity new tokens can have a position in the cache:
+  // the work follows the cache, not new_len (a broadcast k_new may be long).
   void append_kv(const AppendProblem &p, fd_cuda_stream) override {
-    pool_.parallel_for(p.batch * p.new_len, [&](int64_t unit) { append_token(p, unit / p.new_len, unit % p.new_len); });
+    const int64_t landing = std::min(p.new_len, p.kv_capacity);
+    const int64_t skipped = p.new_len - landing;
+    pool_.parallel_for(p.batch * landing,
+                       [&](int64_t unit) { append_token(p, unit / landing, skipped + unit % landing); });
   }
 
   void merge_states(const MergeProblem &p, fd_cuda_stream) override {
