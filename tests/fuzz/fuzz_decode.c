@@ -29,7 +29,6 @@
  * - No input byte changes.
  * Any violation prints the problem and aborts: libFuzzer saves the input. */
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,136 +37,10 @@
 
 #include "fdt.h"
 #include "flashdecode.h"
+#include "fuzz_support.h"
 
-/* ---- the fuzzer's bytes ---------------------------------------------------- */
-typedef struct input {
-  const uint8_t *data;
-  size_t size;
-} input;
-
-/* A value in [0, n) (n <= 65536) from the next one or two bytes; 0 once the
- * bytes run out, so a short input is a small, plain problem. */
-static unsigned take(input *in, unsigned n) {
-  if (n <= 1) return 0;
-  unsigned value = 0;
-  for (unsigned span = 1; span < n && in->size > 0; span <<= 8) {
-    value = (value << 8) | *in->data++;
-    --in->size;
-  }
-  return value % n;
-}
-
-/* ---- failures --------------------------------------------------------------- */
-static char problem_text[4096]; /* what this input decodes to, for failure reports */
-static int verbose = -1;        /* FUZZ_DECODE_VERBOSE: 1 prints every input's problem, 2 also its specials */
-
-__attribute__((noreturn, format(printf, 1, 2))) static void fuzz_fail(const char *format, ...) {
-  char message[1024];
-  va_list ap;
-  va_start(ap, format);
-  vsnprintf(message, sizeof message, format, ap);
-  va_end(ap);
-  char last[1024];
-  fd_last_error_message(last, sizeof last);
-  fprintf(stderr, "\nfuzz_decode: FAILED: %s\n  this thread's last error message: %s\n%s\n", message, last,
-          problem_text);
-  abort();
-}
-
-static void describe_tensor(char **cursor, size_t *left, const char *name, const fd_tensor *t) {
-  int dtype;
-  memcpy(&dtype, &t->dtype, sizeof dtype);
-  char dims[2][128] = {"", ""};
-  const int shown = t->ndim >= 1 && t->ndim <= FD_MAX_DIMS ? t->ndim : FD_MAX_DIMS;
-  for (int d = 0; d < shown; ++d) {
-    const size_t used[2] = {strlen(dims[0]), strlen(dims[1])};
-    snprintf(dims[0] + used[0], sizeof dims[0] - used[0], "%s%lld", d ? "," : "", (long long)t->shape[d]);
-    snprintf(dims[1] + used[1], sizeof dims[1] - used[1], "%s%lld", d ? "," : "", (long long)t->strides[d]);
-  }
-  int n = snprintf(*cursor, *left, "  %-11s data=%p dtype=%d ndim=%d shape={%s} strides={%s}\n", name, t->data, dtype,
-                   (int)t->ndim, dims[0], dims[1]);
-  if (n < 0 || (size_t)n >= *left) n = (int)*left - 1;
-  *cursor += n;
-  *left -= (size_t)n;
-}
-
-/* ---- buffers of exactly the bytes a tensor reaches ---------------------------- */
-typedef struct buffer {
-  unsigned char *bytes; /* malloc'd, exactly `size` bytes (0 allowed: any access is reported) */
-  size_t size;
-  size_t element;
-  int64_t elements;
-} buffer;
-
-static void buffer_alloc(buffer *b, int64_t elements, size_t element, unsigned char fill) {
-  b->elements = elements;
-  b->element = element;
-  b->size = (size_t)elements * element;
-  b->bytes = malloc(b->size);
-  if (b->bytes == NULL && b->size != 0) fuzz_fail("out of memory (%zu bytes)", b->size);
-  if (b->size) memset(b->bytes, fill, b->size);
-}
-
-static unsigned char *buffer_copy(const buffer *b) {
-  unsigned char *copy = malloc(b->size ? b->size : 1);
-  if (copy == NULL) fuzz_fail("out of memory");
-  if (b->size) memcpy(copy, b->bytes, b->size);
-  return copy;
-}
-
-static int all_bytes(const unsigned char *bytes, size_t size, unsigned char value) {
-  for (size_t i = 0; i < size; ++i)
-    if (bytes[i] != value) return 0;
-  return 1;
-}
-
-/* Chooses strides for a tensor of extents `shape`: the dimensions in a random
- * order (head_dim innermost with stride 1 when `contiguous_last`), padding
- * between them, a dimension broadcast (stride 0) when `may_broadcast`, and
- * arbitrary strides, huge ones included, on extent-1 dimensions (never
- * multiplied by a non-zero index). Returns the elements a buffer needs: one
- * past the furthest element, 0 for an empty tensor. */
-static int64_t lay_out(input *in, int ndim, const int64_t *shape, int64_t *strides, int contiguous_last,
-                       int may_broadcast) {
-  const unsigned style = take(in, 4); /* 0 natural order, 1 shuffled, 2 + padding, 3 + broadcast */
-  int order[FD_MAX_DIMS];
-  const int outer = contiguous_last ? ndim - 1 : ndim;
-  for (int i = 0; i < outer; ++i) order[i] = outer - 1 - i; /* innermost first */
-  if (style >= 1) {
-    for (int i = outer - 1; i > 0; --i) {
-      const int j = (int)take(in, (unsigned)i + 1);
-      const int t = order[i];
-      order[i] = order[j];
-      order[j] = t;
-    }
-  }
-  int64_t running = 1;
-  if (contiguous_last) {
-    strides[ndim - 1] = 1;
-    running = (shape[ndim - 1] > 0 ? shape[ndim - 1] : 1) + (style >= 2 ? take(in, 4) : 0);
-  }
-  for (int i = 0; i < outer; ++i) {
-    const int d = order[i];
-    strides[d] = running;
-    running = running * (shape[d] > 0 ? shape[d] : 1) + (style >= 2 ? take(in, 3) : 0);
-  }
-  if (style == 3 && may_broadcast && outer > 0) strides[order[take(in, (unsigned)outer)]] = 0;
-  if (style >= 1) {
-    static const int64_t odd[] = {0, 1, 7, 4096, INT64_MAX};
-    for (int d = 0; d < ndim; ++d)
-      if (shape[d] == 1 && take(in, 3) == 0) strides[d] = odd[take(in, 5)];
-  }
-  int64_t furthest = 0;
-  for (int d = 0; d < ndim; ++d) {
-    if (shape[d] == 0) return 0;
-    furthest += (shape[d] - 1) * strides[d];
-  }
-  return furthest + 1;
-}
-
-static int64_t at(const fd_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-  return i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3];
-}
+const char *fuzz_name = "fuzz_decode";
+static int verbose = -1; /* FUZZ_DECODE_VERBOSE: 1 prints every input's problem, 2 also its specials */
 
 /* ---- invalid fields ------------------------------------------------------------ */
 /* When a call must fail, and how. */
@@ -1376,9 +1249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   input in = {data, size};
   /* Values come from a generator seeded by every byte; structure from the
    * bytes in order. */
-  uint64_t seed = 1469598103934665603ull;
-  for (size_t i = 0; i < size; ++i) seed = (seed ^ data[i]) * 1099511628211ull;
-  fdt_rng rng = {seed};
+  fdt_rng rng = {input_seed(data, size)};
 
   fuzz_case c;
   memset(&c, 0, sizeof c);
