@@ -4,7 +4,7 @@
 #   make check   install what is missing, check the formatting, build, run
 #                the whole test suite (with the ASan, TSan and fuzz runs below)
 #   make format  apply .clang-format to the sources format-check covers
-#   make fuzz    fuzz fd_decode for FUZZ_SECONDS (tests/fuzz/README.md)
+#   make fuzz    fuzz fd_decode, then fd_append_kv and fd_merge_states, FUZZ_SECONDS each (tests/fuzz/README.md)
 #   make tsan    the threaded tests under ThreadSanitizer
 # Options: BUILD=build  CUDA_ARCHS="80-real;90a-real;..."  (default: all supported)
 #          FUZZ_SECONDS=60  TSAN_TESTS=<ctest -R regex>
@@ -68,28 +68,35 @@ tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -L unit -R '$(TSAN_TESTS)'
 
-# libFuzzer on fd_decode, fd_workspace_size and fd_describe_plan (CPU
-# backend; tests/fuzz/README.md): the library and the harness built by clang
-# with ASan, UBSan and coverage (comparison tracing off: it halves the
-# speed), from the checked-in seeds; new inputs go to $(FUZZ_BUILD)/corpus,
-# a failing one to $(FUZZ_BUILD)/artifacts/. `make fuzz FUZZ_SECONDS=3600`
-# for a long run.
+# libFuzzer on fd_decode, fd_workspace_size and fd_describe_plan
+# (fuzz_decode), then on fd_append_kv and fd_merge_states (fuzz_cache), each
+# for FUZZ_SECONDS (CPU backend; tests/fuzz/README.md): the library and the
+# harnesses built by clang with ASan, UBSan and coverage (comparison tracing
+# off: it halves the speed), from the checked-in seeds; new inputs go to
+# $(FUZZ_BUILD)/corpus and corpus-cache, a failing one to
+# $(FUZZ_BUILD)/artifacts/. `make fuzz FUZZ_SECONDS=3600` for a long run.
 FUZZ_CFLAGS := -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp
+# $(call run_fuzzer,HARNESS,SEEDS,CORPUS,LOG): one harness from SEEDS and
+# $(FUZZ_BUILD)/CORPUS, logging to $(FUZZ_BUILD)/LOG.
+define run_fuzzer
+	@mkdir -p $(FUZZ_BUILD)/$(3) $(FUZZ_BUILD)/artifacts
+	@echo "fuzz: $(FUZZ_SECONDS) s of $(1); log in $(FUZZ_BUILD)/$(4)"
+	@UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_BUILD)/tests/fuzz/$(1) -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=512 -timeout=60 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/$(1)- \
+	  $(FUZZ_BUILD)/$(3) $(2) >$(FUZZ_BUILD)/$(4) 2>&1 || { \
+	  sed -n '/$(1): FAILED\|ERROR: \|runtime error: /,$$p' $(FUZZ_BUILD)/$(4) | head -n 150 | grep . || \
+	  tail -n 60 $(FUZZ_BUILD)/$(4); \
+	  echo "fuzz: $(1) FAILED; the input is in $(FUZZ_BUILD)/artifacts/, see tests/fuzz/README.md" >&2; exit 1; }
+	@grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/$(4)
+endef
 fuzz: deps
 	@test -f $(FUZZ_BUILD)/CMakeCache.txt || CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) $(GENERATOR) \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHDECODE_CUDA=OFF -DFLASHDECODE_TESTS=OFF \
 	  -DFLASHDECODE_SANITIZE=ON -DFLASHDECODE_FUZZ=ON \
 	  "-DCMAKE_C_FLAGS=$(FUZZ_CFLAGS)" "-DCMAKE_CXX_FLAGS=$(FUZZ_CFLAGS)"
-	cmake --build $(FUZZ_BUILD) --parallel --target fuzz_decode
-	@mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/artifacts
-	@echo "fuzz: $(FUZZ_SECONDS) s of fuzz_decode; log in $(FUZZ_BUILD)/fuzz.log"
-	@UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) \
-	  -max_len=512 -timeout=60 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/ \
-	  $(FUZZ_BUILD)/corpus tests/fuzz/corpus >$(FUZZ_BUILD)/fuzz.log 2>&1 || { \
-	  sed -n '/fuzz_decode: FAILED\|ERROR: \|runtime error: /,$$p' $(FUZZ_BUILD)/fuzz.log | head -n 150 | grep . || \
-	  tail -n 60 $(FUZZ_BUILD)/fuzz.log; \
-	  echo "fuzz: FAILED; the input is in $(FUZZ_BUILD)/artifacts/, see tests/fuzz/README.md" >&2; exit 1; }
-	@grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/fuzz.log
+	cmake --build $(FUZZ_BUILD) --parallel --target fuzz_decode fuzz_cache
+	$(call run_fuzzer,fuzz_decode,tests/fuzz/corpus,corpus,fuzz.log)
+	$(call run_fuzzer,fuzz_cache,tests/fuzz/corpus-cache,corpus-cache,fuzz-cache.log)
 
 # Formatting against .clang-format (Debian 12's clang-format 14; another
 # version may lay out some lines differently).
