@@ -1261,7 +1261,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   workspace_mode = workspace_mode < 2 ? 0 : workspace_mode - 1;
   const unsigned info_mode = take(&in, 3);
   const int repeat = take(&in, 4) == 3;
-  /* One input in four gets an invalid field; which one is byte 4 (none once
+  /* One input in four gets an invalid field; which one is byte 5 (none once
    * the bytes run out). */
   const unsigned draw = take(&in, 4 * MUT_COUNT);
   make_problem(&in, &c, &rng);
