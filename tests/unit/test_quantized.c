@@ -620,9 +620,9 @@ static void test_append_paged(void **state) {
 /* ---- append of a long broadcast step --------------------------------------------------------------- */
 /* new_len far beyond the capacity (k_new and v_new broadcast along it, so
  * no memory backs it; an empty cache besides): only the last kv_capacity
- * tokens can land, and the call's work follows them, not new_len. Token i
- * of the step holds the value of row (sequence b, head h), i excepted, so
- * every slot must hold its sequence's broadcast row. */
+ * tokens can land, and the call's work follows them, not new_len (on the
+ * old CPU loop this test ran for minutes). Every new token of sequence b
+ * carries b's rows, so every slot must end up holding them. */
 static void test_append_long_step(void **state) {
   (void)state;
   enum { kBatch = 3, kCap = 5, kH = 2, kD = 8 };
@@ -651,9 +651,15 @@ static void test_append_long_step(void **state) {
   }
   /* The same step into an empty cache writes nothing, at once. */
   const int64_t empty_shape[4] = {kBatch, 0, kH, kD};
+  memset(k, 0xff, sizeof k);
+  memset(v, 0xff, sizeof v);
   a.k = fdt_tensor(k, FD_DTYPE_F32, 4, empty_shape, cache_strides);
   a.v = fdt_tensor(v, FD_DTYPE_F32, 4, empty_shape, cache_strides);
   assert_int_equal(fd_append_kv(h, &a, NULL), FD_SUCCESS);
+  for (size_t i = 0; i < sizeof k; ++i) {
+    assert_int_equal(((const unsigned char *)k)[i], 0xff);
+    assert_int_equal(((const unsigned char *)v)[i], 0xff);
+  }
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
 }
 
