@@ -619,10 +619,10 @@ static void test_append_paged(void **state) {
 
 /* ---- append of a long broadcast step --------------------------------------------------------------- */
 /* new_len far beyond the capacity (k_new and v_new broadcast along it, so
- * no memory backs it; an empty cache besides): only the last kv_capacity
- * tokens can land, and the call's work follows them, not new_len (on the
- * old CPU loop this test ran for minutes). Every new token of sequence b
- * carries b's rows, so every slot must end up holding them. */
+ * no memory backs it): only the last kv_capacity tokens can land, and the
+ * call's work follows them, not new_len (on the old CPU loop this test ran
+ * for minutes). Every new token of sequence b carries b's rows, so every
+ * slot must end up holding them. Then an empty cache: nothing written. */
 static void test_append_long_step(void **state) {
   (void)state;
   enum { kBatch = 3, kCap = 5, kH = 2, kD = 8 };
