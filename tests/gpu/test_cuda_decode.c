@@ -645,6 +645,44 @@ static void test_append_matches_cpu(void **state) {
   }
 }
 
+/* A step of INT32_MAX new tokens broadcast along new_len into a 5-token
+ * dense cache: only the last 5 land (every slot of sequence b takes b's
+ * rows), and the launch covers those, not new_len. */
+static void test_append_long_step(void **state) {
+  (void)state;
+  enum { kBatch = 3, kCap = 5, kH = 2, kD = 8 };
+  float rows[kBatch * kH * kD], cache[kBatch * kCap * kH * kD];
+  for (int i = 0; i < kBatch * kH * kD; ++i) rows[i] = (float)(i % 13) - 6.0f;
+  memset(cache, 0xff, sizeof cache);
+  void *d_rows = device_copy(rows, sizeof rows), *dk = device_copy(cache, sizeof cache);
+  void *dv = device_copy(cache, sizeof cache);
+  const int64_t new_shape[4] = {kBatch, FD_MAX_KV_LEN, kH, kD}, new_strides[4] = {kH * kD, 0, kD, 1};
+  const int64_t shape[4] = {kBatch, kCap, kH, kD}, strides[4] = {kCap * kH * kD, kH * kD, kD, 1};
+  fd_append_args a;
+  fd_append_args_init(&a, sizeof a);
+  a.k_new = fdt_tensor(d_rows, FD_DTYPE_F32, 4, new_shape, new_strides);
+  a.v_new = fdt_tensor(d_rows, FD_DTYPE_F32, 4, new_shape, new_strides);
+  a.k = fdt_tensor(dk, FD_DTYPE_F32, 4, shape, strides);
+  a.v = fdt_tensor(dv, FD_DTYPE_F32, 4, shape, strides);
+  const fd_status status = fd_append_kv(g_cuda, &a, (fd_cuda_stream)g_stream);
+  CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  float k[kBatch * kCap * kH * kD], v[kBatch * kCap * kH * kD];
+  CUDA_CHECK(cudaMemcpy(k, dk, sizeof k, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(v, dv, sizeof v, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaFree(d_rows));
+  CUDA_CHECK(cudaFree(dk));
+  CUDA_CHECK(cudaFree(dv));
+  if (status != FD_SUCCESS) fail_msg("fd_append_kv: %s", last_message());
+  for (int b = 0; b < kBatch; ++b) {
+    for (int j = 0; j < kCap; ++j) {
+      for (int e = 0; e < kH * kD; ++e) {
+        assert_true(k[(b * kCap + j) * kH * kD + e] == rows[b * kH * kD + e]);
+        assert_true(v[(b * kCap + j) * kH * kD + e] == rows[b * kH * kD + e]);
+      }
+    }
+  }
+}
+
 /* A captured decode of a paged e4m3 cache with per-token scales, replayed
  * with new data, lengths, block table and scales (read at run time). */
 static void test_quantized_graph_replay(void **state) {
@@ -2289,7 +2327,7 @@ int main(void) {
   static fdt_case cases[kFullCases];
   static char names[kFullCases][32];
   const int count = make_matrix(cases, g_quick);
-  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + kVariantCases + kQuantizedCases + 32];
+  static struct CMUnitTest tests[kFullCases + kTensorCoreCases + kVariantCases + kQuantizedCases + 48];
   int n = 0;
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_auto_backend_is_cuda);
   for (int i = 0; i < count; ++i) {
@@ -2318,6 +2356,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest){quantized_names[i], run_case, NULL, NULL, &quantized_cases[i]};
   }
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_matches_cpu);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_long_step);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_quantized_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
