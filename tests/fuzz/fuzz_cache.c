@@ -22,7 +22,6 @@
  * input changes; a successful call writes exactly its elements. Any
  * violation prints the problem and aborts: libFuzzer saves the input. */
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,8 +38,6 @@ static int verbose = -1; /* FUZZ_CACHE_VERBOSE=1: every input's problem and stat
 static const fd_dtype kFloatDtypes[3] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
 static const fd_dtype kCacheDtypes[6] = {FD_DTYPE_F32,  FD_DTYPE_F16,  FD_DTYPE_BF16,
                                          FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
-
-static void set_raw_dtype(fd_tensor *t, int raw) { memcpy(&t->dtype, &raw, sizeof raw); }
 
 static int64_t elements_of(const fd_tensor *t) {
   int64_t n = 1;
@@ -95,23 +92,6 @@ static void change_extent(fd_tensor *t, int d) {
     t->shape[d] = 1;
   }
   if (t->shape[d] > 1 && t->strides[d] > (int64_t)1 << 20) t->strides[d] = 1;
-}
-
-static void require_message(const char *call) {
-  char message[512];
-  fd_last_error_message(message, sizeof message);
-  if (message[0] == '\0') fuzz_fail("a failing %s set no message", call);
-}
-
-static void describe(char **cursor, size_t *left, const char *format, ...) __attribute__((format(printf, 3, 4)));
-static void describe(char **cursor, size_t *left, const char *format, ...) {
-  va_list ap;
-  va_start(ap, format);
-  int n = vsnprintf(*cursor, *left, format, ap);
-  va_end(ap);
-  if (n < 0 || (size_t)n >= *left) n = (int)*left - 1;
-  *cursor += n;
-  *left -= (size_t)n;
 }
 
 /* The struct-size mutations both calls share: too small or above 4096
@@ -462,13 +442,14 @@ static void describe_append(const append_case *c) {
   char *cursor = problem_text;
   size_t left = sizeof problem_text;
   const fd_append_args *a = &c->call.args;
-  describe(&cursor, &left,
-           "fd_append_kv: %s new values into a %s %s cache, batch %lld, new_len %lld, kv_heads %lld, head_dim %lld, "
-           "capacity %lld (page_size %lld, max_pages %lld, num_pages %lld)%s%s\n",
-           fdt_dtype_name(c->new_dtype), fdt_dtype_name(c->cache_dtype), c->paged ? "paged" : "dense",
-           (long long)c->batch, (long long)c->new_len, (long long)c->kv_heads, (long long)c->head_dim,
-           (long long)c->capacity, (long long)c->page_size, (long long)c->max_pages, (long long)c->num_pages,
-           c->mutation ? ", invalid: " : "", c->mutation ? c->mutation : "");
+  describe_text(
+      &cursor, &left,
+      "fd_append_kv: %s new values into a %s %s cache, batch %lld, new_len %lld, kv_heads %lld, head_dim %lld, "
+      "capacity %lld (page_size %lld, max_pages %lld, num_pages %lld)%s%s\n",
+      fdt_dtype_name(c->new_dtype), fdt_dtype_name(c->cache_dtype), c->paged ? "paged" : "dense", (long long)c->batch,
+      (long long)c->new_len, (long long)c->kv_heads, (long long)c->head_dim, (long long)c->capacity,
+      (long long)c->page_size, (long long)c->max_pages, (long long)c->num_pages, c->mutation ? ", invalid: " : "",
+      c->mutation ? c->mutation : "");
   const fd_tensor *tensors[] = {&a->k_new,   &a->v_new,   &a->k,        &a->v,
                                 &a->k_scale, &a->v_scale, &a->seq_lens, &a->block_table};
   static const char *const names[] = {"k_new", "v_new", "k", "v", "k_scale", "v_scale", "seq_lens", "block_table"};
@@ -770,30 +751,26 @@ static void check_merge(const merge_case *c, unsigned char *const *states_before
   }
 }
 
-/* Every byte of an output's buffer outside its elements keeps the value it had. */
+/* Every slot of an output's buffer outside its elements keeps its bytes. */
 static void check_only_elements(const char *name, const buffer *b, const unsigned char *before, const fd_tensor *t) {
   if (b->size == 0) return;
-  unsigned char *mask = calloc(b->size, 1);
-  if (mask == NULL) fuzz_fail("out of memory");
-  const int64_t d3 = t->ndim == 4 ? t->shape[3] : 1;
-  for (int64_t i0 = 0; i0 < t->shape[0]; ++i0)
-    for (int64_t i1 = 0; i1 < t->shape[1]; ++i1)
-      for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
-        for (int64_t i3 = 0; i3 < d3; ++i3) memset(mask + (size_t)at(t, i0, i1, i2, i3) * b->element, 1, b->element);
-  for (size_t i = 0; i < b->size; ++i)
-    if (!mask[i] && b->bytes[i] != before[i]) fuzz_fail("%s: byte %zu outside its elements changed", name, i);
-  free(mask);
+  unsigned char *is_element = element_mask(b, t, t->ndim);
+  for (int64_t e = 0; e < b->elements; ++e)
+    if (!is_element[e] && memcmp(b->bytes + (size_t)e * b->element, before + (size_t)e * b->element, b->element) != 0)
+      fuzz_fail("%s: element slot %lld outside its elements changed", name, (long long)e);
+  free(is_element);
 }
 
 static void describe_merge(const merge_case *c) {
   char *cursor = problem_text;
   size_t left = sizeof problem_text;
   const fd_merge_args *a = &c->call.args;
-  describe(&cursor, &left,
-           "fd_merge_states: %d states into %s out [%lld, %lld, %lld, %lld], lse %s, in place: out %d, lse %d%s%s\n",
-           c->num_states, fdt_dtype_name(c->out_dtype), (long long)c->batch, (long long)c->q_len, (long long)c->heads,
-           (long long)c->head_dim, a->lse.data ? "yes" : "no", c->in_place_out, c->in_place_lse,
-           c->mutation ? ", invalid: " : "", c->mutation ? c->mutation : "");
+  describe_text(
+      &cursor, &left,
+      "fd_merge_states: %d states into %s out [%lld, %lld, %lld, %lld], lse %s, in place: out %d, lse %d%s%s\n",
+      c->num_states, fdt_dtype_name(c->out_dtype), (long long)c->batch, (long long)c->q_len, (long long)c->heads,
+      (long long)c->head_dim, a->lse.data ? "yes" : "no", c->in_place_out, c->in_place_lse,
+      c->mutation ? ", invalid: " : "", c->mutation ? c->mutation : "");
   describe_tensor(&cursor, &left, "out", &a->out);
   if (a->lse.data != NULL) describe_tensor(&cursor, &left, "lse", &a->lse);
   for (int s = 0; s < c->num_states && s < 4; ++s) {

@@ -586,8 +586,6 @@ static void set_extent(fuzz_case *c, int i, int d, int64_t extent) {
   t->shape[d] = extent;
 }
 
-static void set_raw_dtype(fd_tensor *t, int raw) { memcpy(&t->dtype, &raw, sizeof raw); }
-
 /* Makes exactly one field invalid; returns 0 if the drawn one does not apply
  * to this problem (the input then stays valid). */
 static int mutate(input *in, fuzz_case *c, unsigned which) {
@@ -911,11 +909,6 @@ static int mutate(input *in, fuzz_case *c, unsigned which) {
 static const char *status_name(fd_status s) { return fd_status_string(s); }
 
 /* The calls that failed must have said why. */
-static void require_message(const char *call) {
-  char message[8];
-  if (fd_last_error_message(message, sizeof message) == 0) fuzz_fail("%s failed without a message", call);
-}
-
 static void check_plan(const fuzz_case *c, const fd_plan_info *info, size_t info_size, size_t bytes) {
   const fd_decode_args *a = &c->call.args;
 #define HAS(field) (offsetof(fd_plan_info, field) + sizeof info->field <= info_size)
@@ -969,14 +962,7 @@ static void check_plan(const fuzz_case *c, const fd_plan_info *info, size_t info
  * elements untouched. */
 static void check_written(const char *name, const buffer *b, const fd_tensor *t, int ndim) {
   if (b->size == 0) return;
-  unsigned char *is_element = calloc((size_t)b->elements, 1);
-  if (is_element == NULL) fuzz_fail("out of memory");
-  const int64_t n3 = ndim == 4 ? t->shape[3] : 1;
-  for (int64_t i0 = 0; i0 < t->shape[0]; ++i0)
-    for (int64_t i1 = 0; i1 < t->shape[1]; ++i1)
-      for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
-        for (int64_t i3 = 0; i3 < n3; ++i3)
-          is_element[i0 * t->strides[0] + i1 * t->strides[1] + i2 * t->strides[2] + i3 * t->strides[3]] = 1;
+  unsigned char *is_element = element_mask(b, t, ndim);
   for (int64_t e = 0; e < b->elements; ++e) {
     const int poisoned = all_bytes(b->bytes + (size_t)e * b->element, b->element, 0xff);
     if (is_element[e] && poisoned) fuzz_fail("%s: element at offset %lld was not written", name, (long long)e);

@@ -40,6 +40,16 @@ void fuzz_fail(const char *format, ...) {
   abort();
 }
 
+void describe_text(char **cursor, size_t *left, const char *format, ...) {
+  va_list ap;
+  va_start(ap, format);
+  int n = vsnprintf(*cursor, *left, format, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= *left) n = (int)*left - 1;
+  *cursor += n;
+  *left -= (size_t)n;
+}
+
 void describe_tensor(char **cursor, size_t *left, const char *name, const fd_tensor *t) {
   int dtype;
   memcpy(&dtype, &t->dtype, sizeof dtype);
@@ -50,12 +60,16 @@ void describe_tensor(char **cursor, size_t *left, const char *name, const fd_ten
     snprintf(dims[0] + used[0], sizeof dims[0] - used[0], "%s%lld", d ? "," : "", (long long)t->shape[d]);
     snprintf(dims[1] + used[1], sizeof dims[1] - used[1], "%s%lld", d ? "," : "", (long long)t->strides[d]);
   }
-  int n = snprintf(*cursor, *left, "  %-11s data=%p dtype=%d ndim=%d shape={%s} strides={%s}\n", name, t->data, dtype,
-                   (int)t->ndim, dims[0], dims[1]);
-  if (n < 0 || (size_t)n >= *left) n = (int)*left - 1;
-  *cursor += n;
-  *left -= (size_t)n;
+  describe_text(cursor, left, "  %-11s data=%p dtype=%d ndim=%d shape={%s} strides={%s}\n", name, t->data, dtype,
+                (int)t->ndim, dims[0], dims[1]);
 }
+
+void require_message(const char *call) {
+  char message[8];
+  if (fd_last_error_message(message, sizeof message) == 0) fuzz_fail("%s failed without a message", call);
+}
+
+void set_raw_dtype(fd_tensor *t, int raw) { memcpy(&t->dtype, &raw, sizeof raw); }
 
 /* ---- buffers of exactly the bytes a tensor reaches ---------------------------- */
 void buffer_alloc(buffer *b, int64_t elements, size_t element, unsigned char fill) {
@@ -78,6 +92,18 @@ int all_bytes(const unsigned char *bytes, size_t size, unsigned char value) {
   for (size_t i = 0; i < size; ++i)
     if (bytes[i] != value) return 0;
   return 1;
+}
+
+unsigned char *element_mask(const buffer *b, const fd_tensor *t, int ndim) {
+  unsigned char *mask = calloc(b->elements ? (size_t)b->elements : 1, 1);
+  if (mask == NULL) fuzz_fail("out of memory");
+  if (b->elements == 0) return mask;
+  const int64_t n3 = ndim == 4 ? t->shape[3] : 1;
+  for (int64_t i0 = 0; i0 < t->shape[0]; ++i0)
+    for (int64_t i1 = 0; i1 < t->shape[1]; ++i1)
+      for (int64_t i2 = 0; i2 < t->shape[2]; ++i2)
+        for (int64_t i3 = 0; i3 < n3; ++i3) mask[at(t, i0, i1, i2, i3)] = 1;
+  return mask;
 }
 
 int64_t lay_out(input *in, int ndim, const int64_t *shape, int64_t *strides, int contiguous_last, int may_broadcast) {

@@ -32,8 +32,18 @@ extern char problem_text[4096]; /* what this input decodes to, for failure repor
  * and aborts: libFuzzer saves the input. */
 __attribute__((noreturn, format(printf, 1, 2))) void fuzz_fail(const char *format, ...);
 
+/* Appends printf-style text to the text at *cursor (*left bytes left,
+ * truncated when full). */
+__attribute__((format(printf, 3, 4))) void describe_text(char **cursor, size_t *left, const char *format, ...);
+
 /* Appends a line describing t to the text at *cursor (*left bytes left). */
 void describe_tensor(char **cursor, size_t *left, const char *name, const fd_tensor *t);
+
+/* Fails unless the last call on this thread left an error message. */
+void require_message(const char *call);
+
+/* Sets a dtype the enum may not name (an unknown one). */
+void set_raw_dtype(fd_tensor *t, int raw);
 
 /* ---- buffers of exactly the bytes a tensor reaches ---------------------------- */
 typedef struct buffer {
@@ -46,6 +56,10 @@ typedef struct buffer {
 void buffer_alloc(buffer *b, int64_t elements, size_t element, unsigned char fill);
 unsigned char *buffer_copy(const buffer *b);
 int all_bytes(const unsigned char *bytes, size_t size, unsigned char value);
+
+/* A malloc'd flag per element of b: 1 where an index of t (ndim 3 or 4,
+ * laid out over b) lands. */
+unsigned char *element_mask(const buffer *b, const fd_tensor *t, int ndim);
 
 /* Chooses strides for a tensor of extents `shape`: the dimensions in a random
  * order (head_dim innermost with stride 1 when `contiguous_last`), padding
