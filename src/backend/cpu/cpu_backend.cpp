@@ -2,9 +2,10 @@
 // The CPU backend: the same two-phase split-K algorithm as the GPU (per split
 // an online softmax in base 2 into the workspace, then a merge in split
 // order), on a pool of threads. It is the reference the CUDA backend is
-// tested against and a fallback for hosts without a GPU, so it favours
-// clarity over speed; every task writes only its own outputs, so results do
-// not depend on thread timing.
+// tested against and a fallback for hosts without a GPU: plain loops in a
+// fixed order of operations, vectorised where that order allows
+// (backend/cpu/lanes.h); every task writes only its own outputs, so results
+// do not depend on thread timing.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/convert.h"
+#include "backend/cpu/lanes.h"
 #include "backend/cpu/quantize.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/error.h"
@@ -53,6 +55,16 @@ CacheSlot cache_slot(const Problem &p, int64_t b, int64_t token) {
   return {page, token % p.page_size};
 }
 
+// Requests the cache lines of a row (n elements of `bytes` each) a block
+// before it is loaded: one KV head's rows lie a token's width apart, too
+// sparse for the hardware's stream prefetchers, and without this the
+// loads wait on memory with the core idle.
+inline void prefetch_row(const void *row, int64_t n, int64_t bytes) {
+  constexpr int64_t kLine = 64;
+  const char *first = static_cast<const char *>(row);
+  for (int64_t offset = 0; offset < n * bytes; offset += kLine) __builtin_prefetch(first + offset);
+}
+
 // Loads K/V rows into float, one policy per kind of cache; split_partials is
 // instantiated per policy so the 16-bit path stays as it was.
 // A cache of q's dtype D: the storage's own conversion.
@@ -62,6 +74,10 @@ struct NativeRows {
             int64_t n) const {
     using T = typename Storage<D>::type;
     Storage<D>::load_row(static_cast<const T *>(cache.data) + slot.offset(cache, h), dst, n);
+  }
+  void prefetch(const StridedView &cache, CacheSlot slot, int64_t h, int64_t n) const {
+    using T = typename Storage<D>::type;
+    prefetch_row(static_cast<const T *>(cache.data) + slot.offset(cache, h), n, sizeof(T));
   }
 };
 // An 8-bit cache (e4m3, e5m2, i8): a 256-entry table gives each byte's
@@ -80,6 +96,9 @@ struct QuantizedRows {
     const float s = static_cast<const float *>(scale.data)[slot.offset(scale, h)];
     for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]] * s;
   }
+  void prefetch(const StridedView &cache, CacheSlot slot, int64_t h, int64_t n) const {
+    prefetch_row(static_cast<const uint8_t *>(cache.data) + slot.offset(cache, h), n, 1);
+  }
 };
 
 struct Partials {
@@ -92,19 +111,6 @@ Partials partials_of(const Plan &plan, void *workspace) {
   auto *base = static_cast<char *>(workspace);
   return {reinterpret_cast<float *>(base + plan.m_offset), reinterpret_cast<float *>(base + plan.l_offset),
           reinterpret_cast<float *>(base + plan.acc_offset)};
-}
-
-// Dot product with eight independent partial sums: the compiler vectorises
-// it without -ffast-math, and the summation order is still fixed.
-inline float dot(const float *a, const float *b, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
-  }
-  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  for (; d < n; ++d) sum += a[d] * b[d];
-  return sum;
 }
 
 // The larger of a and b, NaN if either is NaN (std::max drops a NaN in its
@@ -180,6 +186,11 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
   for (int64_t block = begin; block < end; block += kTokenBlock) {
     const int64_t count = std::min(kTokenBlock, end - block);
     for (int64_t t = 0; t < count; ++t) {
+      if (block + kTokenBlock + t < end) {  // the next block's rows
+        const CacheSlot ahead = cache_slot(p, b, block + kTokenBlock + t);
+        kv_rows.prefetch(p.k, ahead, kv_head, dim);
+        kv_rows.prefetch(p.v, ahead, kv_head, dim);
+      }
       const CacheSlot slot = cache_slot(p, b, block + t);
       kv_rows.load(p.k, p.k_scale, p.has_k_scale, slot, kv_head, k_block + t * dim, dim);
       kv_rows.load(p.v, p.v_scale, p.has_v_scale, slot, kv_head, v_block + t * dim, dim);
@@ -196,9 +207,13 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
       const size_t state = first_state + static_cast<size_t>(r) * plan.num_splits;
       const int64_t pos_q = len - q_len_b + token;
       const double slope = p.has_alibi ? per_head(p.alibi_slopes, kv_head * group + r % group) * kLog2eDouble : 0.0;
+      const float *q_row = q + r * dim;
+      int64_t t = lo;
+      for (; t + 4 <= hi; t += 4) lanes::dots<4>(q_row, k_block + t * dim, dim, dim, scores + t);
+      for (; t < hi; ++t) lanes::dots<1>(q_row, k_block + t * dim, dim, dim, scores + t);
       float block_max = kNegInf;
-      for (int64_t t = lo; t < hi; ++t) {
-        float s = dot(q + r * dim, k_block + t * dim, dim);
+      for (t = lo; t < hi; ++t) {
+        float s = scores[t];
         if (softcap > 0.0) s = static_cast<float>(softcap * std::tanh(s / softcap));
         if (p.has_alibi) s += static_cast<float>(slope * static_cast<double>(block + t - pos_q));
         scores[t] = s;
@@ -213,12 +228,11 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
       if (alpha != 1.0f) {
         for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
       }
-      for (int64_t t = lo; t < hi; ++t) {
-        const float weight = std::exp2(scores[t] - m_new);
-        l += weight;
-        const float *v_row = v_block + t * dim;
-        for (int64_t d = 0; d < dim; ++d) acc[d] += weight * v_row[d];
+      for (t = lo; t < hi; ++t) {  // the scores become the weights
+        scores[t] = std::exp2(scores[t] - m_new);
+        l += scores[t];
       }
+      lanes::accumulate(acc, scores + lo, v_block + lo * dim, hi - lo, dim);
       out.m[state] = m_new;
       out.l[state] = l;
     }
