@@ -2021,6 +2021,57 @@ static void test_merge_states(void **state) {
   }
 }
 
+/* fd_merge_states over more than 2^32 rows (head_dim 1, one broadcast f32
+ * state: the general kernel): rows past 2^32 are written too (a 32-bit row
+ * index once wrapped there and left them). 8 GiB of output, poisoned with
+ * NaN; the first, middle and last 1024 rows are checked. */
+static void test_merge_states_many_rows(void **state) {
+  (void)state;
+  if (g_quick) skip();
+  const int64_t heads = 1024, batch = ((int64_t)1 << 32) / heads + 1; /* rows = 2^32 + 1024 */
+  const int64_t rows = batch * heads;
+  const size_t bytes = (size_t)rows * sizeof(uint16_t);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < bytes + ((size_t)1 << 30)) {
+    print_message("merge of 2^32 + 1024 rows: skipped, %zu bytes free\n", free_bytes);
+    skip();
+  }
+  uint16_t *out = NULL;
+  float *scalars = NULL; /* the state's value and its LSE */
+  CUDA_CHECK(cudaMalloc((void **)&out, bytes));
+  CUDA_CHECK(cudaMalloc((void **)&scalars, 2 * sizeof(float)));
+  CUDA_CHECK(cudaMemset(out, 0xff, bytes));
+  const float host_scalars[2] = {1.5f, 0.25f};
+  CUDA_CHECK(cudaMemcpy(scalars, host_scalars, sizeof host_scalars, cudaMemcpyHostToDevice));
+  fd_tensor state_out = {scalars, FD_DTYPE_F32, 4, {batch, 1, heads, 1}, {0, 0, 0, 0}};
+  fd_tensor state_lse = {scalars + 1, FD_DTYPE_F32, 3, {batch, 1, heads}, {0, 0, 0}};
+  fd_merge_args m;
+  fd_merge_args_init(&m, sizeof m);
+  m.num_states = 1;
+  m.states_out = &state_out;
+  m.states_lse = &state_lse;
+  m.out = (fd_tensor){out, FD_DTYPE_F16, 4, {batch, 1, heads, 1}, {heads, heads, 1, 1}};
+  const fd_status status = fd_merge_states(g_cuda, &m, (fd_cuda_stream)g_stream);
+  if (status == FD_SUCCESS) CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  const int64_t firsts[] = {0, rows / 2, rows - heads};
+  int64_t wrong = 0, first_wrong = -1;
+  uint16_t got[1024];
+  for (int k = 0; status == FD_SUCCESS && k < 3; ++k) {
+    CUDA_CHECK(cudaMemcpy(got, out + firsts[k], sizeof got, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < heads; ++i) {
+      if (got[i] == 0x3e00) continue; /* 1.5 in f16 */
+      if (first_wrong < 0) first_wrong = firsts[k] + i;
+      ++wrong;
+    }
+  }
+  CUDA_CHECK(cudaFree(out));
+  CUDA_CHECK(cudaFree(scalars));
+  if (status != FD_SUCCESS) fail_msg("merge of %lld rows: %s", (long long)rows, last_message());
+  print_message("merge of %lld rows: %lld of 3072 checked rows wrong\n", (long long)rows, (long long)wrong);
+  if (wrong) fail_msg("merge of %lld rows: row %lld not written", (long long)rows, (long long)first_wrong);
+}
+
 /* Every sequence empty: zeros and LSE -inf, never NaN, with one split or many. */
 static void test_all_sequences_empty(void **state) {
   (void)state;
@@ -2374,6 +2425,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_allowed_sharing);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states_many_rows);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compact_tiles);

@@ -76,7 +76,9 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
     merge_states_kernel(const __grid_constant__ MergeStatesParamsFor<kStates> p) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kMergeStatesThreads / 32);
-  for (int64_t row = blockIdx.x * (kMergeStatesThreads / 32) + threadIdx.x / 32; row < p.rows; row += warps) {
+  // blockIdx.x widened first: past 2^32 rows a 32-bit product wraps.
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * (kMergeStatesThreads / 32) + threadIdx.x / 32;
+  for (int64_t row = first_row; row < p.rows; row += warps) {
     const int64_t h = row % p.heads;
     const int64_t t = (row / p.heads) % p.q_len;
     const int64_t b = row / (p.heads * p.q_len);
