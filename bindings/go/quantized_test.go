@@ -332,3 +332,84 @@ func TestBytesTakesOnly8BitDTypes(t *testing.T) {
 	args.K = flashdecode.Bytes(make([]uint8, 8*2*16), flashdecode.Float16Type, 1, 8, 2, 16)
 	expectError(t, handle.Decode(&args), flashdecode.ErrInvalidDType, "k: dtype 1 over a slice of 1-byte elements")
 }
+
+// A paged 8-bit cache: pages of 8 tokens in a shuffled pool, per-token and
+// per-head scales laid out like the pool, every byte past a sequence's
+// length (and every page no table uses) a NaN code, or for int8 the
+// largest code under a huge per-token scale, which must not reach out.
+func TestQuantizedPagedDecode(t *testing.T) {
+	needs03(t)
+	handle := cpuHandle(t)
+	p := problem{batch: 3, heads: 8, kvHeads: 2, kvLen: 29, dim: 16}
+	const pageSize = 8
+	maxPages := (p.kvLen + pageSize - 1) / pageSize
+	numPages := p.batch*maxPages + 2 // two pages no table uses
+	lens := []int32{29, 9, 1}
+	table := make([]int32, p.batch*maxPages)
+	for i := range table { // page i*5 mod numPages: every sequence's pages scattered over the pool
+		table[i] = int32(i * 5 % numPages)
+	}
+	qValues := values(p.batch*p.heads*p.dim, 11)
+	q64 := widen(qValues)
+	poolShape := []int64{int64(numPages), pageSize, int64(p.kvHeads), int64(p.dim)}
+	for _, cache := range cacheTypes {
+		for _, mode := range []scaleMode{scaleHead, scaleToken} {
+			seed := uint64(cache)*10 + uint64(mode)
+			// store fills a pool: sequence b's token tok lives at slot tok%pageSize of page table[b][tok/pageSize].
+			store := func(seed uint64) ([]uint8, []float32, []float64) {
+				raw := values(p.batch*p.kvLen*p.kvHeads*p.dim, seed)
+				bytes := make([]uint8, numPages*pageSize*p.kvHeads*p.dim)
+				for i := range bytes {
+					bytes[i] = 0x7f // NaN in both fp8 formats; int8's largest value
+				}
+				scales := scaleData(mode, 1, numPages*pageSize, p.kvHeads, seed+1)
+				if mode == scaleToken && cache == flashdecode.Int8Type {
+					for i := range scales {
+						scales[i] = 1e30
+					}
+				}
+				wide := make([]float64, p.batch*p.kvLen*p.kvHeads*p.dim) // the dense cache the pages hold
+				for b := 0; b < p.batch; b++ {
+					for tok := 0; tok < int(lens[b]); tok++ {
+						page, slot := int(table[b*maxPages+tok/pageSize]), tok%pageSize
+						for h := 0; h < p.kvHeads; h++ {
+							position := (page*pageSize+slot)*p.kvHeads + h
+							if mode == scaleToken {
+								scales[position] = 0.02 + 0.01*raw[((b*p.kvLen+tok)*p.kvHeads+h)*p.dim]
+							}
+							scale := scaleAt(mode, scales, numPages*pageSize, p.kvHeads, 0, page*pageSize+slot, h)
+							for d := 0; d < p.dim; d++ {
+								x := raw[((b*p.kvLen+tok)*p.kvHeads+h)*p.dim+d]
+								if cache == flashdecode.Int8Type {
+									x *= 0.5 // keeps int8's scores small: the codes are x/scale rounded
+								}
+								code := quantize(x/scale, cache)
+								bytes[position*p.dim+d] = code
+								wide[((b*p.kvLen+tok)*p.kvHeads+h)*p.dim+d] = dequantize(code, cache) * float64(scale)
+							}
+						}
+					}
+				}
+				return bytes, scales, wide
+			}
+			kBytes, kScales, k64 := store(seed + 20)
+			vBytes, vScales, v64 := store(seed + 30)
+			out := make([]float32, len(qValues))
+			for i := range out {
+				out[i] = float32(math.NaN())
+			}
+			args := flashdecode.DecodeArgs{
+				Q: flashdecode.Float32(qValues, p.qShape()...), Out: flashdecode.Float32(out, p.qShape()...),
+				K: flashdecode.Bytes(kBytes, cache, poolShape...), V: flashdecode.Bytes(vBytes, cache, poolShape...),
+				SeqLens:    flashdecode.Int32(lens, int64(p.batch)),
+				BlockTable: flashdecode.Int32(table, int64(p.batch), int64(maxPages)),
+				KScale:     scaleTensorOf(mode, kScales, poolShape), VScale: scaleTensorOf(mode, vScales, poolShape),
+			}
+			if err := handle.Decode(&args); err != nil {
+				t.Fatalf("cache %d scales %d: %v", cache, mode, err)
+			}
+			want, _ := p.reference(q64, k64, v64, []int{29, 9, 1}, 1/math.Sqrt(float64(p.dim)))
+			assertClose(t, widen(out), want, 2e-5)
+		}
+	}
+}

@@ -265,6 +265,112 @@ fn decode_matches_dequantized_reference() {
     }
 }
 
+/// A paged 8-bit cache: pages of 8 tokens in a shuffled pool, per-head and
+/// per-token scales laid out like the pool, every byte past a sequence's
+/// length (and every page no table uses) a NaN code, or for i8 the largest
+/// code under a huge per-token scale, which must not reach out.
+#[test]
+fn paged_decode_matches_dequantized_reference() {
+    let mut handle = cpu_handle();
+    let (batch, kv_len, kv_heads, heads, dim) = (3usize, 29usize, 2usize, 8usize, 16usize);
+    let page_size = 8usize;
+    let max_pages = kv_len.div_ceil(page_size);
+    let num_pages = batch * max_pages + 2; // two pages no table uses
+    let lens = [29i32, 9, 1];
+    // Entry i is page 5i mod num_pages: every sequence's pages scattered over the pool.
+    let table: Vec<i32> = (0..batch * max_pages).map(|i| (i * 5 % num_pages) as i32).collect();
+    let pool_shape = [num_pages as i64, page_size as i64, kv_heads as i64, dim as i64];
+    let slots = [1usize, num_pages * page_size, kv_heads]; // the scales' [1, slots, kv_heads] view
+    let q_shape = [batch as i64, 1, heads as i64, dim as i64];
+    let q_values = values(batch * heads * dim, 11);
+    for (seed, (&cache, &mode)) in CACHES
+        .iter()
+        .flat_map(|c| [Scales::Head, Scales::Token].iter().map(move |s| (c, s)))
+        .enumerate()
+    {
+        let seed = 100 + seed as u64 * 7;
+        // A pool and its scales, and the dense [batch, kv_len, kv_heads, dim] values it holds.
+        let store = |seed: u64| -> (Vec<u8>, Vec<f32>, Vec<f64>) {
+            let raw = values(batch * kv_len * kv_heads * dim, seed);
+            let mut bytes = vec![0x7fu8; num_pages * page_size * kv_heads * dim]; // NaN in both fp8 formats
+            let mut scales = scale_values(mode, slots, seed + 1);
+            if mode == Scales::Token && cache == DType::I8 {
+                scales.iter_mut().for_each(|s| *s = 1e30);
+            }
+            let mut dense = vec![0f64; raw.len()];
+            for b in 0..batch {
+                for t in 0..lens[b] as usize {
+                    let slot = table[b * max_pages + t / page_size] as usize * page_size + t % page_size;
+                    for h in 0..kv_heads {
+                        let at = ((b * kv_len + t) * kv_heads + h) * dim;
+                        if mode == Scales::Token {
+                            scales[slot * kv_heads + h] = 0.02 + 0.01 * raw[at];
+                        }
+                        let scale = scale_at(mode, &scales, slots, 0, slot, h);
+                        let spread = if cache == DType::I8 { 0.5 } else { 1.0 };
+                        for d in 0..dim {
+                            let code = quantize(raw[at + d] * spread / scale, cache);
+                            bytes[(slot * kv_heads + h) * dim + d] = code;
+                            dense[at + d] = dequantize(code, cache) * scale as f64;
+                        }
+                    }
+                }
+            }
+            (bytes, scales, dense)
+        };
+        let (k_bytes, k_scales, k64) = store(seed + 2);
+        let (v_bytes, v_scales, v64) = store(seed + 3);
+        let mut out = vec![f32::NAN; batch * heads * dim];
+        let mut args = DecodeArgs::new(
+            Tensor::f32(&q_values, &q_shape).unwrap(),
+            Tensor::bytes(&k_bytes, cache, &pool_shape).unwrap(),
+            Tensor::bytes(&v_bytes, cache, &pool_shape).unwrap(),
+            TensorMut::f32(&mut out, &q_shape).unwrap(),
+        )
+        .seq_lens(Tensor::i32(&lens, &[batch as i64]).unwrap())
+        .block_table(Tensor::i32(&table, &[batch as i64, max_pages as i64]).unwrap())
+        .k_scale(scale_tensor(mode, &k_scales, &pool_shape).unwrap())
+        .v_scale(scale_tensor(mode, &v_scales, &pool_shape).unwrap());
+        handle
+            .decode(&mut args)
+            .unwrap_or_else(|e| panic!("{:?} {:?}: {}", cache, mode, e));
+        drop(args);
+
+        for b in 0..batch {
+            let len = lens[b] as usize;
+            for h in 0..heads {
+                let g = h / (heads / kv_heads);
+                let row = &q_values[(b * heads + h) * dim..][..dim];
+                let at = |t: usize| ((b * kv_len + t) * kv_heads + g) * dim;
+                let scores: Vec<f64> = (0..len)
+                    .map(|t| {
+                        let dot: f64 = row.iter().zip(&k64[at(t)..][..dim]).map(|(&a, c)| a as f64 * c).sum();
+                        dot / (dim as f64).sqrt()
+                    })
+                    .collect();
+                let peak = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - peak).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for d in 0..dim {
+                    let expected: f64 = (0..len).map(|t| weights[t] * v64[at(t) + d]).sum::<f64>() / total;
+                    let got = out[(b * heads + h) * dim + d] as f64;
+                    assert!(
+                        (got - expected).abs() <= 2e-5 * (1.0 + expected.abs()),
+                        "{:?} {:?}: out[{}, {}, {}] = {}, expected {}",
+                        cache,
+                        mode,
+                        b,
+                        h,
+                        d,
+                        got,
+                        expected
+                    );
+                }
+            }
+        }
+    }
+}
+
 // ---- append_kv ----------------------------------------------------------------------
 
 #[test]
