@@ -824,7 +824,9 @@ FD_API fd_status fd_append_kv(fd_handle *handle, const fd_append_args *args, fd_
  * @brief Bytes of workspace fd_decode() needs for a problem on this handle.
  *
  * Depends only on dtypes, shapes, which of seq_lens and block_table are
- * given, num_splits, split_tokens and window_left, never on tensor contents.
+ * given, num_splits, split_tokens and window_left (and on the CPU backend
+ * the handle's thread count: each thread's scratch is in the workspace),
+ * never on tensor contents.
  *
  * @param handle A live handle.
  * @param args The problem, validated as fd_decode() validates it.

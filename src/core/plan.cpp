@@ -143,4 +143,19 @@ Plan layout_plan(const Problem &p, int32_t automatic_splits, int64_t granularity
   return plan;
 }
 
+void add_scratch(Plan &plan, size_t bytes_per_thread, int threads) {
+  size_t per_thread = 0, total = 0;
+  const bool fits = place(0, bytes_per_thread, &per_thread) &&
+                    !__builtin_mul_overflow(per_thread, static_cast<size_t>(threads), &total) &&
+                    place(plan.workspace_bytes, total, &plan.workspace_bytes);
+  if (!fits) {
+    fail(FD_ERROR_INVALID_SHAPE,
+         "q: %d threads' scratch of %zu bytes each after %zu bytes of partials is beyond the address space (more "
+         "than %zu bytes)",
+         threads, bytes_per_thread, plan.workspace_bytes, kMaxWorkspaceBytes);
+  }
+  plan.scratch_offset = plan.workspace_bytes - total;
+  plan.scratch_bytes = per_thread;
+}
+
 }  // namespace fd

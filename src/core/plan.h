@@ -61,6 +61,10 @@ struct Plan {
   size_t m_offset = 0;
   size_t l_offset = 0;
   size_t acc_offset = 0;
+  // Backend scratch after the partials: the CPU backend's per-thread
+  // buffers, scratch_bytes each from scratch_offset (0 bytes: none).
+  size_t scratch_offset = 0;
+  size_t scratch_bytes = 0;
   size_t workspace_bytes = 0;
 };
 
@@ -94,6 +98,11 @@ void require_allocatable_workspace(size_t bytes, const char *what);
 // backend's balanced schedule).
 Plan layout_plan(const Problem &problem, int32_t automatic_splits, int64_t granularity, size_t header_bytes,
                  size_t min_states = 0);
+
+// Appends `threads` aligned scratch buffers of bytes_per_thread to the
+// plan's workspace (Plan::scratch_offset, scratch_bytes), with the same
+// overflow checks as layout_plan.
+void add_scratch(Plan &plan, size_t bytes_per_thread, int threads);
 
 // Everything a plan depends on: problems with equal keys get equal plans
 // (Backend::plan may read only these fields), so a handle reuses its last

@@ -11,7 +11,6 @@
 #include <limits>
 #include <new>
 #include <thread>
-#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/convert.h"
@@ -132,6 +131,12 @@ inline float per_head(const StridedView &view, int64_t head) {
   return static_cast<const float *>(view.data)[head * view.strides[0]];
 }
 
+// split_partials' scratch: every query row of a KV head, and a block of K,
+// V and scores.
+size_t split_scratch_floats(const Problem &p) {
+  return static_cast<size_t>((p.rows_per_kv_head() + 2 * kTokenBlock) * p.head_dim + kTokenBlock);
+}
+
 // Phase 1 for one (sequence, KV head, split): every query row of the KV head
 // (q_len tokens x the GQA group, in workspace order) runs an online softmax
 // over the split's tokens, block by block, each row over the keys its token
@@ -142,7 +147,7 @@ inline float per_head(const StridedView &view, int64_t head) {
 // D is q's dtype; Rows loads the K/V rows (NativeRows<D> or QuantizedRows).
 template <fd_dtype D, class Rows>
 void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, const Partials &out, int64_t b,
-                    int64_t kv_head, int32_t split, std::vector<float> &scratch) {
+                    int64_t kv_head, int32_t split, float *scratch) {
   using T = typename Storage<D>::type;
   const int64_t dim = p.head_dim;
   const int64_t group = p.group_size;
@@ -154,8 +159,7 @@ void split_partials(const Problem &p, const Plan &plan, const Rows &kv_rows, con
   const int64_t begin = std::min<int64_t>(keys.end, keys.begin + split * plan.split_tokens);
   const int64_t end = std::min<int64_t>(keys.end, begin + plan.split_tokens);
 
-  scratch.resize(static_cast<size_t>((rows + 2 * kTokenBlock) * dim + kTokenBlock));
-  float *q = scratch.data();        // [rows][dim], pre-scaled into log2 units
+  float *q = scratch;               // [rows][dim], pre-scaled into log2 units
   float *k_block = q + rows * dim;  // [kTokenBlock][dim]
   float *v_block = k_block + kTokenBlock * dim;
   float *scores = v_block + kTokenBlock * dim;  // [kTokenBlock]
@@ -395,11 +399,15 @@ class CpuBackend final : public Backend {
   void wait_and_check_contents(fd_cuda_stream) override {}
 
   // One kernel; about two tasks per thread, none shorter than 256 tokens.
+  // Each thread's scratch (split_partials) is in the workspace, so that a
+  // reserved or caller-owned workspace keeps fd_decode free of allocation.
   Plan plan(const Problem &p) const override {
     SplitCostModel model;
     model.workers = pool_.size();
     model.min_split_tokens = 256;
-    return layout_plan(p, estimate_splits(p, model).splits, model.split_granularity, 0);
+    Plan plan = layout_plan(p, estimate_splits(p, model).splits, model.split_granularity, 0);
+    add_scratch(plan, split_scratch_floats(p) * sizeof(float), pool_.size());
+    return plan;
   }
 
   // The size is checked first: the aligned operator new rounds it up to the
@@ -475,12 +483,13 @@ class CpuBackend final : public Backend {
     const Partials partials = partials_of(plan, workspace);
     const int64_t splits = plan.num_splits;
     const int64_t units = p.batch * p.kv_heads * splits;
-    pool_.parallel_for(units, [&](int64_t unit) {
+    char *scratch = static_cast<char *>(workspace) + plan.scratch_offset;
+    pool_.parallel_for(units, [&](int64_t unit, int thread) {
       const int64_t split = unit % splits;
       const int64_t kv_head = (unit / splits) % p.kv_heads;
       const int64_t b = unit / (splits * p.kv_heads);
-      thread_local std::vector<float> scratch;  // grows once per thread, then reused
-      split_partials<D>(p, plan, rows, partials, b, kv_head, static_cast<int32_t>(split), scratch);
+      float *own = reinterpret_cast<float *>(scratch + static_cast<size_t>(thread) * plan.scratch_bytes);
+      split_partials<D>(p, plan, rows, partials, b, kv_head, static_cast<int32_t>(split), own);
     });
     const bool out_f32 = p.out_dtype == FD_DTYPE_F32;
     pool_.parallel_for(plan.rows, [&](int64_t row) {
@@ -499,6 +508,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, bool check_contents) {
+  // The conversion tables are built on first use: here, at fd_create, so
+  // that no fd_decode allocates them.
+  (void)half_table();
+  (void)byte_table(FD_DTYPE_E4M3);
   if (num_threads <= 0) {
     num_threads =
         static_cast<int>(std::min<unsigned>(FD_MAX_THREADS, std::max(1u, std::thread::hardware_concurrency())));

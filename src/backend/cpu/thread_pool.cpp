@@ -9,7 +9,7 @@ namespace fd {
 
 ThreadPool::ThreadPool(int num_threads) {
   try {
-    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
   } catch (const std::system_error &e) {
     // The threads already started wait on this pool's condition variables:
     // stop and join them before the members go away, then report.
@@ -40,7 +40,7 @@ void ThreadPool::stop_and_join() noexcept {
 // throws (e.g. std::bad_alloc for its scratch) stops the handing out of
 // tasks; its exception goes to parallel_for's caller, not past a worker
 // thread's entry (which would terminate the process).
-void ThreadPool::run_tasks() {
+void ThreadPool::run_tasks(int thread) {
   for (;;) {
     int64_t index;
     {
@@ -49,7 +49,7 @@ void ThreadPool::run_tasks() {
       index = next_++;
     }
     try {
-      (*task_)(index);
+      task_function_(task_context_, index, thread);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failure_) failure_ = std::current_exception();
@@ -59,7 +59,7 @@ void ThreadPool::run_tasks() {
   }
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(int thread) {
   int64_t seen_generation = 0;
   for (;;) {
     {
@@ -69,7 +69,7 @@ void ThreadPool::worker_loop() {
       seen_generation = generation_;
       ++busy_workers_;
     }
-    run_tasks();
+    run_tasks(thread);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --busy_workers_;
@@ -78,29 +78,31 @@ void ThreadPool::worker_loop() {
   }
 }
 
-void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)> &task) {
+void ThreadPool::run(int64_t count, void *context, TaskFunction function) {
   if (count <= 0) return;
   if (workers_.empty() || count == 1) {
-    for (int64_t i = 0; i < count; ++i) task(i);
+    for (int64_t i = 0; i < count; ++i) function(context, i, 0);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    task_ = &task;
+    task_context_ = context;
+    task_function_ = function;
     count_ = count;
     next_ = 0;
     failure_ = nullptr;
     ++generation_;
   }
   work_ready_.notify_all();
-  run_tasks();
-  // Every worker is out of `task` (which lives in the caller's frame) before
+  run_tasks(0);
+  // Every worker is out of the task (which lives in the caller's frame) before
   // this returns or rethrows.
   std::exception_ptr failure;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     work_done_.wait(lock, [&] { return next_ >= count_ && busy_workers_ == 0; });
-    task_ = nullptr;
+    task_context_ = nullptr;
+    task_function_ = nullptr;
     failure = failure_;
     failure_ = nullptr;
   }
