@@ -493,19 +493,49 @@ static void *device_copy(const void *host, size_t bytes) {
 /* fd_append_kv on the device against the CPU backend's on the same inputs,
  * bit for bit over the whole cache buffers (bytes outside the written
  * slots included): every cache dtype (F32, F16, BF16, E4M3, E5M2, I8) from
- * every new dtype, a ragged paged pool (HND pages) whose block table has a
- * page shared by two sequences and entries outside the pool, positions
- * before the sequence, per-token scales (among them 0, tiny and huge ones)
- * for the 8-bit caches, and new values over every magnitude with NaN,
- * infinities, -0 and ties; then a dense cache with per-head scales. */
+ * every new dtype, a ragged paged pool (HND pages) whose block table has
+ * pages shared by two sequences (page 5: sequence 0 writes its slots 0-3
+ * and sequence 6 its slots 4-7 in the same call; the table check below
+ * works it out) and entries outside the pool, positions before the
+ * sequence, per-token scales (among them 0, tiny and huge ones) for the
+ * 8-bit caches, and new values over every magnitude with NaN, infinities,
+ * -0 and ties; then a dense cache with per-head scales. */
 static void test_append_matches_cpu(void **state) {
   (void)state;
-  enum { kBatch = 6, kPages = 10, kP = 8, kMaxPages = 3, kH = 4, kD = 128, kNew = 5 };
+  enum { kBatch = 7, kPages = 10, kP = 8, kMaxPages = 3, kH = 4, kD = 128, kNew = 5 };
   static const fd_dtype caches[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8,
                                     FD_DTYPE_F32,  FD_DTYPE_F16,  FD_DTYPE_BF16};
   static const fd_dtype news[] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16};
-  const int32_t table[kBatch][kMaxPages] = {{2, 5, 0}, {5, 1, -1}, {-1, 3, 4}, {4, 0, 0}, {1, 1, kPages}, {9, 8, 7}};
-  const int32_t lens[kBatch] = {12, 19, 14, 2, 100, 24};
+  const int32_t table[kBatch][kMaxPages] = {{2, 5, 0},      {5, 1, -1}, {-1, 3, 4}, {4, 0, 0},
+                                            {1, 1, kPages}, {9, 8, 7},  {5, 6, 0}};
+  const int32_t lens[kBatch] = {12, 19, 14, 2, 100, 24, 9};
+  /* Who writes which slot of the pool in the paged step (positions L - kNew .. L - 1, L clamped to the
+   * capacity): no slot twice (which value lands there would be unspecified), and some page by two
+   * sequences. */
+  {
+    int writer[kPages][kP];
+    int shared_pages = 0;
+    memset(writer, 0xff, sizeof writer); /* -1: nobody */
+    for (int b = 0; b < kBatch; ++b) {
+      const int len = lens[b] < kMaxPages * kP ? lens[b] : kMaxPages * kP;
+      for (int pos = len - kNew; pos < len; ++pos) {
+        const int page = pos < 0 ? -1 : table[b][pos / kP];
+        if (page < 0 || page >= kPages) continue; /* before the sequence, or outside the pool: not written */
+        if (writer[page][pos % kP] >= 0) fail_msg("slot %d of page %d written twice", pos % kP, page);
+        writer[page][pos % kP] = b;
+      }
+    }
+    for (int page = 0; page < kPages; ++page) {
+      int first = -1, two = 0;
+      for (int slot = 0; slot < kP; ++slot) {
+        if (writer[page][slot] < 0) continue;
+        if (first < 0) first = writer[page][slot];
+        two |= writer[page][slot] != first;
+      }
+      shared_pages += two;
+    }
+    if (shared_pages == 0) fail_msg("no page is written by two sequences");
+  }
   static const double specials[] = {0.0,   -0.0,    INFINITY, -INFINITY, NAN,    448.0,
                                     464.0, 57344.0, 61440.0,  127.5,     -126.5, 2.5,
                                     1e30,  1e-30,   65520.0,  3.4e38,    1e-40,  0.0625 * 1.0625};
@@ -882,6 +912,206 @@ static void test_variants_graph_replay(void **state) {
   graph_replay_case(c, "ragged q_lens, dense");
 }
 
+/* The step of new_len new tokens at the end of each of p's sequences (the
+ * positions L - new_len + i that are not negative; flashdecode.h,
+ * fd_append_args), as fd_append_kv is to write it. k_new and v_new
+ * ([batch, new_len, kv_heads, head_dim] of new_dtype) take p's own values
+ * at those positions (0.5 and -0.5 at positions before the sequence, which
+ * are never written); p's host cache takes what fd_append_kv stores from
+ * them (fdt_append_store: new / scale in float32, rounded into the cache's
+ * dtype), its logical ref_k / ref_v the stored value x scale, and the
+ * reference is recomputed. pre_k / pre_v (p->kv_bytes each) take the cache
+ * as it was before the step: the same bytes, but 0x7f (e4m3 NaN, int8
+ * 127) or 0xff (NaN) in every element the step writes. */
+static void make_append_step(fdt_problem *p, int64_t new_len, fd_dtype new_dtype, void *k_new, void *v_new,
+                             unsigned char *pre_k, unsigned char *pre_v) {
+  const fdt_case *c = &p->c;
+  const int64_t B = c->batch, N = c->kv_len, Hkv = c->kv_heads, D = c->head_dim;
+  const fd_dtype kv_dtype = fdt_kv_dtype(c);
+  const size_t es = fdt_dtype_size(kv_dtype);
+  const int paged = p->args.block_table.data != NULL;
+  const int64_t P = paged ? p->args.k.shape[1] : 0, max_pages = paged ? p->args.block_table.shape[1] : 0;
+  memcpy(pre_k, p->k, p->kv_bytes);
+  memcpy(pre_v, p->v, p->kv_bytes);
+  for (int64_t e = 0; e < B * new_len * Hkv * D; ++e) {
+    fdt_store(new_dtype, k_new, e, 0.5);
+    fdt_store(new_dtype, v_new, e, -0.5);
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    const fd_tensor *cache = kv ? &p->args.v : &p->args.k, *scales = kv ? &p->args.v_scale : &p->args.k_scale;
+    void *rows = kv ? v_new : k_new;
+    double *ref = kv ? p->ref_v : p->ref_k;
+    unsigned char *pre = kv ? pre_v : pre_k;
+    const size_t offset = (size_t)((const char *)cache->data - (const char *)(kv ? p->v : p->k));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < new_len; ++i) {
+        const int64_t pos = p->lens[b] - new_len + i;
+        if (pos < 0) continue;
+        const int64_t outer = paged ? p->block_table[b * max_pages + pos / P] : b, inner = paged ? pos % P : pos;
+        for (int64_t g = 0; g < Hkv; ++g) {
+          const float *scale = scales->data == NULL ? NULL
+                                                    : (const float *)scales->data + outer * scales->strides[0] +
+                                                          inner * scales->strides[1] + g * scales->strides[2];
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t logical = ((b * N + pos) * Hkv + g) * D + d, row = ((b * new_len + i) * Hkv + g) * D + d;
+            const int64_t element = outer * cache->strides[0] + inner * cache->strides[1] + g * cache->strides[2] + d;
+            fdt_store(new_dtype, rows, row, ref[logical]);
+            fdt_append_store(kv_dtype, cache->data, element, fdt_load(new_dtype, rows, row), scale);
+            ref[logical] = fdt_load(kv_dtype, cache->data, element) * (scale ? (double)*scale : 1.0);
+            memset(pre + offset + (size_t)element * es, fdt_is_quantized(kv_dtype) ? 0x7f : 0xff, es);
+          }
+        }
+      }
+    }
+  }
+  fdt_reference(p);
+}
+
+/* An engine's step in one graph: fd_append_kv of this step's keys and
+ * values into a paged cache, then the fd_decode of the same step (q_len
+ * the new tokens, causal), captured once (global mode: neither may
+ * allocate, copy or synchronise) and replayed three times. Before each
+ * replay, on the device: new lengths (every sequence's changes, to and from
+ * 0, shorter than the step, across page boundaries, the full capacity), a
+ * new block table, new scales, new data, and the step's slots overwritten
+ * (NaN or 127), which only the append can restore. After each: the whole
+ * cache must be bytewise what fd_append_kv's definition stores
+ * (make_append_step; nothing else written, no position before a sequence
+ * or past its length), and the decode's output the float64 reference's
+ * over that cache. 8-bit caches with per-token and per-head scales, and a
+ * bf16 cache. */
+static void test_append_graph_replay(void **state) {
+  (void)state;
+  enum { kBatch = 9, kRounds = 3 };
+  static const struct {
+    const char *what;
+    fd_dtype dtype, kv_dtype, new_dtype;
+    fdt_scale_mode scales;
+    fdt_layout layout;
+    int64_t q_heads, kv_heads, head_dim, kv_len, quick_len, page_size, new_len;
+  } spec[] = {
+      {"e4m3, per-token scales, pages of 16, one new token", FD_DTYPE_F16, FD_DTYPE_E4M3, FD_DTYPE_F32, FDT_SCALE_TOKEN,
+       FDT_PAGED_NHD, 32, 8, 128, 2000, 400, 16, 1},
+      {"int8, per-head scales, HND pages of 7, three new tokens", FD_DTYPE_BF16, FD_DTYPE_I8, FD_DTYPE_BF16,
+       FDT_SCALE_HEAD, FDT_PAGED_HND, 16, 4, 64, 700, 210, 7, 3},
+      {"bf16 cache, pages of 16, two new tokens", FD_DTYPE_BF16, 0, FD_DTYPE_F32, FDT_SCALE_NONE, FDT_PAGED_NHD, 16, 2,
+       128, 1000, 300, 16, 2},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t P = spec[i].page_size, new_len = spec[i].new_len;
+    const int64_t kv_len = g_quick ? spec[i].quick_len : spec[i].kv_len;
+    const int64_t N = (kv_len + P - 1) / P * P; /* the capacity, in whole pages (fdt_problem_make) */
+    const int64_t edges[kBatch] = {0, 1, 2, P - 1, P, P + 1, N - 1, N, N / 2 + 3};
+    int64_t lens[kRounds][kBatch];
+    for (int r = 0; r < kRounds; ++r) {
+      for (int b = 0; b < kBatch; ++b) lens[r][b] = edges[(b + 4 * r) % kBatch];
+    }
+    fdt_case c = dense_case(spec[i].dtype, kBatch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
+                            g_seed + 1900 + (uint64_t)i * 16);
+    c.kv_dtype = spec[i].kv_dtype;
+    c.scale_mode = spec[i].scales;
+    c.layout = spec[i].layout;
+    c.page_size = P;
+    c.ragged = 1;
+    c.lens = lens[0];
+    c.with_lse = 1;
+    c.q_len = new_len;
+    gpu_case t;
+    open_case(&t, &c);
+    const int64_t Hkv = c.kv_heads, D = c.head_dim;
+    const size_t new_bytes = (size_t)(kBatch * new_len * Hkv * D) * fdt_dtype_size(spec[i].new_dtype);
+    const size_t kv_bytes = t.p.kv_bytes;
+    void *k_new = malloc(new_bytes), *v_new = malloc(new_bytes);
+    unsigned char *pre_k = malloc(kv_bytes), *pre_v = malloc(kv_bytes), *got_k = malloc(kv_bytes),
+                  *got_v = malloc(kv_bytes);
+    if (!k_new || !v_new || !pre_k || !pre_v || !got_k || !got_v) fail_msg("out of host memory");
+    void *dk_new = NULL, *dv_new = NULL;
+    CUDA_CHECK(cudaMalloc(&dk_new, new_bytes));
+    CUDA_CHECK(cudaMalloc(&dv_new, new_bytes));
+    fd_append_args a;
+    fd_append_args_init(&a, sizeof a);
+    const int64_t new_shape[4] = {kBatch, new_len, Hkv, D}, new_strides[4] = {new_len * Hkv * D, Hkv * D, D, 1};
+    a.k_new = fdt_tensor(dk_new, spec[i].new_dtype, 4, new_shape, new_strides);
+    a.v_new = fdt_tensor(dv_new, spec[i].new_dtype, 4, new_shape, new_strides);
+    a.k = t.d.args.k;
+    a.v = t.d.args.v;
+    a.k_scale = t.d.args.k_scale;
+    a.v_scale = t.d.args.v_scale;
+    a.seq_lens = t.d.args.seq_lens;
+    a.block_table = t.d.args.block_table;
+
+    fd_handle *h = make_handle(FD_BACKEND_CUDA);
+    size_t bytes = 0;
+    assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
+    assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const fd_status appended = fd_append_kv(h, &a, (fd_cuda_stream)stream);
+    char append_message[512];
+    snprintf(append_message, sizeof append_message, "%s", last_message());
+    const fd_status decoded = fd_decode(h, &t.d.args, (fd_cuda_stream)stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    if (appended != FD_SUCCESS) fail_msg("fd_append_kv during capture failed: %s", append_message);
+    if (decoded != FD_SUCCESS) fail_msg("fd_decode during capture failed: %s", last_message());
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+    int bad = 0;
+    char cache_report[160] = "";
+    for (int round = 0; round < kRounds && !bad; ++round) {
+      if (round > 0) { /* new data, lengths, page shuffle and scales; the same shapes */
+        c.lens = lens[round];
+        c.seed = g_seed + 1900 + (uint64_t)i * 16 + (uint64_t)round;
+        fdt_problem fresh;
+        make_problem(&fresh, &c);
+        assert_int_equal(fresh.kv_bytes, t.p.kv_bytes);
+        assert_int_equal(fresh.k_scale_bytes, t.p.k_scale_bytes);
+        fdt_problem_free(&t.p);
+        t.p = fresh;
+      }
+      make_append_step(&t.p, new_len, spec[i].new_dtype, k_new, v_new, pre_k, pre_v);
+      if (fdt_cuda_refresh_inputs(&t.p, &t.d) != 0) fail_msg("refreshing the inputs failed");
+      CUDA_CHECK(cudaMemcpy(t.d.k, pre_k, kv_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(t.d.v, pre_v, kv_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(dk_new, k_new, new_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(dv_new, v_new, new_bytes, cudaMemcpyHostToDevice));
+      replay_poisoned(&t, exec, stream); /* synchronises the device first */
+      CUDA_CHECK(cudaMemcpy(got_k, t.d.k, kv_bytes, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(got_v, t.d.v, kv_bytes, cudaMemcpyDeviceToHost));
+      for (size_t byte = 0; byte < kv_bytes && cache_report[0] == '\0'; ++byte) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const unsigned char got = (kv ? got_v : got_k)[byte],
+                              want = ((const unsigned char *)(kv ? t.p.v : t.p.k))[byte];
+          if (got != want && cache_report[0] == '\0') {
+            snprintf(cache_report, sizeof cache_report,
+                     "%s cache byte %zu: 0x%02x, expected 0x%02x (before the step 0x%02x)", kv ? "v" : "k", byte, got,
+                     want, (kv ? pre_v : pre_k)[byte]);
+          }
+        }
+      }
+      bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL) != 0 || cache_report[0] != '\0';
+      print_message("append + decode graph, %s, replay %d (lens %lld %lld %lld ...): cache %s; %s\n", spec[i].what,
+                    round, (long long)t.p.lens[0], (long long)t.p.lens[1], (long long)t.p.lens[2],
+                    cache_report[0] ? cache_report : "bytewise as defined", t.report);
+    }
+    destroy_graph(exec, graph, stream);
+    assert_int_equal(fd_destroy(h), FD_SUCCESS);
+    CUDA_CHECK(cudaFree(dk_new));
+    CUDA_CHECK(cudaFree(dv_new));
+    free(k_new);
+    free(v_new);
+    free(pre_k);
+    free(pre_v);
+    free(got_k);
+    free(got_v);
+    close_case(&t);
+    if (bad)
+      fail_msg("append + decode graph, %s: %s%s%s", spec[i].what, cache_report, cache_report[0] ? "; " : "", t.report);
+  }
+}
+
 /* ---- ragged batches of many shapes ----------------------------------------- */
 /* Dense ragged batches with automatic splits (on sm_90+ the wide tiles,
  * fused merges of splits planned on the capacity), lengths 0, full, 1, 63,
@@ -1208,6 +1438,272 @@ static void test_8bit_kernels(void **state) {
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     expect_spec_on_kernel_scaled(&spec[i], "8-bit kernels", g_seed + 1700 + (uint64_t)i, scales[i].mode,
                                  scales[i].wide);
+  }
+}
+
+/* ---- every 8-bit code inside a sequence ---------------------------------------- */
+/* The value of byte `code` of an 8-bit cache format, from the formats'
+ * definitions in flashdecode.h (fd_dtype), written apart from
+ * fdt_fp8_value: int8 in two's complement; e4m3 with exponent bias 7, no
+ * infinity, S.1111.111 NaN; e5m2 with bias 15, exponent 31 infinity
+ * (mantissa 0) or NaN; exponent 0 subnormal in both. */
+static double decode_8bit(fd_dtype format, unsigned code) {
+  if (format == FD_DTYPE_I8) return code < 128 ? (double)code : (double)code - 256.0;
+  const int e4m3 = format == FD_DTYPE_E4M3;
+  const unsigned mantissa_bits = e4m3 ? 3u : 2u, exponent_top = e4m3 ? 0xfu : 0x1fu;
+  const int bias = e4m3 ? 7 : 15;
+  const double sign = (code & 0x80u) ? -1.0 : 1.0;
+  const unsigned exponent = (code >> mantissa_bits) & exponent_top, mantissa = code & ((1u << mantissa_bits) - 1u);
+  if (e4m3 && exponent == exponent_top && mantissa == 7u) return NAN;
+  if (!e4m3 && exponent == exponent_top) return mantissa != 0 ? NAN : sign * INFINITY;
+  const double fraction = (double)mantissa / (double)(1u << mantissa_bits);
+  if (exponent == 0) return sign * fraction * pow(2.0, 1 - bias);
+  return sign * (1.0 + fraction) * pow(2.0, (int)exponent - bias);
+}
+
+/* Every byte of each 8-bit format inside a sequence, exactly (flashdecode.h,
+ * "Quantized caches": both backends decode the formats exactly). Sequences
+ * of one token (a dense cache of capacity 1), so that the softmax weight is
+ * exactly 1, whose V rows hold all 256 codes (code (row x 128 + d) x 37 +
+ * 11: each 4 times, in different dims and heads); q random in [-2, 2], K
+ * random finite codes. Each output element must be decode_8bit(code) x its
+ * V scale exactly (NaN codes NaN, e5m2's infinities infinite; 0 and -0 are
+ * not told apart), and the LSE the float64 score within 1e-4. Every
+ * kernel that takes 8-bit caches, the plan names it:
+ * - cuda-core-8bit (f32 out): m is the token's score, its weight
+ *   ex2.approx.ftz(score - m) = ex2(+0), which PTX defines as exactly 1;
+ *   l = 1, acc = 1 x value (x scale in one float product, or per token
+ *   fmaf(1 x scale, value, 0)), out = acc x (1 / 1). The codes reach float
+ *   through fp16, where each is exact; scales with at most 3 significant
+ *   bits keep value x scale exact in float (0 among them: 0 x inf is NaN on
+ *   both sides).
+ * - tensor-core-8bit-keys and tensor-core-8bit (16-bit out): P =
+ *   exp2(score - (m - 15)) is 2^15 (1 + e) with |e| below 2^-16 (m - 15
+ *   rounds in float), rounded to 16 bits for the MMA: exactly 2^15. V's
+ *   codes multiply in fp16 or q's type, exactly (per-token scales of a
+ *   power of two fold into V or P exactly), so acc = 2^15 x value x scale
+ *   exactly, and out = acc / l = value x scale x (1 - e'), |e'| below 2^-15:
+ *   rounding to f16 or bf16 gives value x scale back, since it is
+ *   representable there (e4m3 and e5m2 values are f16 values, int8 needs 7
+ *   significant bits of bf16's 8) and e' is far below half their spacing.
+ *   So these outputs are exact too, by rounding rather than by arithmetic;
+ *   scales are powers of two (at most 1 for an f16 q, whose range the
+ *   dequantized values must stay in). */
+static void test_8bit_codes_exact(void **state) {
+  (void)state;
+  enum { kBatch = 4, kD = 128 };
+  static const fd_dtype formats[] = {FD_DTYPE_E4M3, FD_DTYPE_E5M2, FD_DTYPE_I8};
+  static const struct {
+    const char *what;
+    fd_dtype q, out;
+    int64_t q_heads, kv_heads;
+    fdt_scale_mode v_scales; /* k_scale is absent (1) */
+    const char *kernel;      /* the plan's kernel */
+  } spec[] = {
+      {"f16 -> f32, group 4, no scales", FD_DTYPE_F16, FD_DTYPE_F32, 8, 2, FDT_SCALE_NONE, "cuda-core-8bit-128"},
+      {"bf16 -> f32, MHA, per-token scales", FD_DTYPE_BF16, FD_DTYPE_F32, 4, 4, FDT_SCALE_TOKEN, "cuda-core-8bit-128"},
+      {"f16, group 4, per-head scales", FD_DTYPE_F16, FD_DTYPE_F16, 8, 2, FDT_SCALE_HEAD, "tensor-core-8bit-keys-128"},
+      {"bf16, group 2, per-token scales", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 2, FDT_SCALE_TOKEN,
+       "tensor-core-8bit-keys-128"},
+      {"f16, group 16, per-tensor scale", FD_DTYPE_F16, FD_DTYPE_F16, 32, 2, FDT_SCALE_TENSOR, "tensor-core-8bit-128"},
+      {"bf16, group 16, per-token scales", FD_DTYPE_BF16, FD_DTYPE_BF16, 32, 2, FDT_SCALE_TOKEN,
+       "tensor-core-8bit-128"},
+  };
+  /* V scales, by (sequence x KV heads + KV head) % 8: few significant bits for a float output, powers of two
+   * (and 0) for a bf16 one, powers of two up to 1 for an f16 one. */
+  static const float f32_scales[8] = {0.375f, 1.5f, 3.0f, 0.0f, 1.0f, 2.5f, 0.75f, 0.5f};
+  static const float bf16_scales[8] = {2.0f, 0.5f, 0.0f, 4.0f, 1.0f, 0.25f, 8.0f, 0.125f};
+  static const float f16_scales[8] = {0.5f, 0.25f, 1.0f, 0.125f, 0.5f, 1.0f, 0.0f, 0.0625f};
+
+  /* The decoding here and the support library's must agree on every code. */
+  for (size_t f = 0; f < sizeof formats / sizeof formats[0]; ++f) {
+    for (unsigned code = 0; code < 256; ++code) {
+      const double a = decode_8bit(formats[f], code), b = fdt_fp8_value(formats[f], (uint8_t)code);
+      if (!(a == b || (isnan(a) && isnan(b))))
+        fail_msg("%s code 0x%02x: decoded %g here, %g by fdt_fp8_value", fdt_dtype_name(formats[f]), code, a, b);
+    }
+  }
+
+  int failures = 0;
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    for (size_t f = 0; f < sizeof formats / sizeof formats[0]; ++f) {
+      const fd_dtype format = formats[f];
+      const int64_t Hq = spec[i].q_heads, Hkv = spec[i].kv_heads, group = Hq / Hkv;
+      const size_t q_es = fdt_dtype_size(spec[i].q), out_es = fdt_dtype_size(spec[i].out);
+      const float *scale_list = spec[i].out == FD_DTYPE_F32  ? f32_scales
+                                : spec[i].q == FD_DTYPE_BF16 ? bf16_scales
+                                                             : f16_scales;
+      fdt_rng rng = {g_seed * 131 + 1800 + (uint64_t)(i * 4 + f)};
+      void *q = malloc((size_t)(kBatch * Hq * kD) * q_es);
+      uint8_t *k = malloc((size_t)(kBatch * Hkv * kD)), *v = malloc((size_t)(kBatch * Hkv * kD));
+      void *out = malloc((size_t)(kBatch * Hq * kD) * out_es);
+      float *lse = malloc((size_t)(kBatch * Hq) * sizeof(float));
+      float scales[kBatch * 8] = {0}; /* per (sequence, KV head); the tensor holds what the mode keeps of it */
+      if (q == NULL || k == NULL || v == NULL || out == NULL || lse == NULL) fail_msg("out of host memory");
+      for (int64_t e = 0; e < kBatch * Hq * kD; ++e) fdt_store(spec[i].q, q, e, fdt_uniform(&rng, -2.0, 2.0));
+      int seen[256] = {0};
+      for (int64_t e = 0; e < kBatch * Hkv * kD; ++e) {
+        k[e] = fdt_quantize(format, fdt_uniform(&rng, -2.0, 2.0));
+        v[e] = (uint8_t)((e * 37 + 11) & 0xff);
+        seen[v[e]] = 1;
+      }
+      for (int code = 0; code < 256; ++code) {
+        if (!seen[code]) fail_msg("code 0x%02x is in no V row", code);
+      }
+      for (int64_t r = 0; r < kBatch * Hkv; ++r) {
+        const int64_t g = r % Hkv;
+        scales[r] = spec[i].v_scales == FDT_SCALE_NONE     ? 1.0f
+                    : spec[i].v_scales == FDT_SCALE_TENSOR ? scale_list[0]
+                    : spec[i].v_scales == FDT_SCALE_HEAD   ? scale_list[g]
+                                                           : scale_list[r % 8];
+      }
+      memset(out, 0xff, (size_t)(kBatch * Hq * kD) * out_es);
+      memset(lse, 0xff, (size_t)(kBatch * Hq) * sizeof(float));
+
+      void *dq = device_copy(q, (size_t)(kBatch * Hq * kD) * q_es);
+      void *dk = device_copy(k, (size_t)(kBatch * Hkv * kD)), *dv = device_copy(v, (size_t)(kBatch * Hkv * kD));
+      void *dout = device_copy(out, (size_t)(kBatch * Hq * kD) * out_es);
+      void *dlse = device_copy(lse, (size_t)(kBatch * Hq) * sizeof(float));
+      /* The scale tensor [batch, 1, kv_heads]: per token its own value per (sequence, head) (the token
+       * stride is not 0: the per-token path), per head one per head, per tensor one. */
+      void *dscale = device_copy(scales, sizeof scales);
+      fd_decode_args a;
+      fd_decode_args_init(&a, sizeof a);
+      const int64_t q_shape[4] = {kBatch, 1, Hq, kD}, q_strides[4] = {Hq * kD, Hq * kD, kD, 1};
+      const int64_t kv_shape[4] = {kBatch, 1, Hkv, kD}, kv_strides[4] = {Hkv * kD, Hkv * kD, kD, 1};
+      const int64_t lse_shape[3] = {kBatch, 1, Hq}, lse_strides[3] = {Hq, Hq, 1};
+      a.q = fdt_tensor(dq, spec[i].q, 4, q_shape, q_strides);
+      a.k = fdt_tensor(dk, format, 4, kv_shape, kv_strides);
+      a.v = fdt_tensor(dv, format, 4, kv_shape, kv_strides);
+      a.out = fdt_tensor(dout, spec[i].out, 4, q_shape, q_strides);
+      a.lse = fdt_tensor(dlse, FD_DTYPE_F32, 3, lse_shape, lse_strides);
+      if (spec[i].v_scales != FDT_SCALE_NONE) {
+        const int64_t scale_shape[3] = {kBatch, 1, Hkv};
+        int64_t scale_strides[3] = {0, 0, 0};
+        if (spec[i].v_scales == FDT_SCALE_HEAD) scale_strides[2] = 1;
+        if (spec[i].v_scales == FDT_SCALE_TOKEN) {
+          scale_strides[0] = scale_strides[1] = Hkv;
+          scale_strides[2] = 1;
+        }
+        a.v_scale = fdt_tensor(dscale, FD_DTYPE_F32, 3, scale_shape, scale_strides);
+      }
+      const fd_plan_info plan = describe(g_cuda, &a);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const fd_status status = fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream);
+      CUDA_CHECK(cudaStreamSynchronize(g_stream));
+      if (status == FD_SUCCESS) {
+        CUDA_CHECK(cudaMemcpy(out, dout, (size_t)(kBatch * Hq * kD) * out_es, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(lse, dlse, (size_t)(kBatch * Hq) * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+      void *device[] = {dq, dk, dv, dout, dlse, dscale};
+      for (size_t j = 0; j < sizeof device / sizeof device[0]; ++j) CUDA_CHECK(cudaFree(device[j]));
+
+      int64_t wrong = 0, lse_wrong = 0;
+      char first[160] = "";
+      const double softmax_scale = 1.0 / sqrt((double)kD);
+      for (int64_t b = 0; status == FD_SUCCESS && b < kBatch; ++b) {
+        for (int64_t h = 0; h < Hq; ++h) {
+          const int64_t row = b * Hkv + h / group; /* the V (and K) row of this head */
+          double score = 0.0;
+          for (int64_t d = 0; d < kD; ++d) {
+            const unsigned code = v[row * kD + d];
+            const double want = decode_8bit(format, code) * (double)scales[row];
+            const double got = fdt_load(spec[i].out, out, (b * Hq + h) * kD + d);
+            score += fdt_load(spec[i].q, q, (b * Hq + h) * kD + d) * decode_8bit(format, k[row * kD + d]);
+            if (isnan(want) ? isnan(got) : got == want) continue;
+            if (wrong++ == 0) {
+              snprintf(first, sizeof first,
+                       "sequence %lld head %lld dim %lld: code 0x%02x x scale %g = %.17g, got %.17g", (long long)b,
+                       (long long)h, (long long)d, code, (double)scales[row], want, got);
+            }
+          }
+          const double want_lse = score * softmax_scale;
+          if (!(fabs(lse[b * Hq + h] - want_lse) <= 1e-4)) ++lse_wrong;
+        }
+      }
+      const int wrong_kernel = !starts_with(plan.kernel, spec[i].kernel);
+      print_message("8-bit codes, %s, %s (%s): %s%lld elements wrong, %lld LSEs%s%s\n", fdt_dtype_name(format),
+                    spec[i].what, plan.kernel, status != FD_SUCCESS ? "decode failed; " : "", (long long)wrong,
+                    (long long)lse_wrong, wrong ? "; first " : "", first);
+      free(q);
+      free(k);
+      free(v);
+      free(out);
+      free(lse);
+      if (status != FD_SUCCESS) fail_msg("fd_decode: %s: %s", fd_status_string(status), last_message());
+      if (wrong_kernel)
+        fail_msg("8-bit codes, %s: planned on %s, expected %s", spec[i].what, plan.kernel, spec[i].kernel);
+      failures += wrong != 0 || lse_wrong != 0;
+    }
+  }
+  assert_int_equal(failures, 0);
+}
+
+/* ---- sliding windows at their edges ------------------------------------------ */
+/* A window exactly as long as the sequence (W == L: the last query token
+ * sees key 0, and nothing past the sequence's first page is skipped) among
+ * sequences of W - 1 and W + 1 and others, with several query tokens
+ * (causal and no mask), paged caches (pages of 16 and of 7, a window that
+ * is not a multiple of the page), on the tensor cores, the rows kernel with
+ * manual splits, the CUDA cores and an 8-bit cache; then W = 1 (a token
+ * sees its own position only, or with no mask every key from it on) with
+ * each 8-bit format, dense and paged, per-token, per-head and per-tensor
+ * scales, the 8-bit kernels and the CUDA cores. Each by run_case: against
+ * the float64 reference and the CPU backend. */
+static void test_window_edges(void **state) {
+  (void)state;
+  static const int64_t lens_256[] = {256, 255, 257, 256, 240, 272, 1, 0};
+  static const int64_t lens_100[] = {100, 99, 101, 100, 98, 3, 0, 105};
+  static const int64_t lens_64[] = {64, 63, 65, 64, 1, 0, 80, 2};
+  static const int64_t lens_500[] = {500, 499, 501, 500, 250, 0};
+  static const int64_t lens_320[] = {320, 319, 321, 320, 16, 0};
+  static const struct {
+    const char *what;
+    fd_dtype dtype, out_dtype, kv_dtype;
+    fdt_scale_mode scales;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, page_size, q_len, window;
+    fd_attention_mask mask;
+    int32_t splits;
+    const int64_t *lens; /* NULL: the generated ragged lengths (0, full, 1, 63, 64, 65, random) */
+  } spec[] = {
+      {"W == L = 256, q_len 4, pages of 16", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_SCALE_NONE, FDT_PAGED_NHD, 8, 32, 8,
+       128, 272, 16, 4, 256, FD_MASK_CAUSAL, 0, lens_256},
+      {"W == L = 100, q_len 3, no mask, pages of 7", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_SCALE_NONE, FDT_PAGED_HND, 8,
+       16, 4, 64, 105, 7, 3, 100, FD_MASK_NONE, 0, lens_100},
+      {"W == L = 64, q_len 2, f32: CUDA cores", FD_DTYPE_F32, FD_DTYPE_F32, 0, FDT_SCALE_NONE, FDT_PAGED_NHD, 8, 8, 2,
+       128, 80, 16, 2, 64, FD_MASK_CAUSAL, 0, lens_64},
+      {"W == L = 500, q_len 8 x group 8: rows kernel, 3 splits", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_SCALE_NONE,
+       FDT_PAGED_NHD, 6, 32, 4, 128, 512, 16, 8, 500, FD_MASK_CAUSAL, 3, lens_500},
+      {"W == L = 320, q_len 2, e4m3, per-token scales", FD_DTYPE_F16, FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_SCALE_TOKEN,
+       FDT_PAGED_NHD, 6, 32, 8, 128, 336, 16, 2, 320, FD_MASK_CAUSAL, 0, lens_320},
+      {"W = 1, q_len 3, e4m3, per-token scales, paged", FD_DTYPE_F16, FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_SCALE_TOKEN,
+       FDT_PAGED_NHD, 7, 32, 8, 128, 300, 16, 3, 1, FD_MASK_CAUSAL, 0, NULL},
+      {"W = 1, int8, f32 out: CUDA cores, per-head scales", FD_DTYPE_BF16, FD_DTYPE_F32, FD_DTYPE_I8, FDT_SCALE_HEAD,
+       FDT_BHND, 7, 16, 4, 128, 500, 0, 1, 1, FD_MASK_CAUSAL, 0, NULL},
+      {"W = 1, q_len 4, no mask, e5m2, pages of 7", FD_DTYPE_F16, FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_SCALE_TENSOR,
+       FDT_PAGED_HND, 7, 8, 8, 64, 200, 7, 4, 1, FD_MASK_NONE, 0, NULL},
+      {"W = 1, q_len 2 x group 8: 16 rows, int8, 3 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, FD_DTYPE_I8, FDT_SCALE_TOKEN,
+       FDT_PAGED_NHD, 7, 32, 4, 128, 400, 16, 2, 1, FD_MASK_CAUSAL, 3, NULL},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
+                            spec[i].kv_len, g_seed + 1850 + (uint64_t)i);
+    c.out_dtype = spec[i].out_dtype;
+    c.kv_dtype = spec[i].kv_dtype;
+    c.scale_mode = spec[i].scales;
+    c.layout = spec[i].layout;
+    c.page_size = spec[i].page_size;
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    c.mask = spec[i].mask;
+    c.num_splits = spec[i].splits;
+    c.ragged = 1;
+    c.lens = spec[i].lens;
+    c.with_lse = 1;
+    print_message("window edges: %s\n", spec[i].what);
+    void *case_state = &c;
+    run_case(&case_state);
   }
 }
 
@@ -1934,11 +2430,14 @@ static void test_batch_invariant(void **state) {
  * LSE) and merged equals the whole within the output's bound; also in place,
  * over state 0's own out and lse. The cases reach both kernels: up to 8
  * aligned states of one dtype (the vector kernel, head_dim 40 leaving lanes
- * idle), and more states, or mixed state dtypes (the general one).
- * Ragged lengths leave some parts empty (LSE -inf). */
+ * idle), and more states, or mixed state dtypes (the general one); from 1
+ * state (the whole cache: the merge must give that state back, each
+ * element exactly, rounded to out's dtype) to FD_MAX_MERGE_STATES (64
+ * parts of 47 tokens). Ragged lengths leave some parts empty (LSE -inf):
+ * with 64 parts, every part of the short sequences but the first. */
 static void test_merge_states(void **state) {
   (void)state;
-  enum { kMaxParts = 12 };
+  enum { kMaxParts = FD_MAX_MERGE_STATES };
   enum state_dtypes { kSame, kF32, kMixed };
   static const struct {
     fd_dtype dtype;
@@ -1946,10 +2445,11 @@ static void test_merge_states(void **state) {
     int parts;
     enum state_dtypes states;
   } cases[] = {
-      {FD_DTYPE_F16, 128, 3, kSame},   {FD_DTYPE_BF16, 128, 3, kSame}, {FD_DTYPE_F32, 128, 3, kSame},
-      {FD_DTYPE_F16, 64, 3, kF32},     {FD_DTYPE_BF16, 64, 8, kF32},   {FD_DTYPE_F32, 64, 3, kF32},
-      {FD_DTYPE_F16, 40, 5, kSame},    {FD_DTYPE_BF16, 256, 2, kSame}, {FD_DTYPE_F16, 128, 12, kSame},
-      {FD_DTYPE_BF16, 128, 4, kMixed}, {FD_DTYPE_F16, 72, 6, kMixed},
+      {FD_DTYPE_F16, 128, 3, kSame},   {FD_DTYPE_BF16, 128, 3, kSame},  {FD_DTYPE_F32, 128, 3, kSame},
+      {FD_DTYPE_F16, 64, 3, kF32},     {FD_DTYPE_BF16, 64, 8, kF32},    {FD_DTYPE_F32, 64, 3, kF32},
+      {FD_DTYPE_F16, 40, 5, kSame},    {FD_DTYPE_BF16, 256, 2, kSame},  {FD_DTYPE_F16, 128, 12, kSame},
+      {FD_DTYPE_BF16, 128, 4, kMixed}, {FD_DTYPE_F16, 72, 6, kMixed},   {FD_DTYPE_F16, 128, 1, kSame},
+      {FD_DTYPE_BF16, 64, 1, kF32},    {FD_DTYPE_BF16, 128, 64, kSame}, {FD_DTYPE_F16, 64, 64, kMixed},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
     fdt_case c = dense_case(cases[k].dtype, 9, 32, 8, cases[k].head_dim, 3000, g_seed + 480 + (uint64_t)k);
@@ -1992,6 +2492,26 @@ static void test_merge_states(void **state) {
     if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
     char report[256];
     int bad = fdt_check(p, report, sizeof report, NULL, NULL);
+    /* One state: the merge gives it back (its weight exp(0) is 1, and so is
+     * l), each element rounded to out's dtype, and its LSE as it is
+     * (+ log 1). Before the in-place merge below overwrites it. */
+    int64_t identity_bad = 0;
+    if (parts == 1) {
+      const size_t state_bytes = (size_t)(B * H * D) * fdt_dtype_size(state_dtypes[0]);
+      void *state_out = malloc(state_bytes);
+      float *state_lse = malloc((size_t)(B * H) * sizeof(float));
+      if (state_out == NULL || state_lse == NULL) fail_msg("out of host memory");
+      CUDA_CHECK(cudaMemcpy(state_out, outs[0], state_bytes, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(state_lse, lses[0], (size_t)(B * H) * sizeof(float), cudaMemcpyDeviceToHost));
+      /* out and the state are both [B, 1, H, D] contiguous, lse [B, 1, H]. */
+      for (int64_t i = 0; i < B * H * D; ++i) {
+        const double want = fdt_round_to(c.out_dtype, fdt_load(state_dtypes[0], state_out, i));
+        identity_bad += !(fdt_load(c.out_dtype, p->out, i) == want);
+      }
+      for (int64_t i = 0; i < B * H; ++i) identity_bad += !(((const float *)p->lse)[i] == state_lse[i]);
+      free(state_out);
+      free(state_lse);
+    }
     /* In place over state 0 (when its dtype is out's). */
     int in_place_bad = 0;
     const int in_place = state_dtypes[0] == c.out_dtype;
@@ -2008,9 +2528,10 @@ static void test_merge_states(void **state) {
       free(got);
       free(expected);
     }
-    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s\n", parts,
+    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s%s\n", parts,
                   cases[k].states == kMixed ? "mixed" : fdt_dtype_name(state_dtypes[0]), fdt_dtype_name(c.out_dtype),
-                  (long long)D, report, in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a");
+                  (long long)D, report, in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a",
+                  parts == 1 ? (identity_bad ? "; the state back: DIFFERS" : "; the state back: exactly") : "");
     for (int s = 0; s < parts; ++s) {
       CUDA_CHECK(cudaFree(outs[s]));
       CUDA_CHECK(cudaFree(lses[s]));
@@ -2018,6 +2539,139 @@ static void test_merge_states(void **state) {
     }
     close_case(&t);
     if (bad || in_place_bad) fail_msg("merge case %zu: %s", k, report);
+    if (identity_bad)
+      fail_msg("merge case %zu: %lld elements of one state's merge are not the state", k, (long long)identity_bad);
+  }
+}
+
+/* fd_merge_states' rules for empty and non-finite states (flashdecode.h,
+ * fd_merge_args) on both kernels: the cache decoded in parts as above, with
+ * NaN written into every row of a part's output whose LSE is -inf (an
+ * empty part of that row), and a state that is empty everywhere (LSE -inf)
+ * and NaN everywhere put in after the first part: neither NaN may reach the
+ * result, which must still be the whole decode. Three rows get a
+ * non-finite LSE in one state, and must come out NaN (every element and
+ * the LSE): NaN in a part that has keys (sequence 1, full), NaN in the one
+ * sequence with no keys (sequence 0: every other state of that row is
+ * empty), and +inf (sequence 3, whose keys all lie in the first part). 4
+ * states of one dtype (the vector kernel), then 10 of two dtypes (the
+ * general one). */
+static void test_merge_states_nan_rules(void **state) {
+  (void)state;
+  enum { kMaxStates = 10 };
+  static const struct {
+    fd_dtype dtype;
+    int parts; /* decoded parts; the all-empty NaN state makes one more */
+    int mixed; /* the odd parts' states in f32 */
+  } cases[] = {{FD_DTYPE_F16, 3, 0}, {FD_DTYPE_BF16, 9, 1}};
+  /* (sequence, query head) of the rows given a non-finite LSE, the state (a part's) it goes into, and the LSE. */
+  static const struct {
+    int64_t b, h;
+    int part;
+    float lse;
+  } special[] = {{1, 3, 1, NAN}, {0, 5, 0, NAN}, {3, 9, 0, INFINITY}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    /* lengths 0, 1000, 1, 63, 64, 65, random: sequence 3's 63 keys lie in the first part (of 334 or 112) */
+    fdt_case c = dense_case(cases[k].dtype, 7, 16, 4, 128, 1000, g_seed + 496 + (uint64_t)k);
+    c.ragged = 1;
+    c.with_lse = 1;
+    gpu_case t;
+    open_case(&t, &c);
+    fdt_problem *p = &t.p;
+    const int parts = cases[k].parts, states = parts + 1;
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + parts - 1) / parts;
+    void *outs[kMaxStates];
+    float *lses[kMaxStates];
+    int32_t *lens[kMaxStates];
+    fd_dtype dtypes[kMaxStates];
+    fd_tensor states_out[kMaxStates], states_lse[kMaxStates];
+    memset(lens, 0, sizeof lens);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    /* State 0 is part 0, state 1 the all-empty one, state s + 1 part s. */
+    for (int s = 0; s < parts; ++s) {
+      const int i = s == 0 ? 0 : s + 1;
+      dtypes[i] = cases[k].mixed && s % 2 == 1 ? FD_DTYPE_F32 : c.dtype;
+      const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
+      int32_t host_lens[16];
+      fdt_part_lengths(p->lens, B, start, n, host_lens);
+      CUDA_CHECK(cudaMalloc(&outs[i], (size_t)(B * H * D) * fdt_dtype_size(dtypes[i])));
+      CUDA_CHECK(cudaMalloc((void **)&lses[i], (size_t)(B * H) * sizeof(float)));
+      CUDA_CHECK(cudaMalloc((void **)&lens[i], (size_t)B * sizeof(int32_t)));
+      CUDA_CHECK(cudaMemcpy(lens[i], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[i], outs[i], dtypes[i], lses[i]);
+      if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
+      states_out[i] = a.out;
+      states_lse[i] = a.lse;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    /* The all-empty state: out all NaN, LSE all -inf; its tensors as part 0's. */
+    dtypes[1] = c.dtype;
+    CUDA_CHECK(cudaMalloc(&outs[1], (size_t)(B * H * D) * fdt_dtype_size(c.dtype)));
+    CUDA_CHECK(cudaMalloc((void **)&lses[1], (size_t)(B * H) * sizeof(float)));
+    CUDA_CHECK(cudaMemset(outs[1], 0xff, (size_t)(B * H * D) * fdt_dtype_size(c.dtype)));
+    float *host_lse = malloc((size_t)(B * H) * sizeof(float));
+    unsigned char *host_out = malloc((size_t)(B * H * D) * sizeof(float));
+    if (host_lse == NULL || host_out == NULL) fail_msg("out of host memory");
+    for (int64_t r = 0; r < B * H; ++r) host_lse[r] = -INFINITY;
+    CUDA_CHECK(cudaMemcpy(lses[1], host_lse, (size_t)(B * H) * sizeof(float), cudaMemcpyHostToDevice));
+    states_out[1] = states_out[0];
+    states_out[1].data = outs[1];
+    states_lse[1] = states_lse[0];
+    states_lse[1].data = lses[1];
+    /* NaN in every empty row of every part, and the special LSEs. */
+    int64_t nan_rows = 0;
+    for (int i = 0; i < states; ++i) {
+      if (i == 1) continue;
+      const size_t es = fdt_dtype_size(dtypes[i]);
+      CUDA_CHECK(cudaMemcpy(host_out, outs[i], (size_t)(B * H * D) * es, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(host_lse, lses[i], (size_t)(B * H) * sizeof(float), cudaMemcpyDeviceToHost));
+      for (int64_t r = 0; r < B * H; ++r) {
+        if (host_lse[r] != -INFINITY) continue;
+        memset(host_out + (size_t)(r * D) * es, 0xff, (size_t)D * es);
+        ++nan_rows;
+      }
+      for (size_t j = 0; j < sizeof special / sizeof special[0]; ++j) {
+        if ((special[j].part == 0 ? 0 : special[j].part + 1) == i)
+          host_lse[special[j].b * H + special[j].h] = special[j].lse;
+      }
+      CUDA_CHECK(cudaMemcpy(outs[i], host_out, (size_t)(B * H * D) * es, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(lses[i], host_lse, (size_t)(B * H) * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    for (size_t j = 0; j < sizeof special / sizeof special[0]; ++j) {
+      const int64_t row = special[j].b * H + special[j].h; /* one query token */
+      for (int64_t d = 0; d < D; ++d) p->expect_out[row * D + d] = NAN;
+      p->expect_lse[row] = NAN;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize()); /* the copies above, before the merge on the non-blocking stream */
+    fd_merge_args m;
+    fd_merge_args_init(&m, sizeof m);
+    m.num_states = states;
+    m.states_out = states_out;
+    m.states_lse = states_lse;
+    m.out = t.d.args.out;
+    m.lse = t.d.args.lse;
+    const fd_status status = fd_merge_states(g_cuda, &m, (fd_cuda_stream)g_stream);
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    char report[256] = "not run";
+    int bad = 1;
+    if (status == FD_SUCCESS) {
+      if (fdt_cuda_download(&t.d, p) != 0) fail_msg("download failed");
+      bad = fdt_check(p, report, sizeof report, NULL, NULL);
+    }
+    print_message(
+        "merge of %d states (%d parts and an empty one of NaN, %s), %lld empty part rows of NaN, "
+        "NaN / +inf LSEs: %s\n",
+        states, parts, cases[k].mixed ? "mixed dtypes" : fdt_dtype_name(c.dtype), (long long)nan_rows, report);
+    free(host_lse);
+    free(host_out);
+    for (int i = 0; i < states; ++i) {
+      CUDA_CHECK(cudaFree(outs[i]));
+      CUDA_CHECK(cudaFree(lses[i]));
+      CUDA_CHECK(cudaFree(lens[i])); /* NULL for the empty state */
+    }
+    close_case(&t);
+    if (status != FD_SUCCESS) fail_msg("merge: %s: %s", fd_status_string(status), last_message());
+    if (bad || nan_rows == 0) fail_msg("merge NaN rules case %zu: %s", k, report);
   }
 }
 
@@ -2083,6 +2737,94 @@ static void test_all_sequences_empty(void **state) {
     char what[64];
     snprintf(what, sizeof what, "all sequences empty, splits %d", (int)c.num_splits);
     expect_case_passes(&c, what);
+  }
+}
+
+/* A paged batch whose every length is 0 (zero keys in all: the balanced
+ * schedule, which cuts the batch's keys into equal runs, has nothing to
+ * cut): zeros and LSE -inf (the sink with sinks) on the tensor cores
+ * (standard and compact tiles), the CUDA cores, an 8-bit cache and the
+ * variants, the plan the device's cut (0 splits), twice
+ * bitwise equal; then each captured in a graph and replayed as the lengths
+ * go from the generated ragged ones to all 0, to new ragged ones and back
+ * to all 0 (with new data and block tables each round), checked against
+ * the reference every replay. */
+static void test_paged_all_sequences_empty(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype, out_dtype, kv_dtype;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, q_len, window;
+    int sinks;
+  } spec[] = {
+      {"120 units", FD_DTYPE_F16, FD_DTYPE_F16, 0, 60, 8, 2, 128, 500, 1, 0, 0},
+      {"320 units (compact tiles on sm_90)", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, 40, 32, 8, 128, 500, 1, 0, 0},
+      {"f32 out: CUDA cores", FD_DTYPE_F16, FD_DTYPE_F32, 0, 50, 8, 2, 96, 500, 1, 0, 0},
+      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_F16, FD_DTYPE_E4M3, 36, 32, 8, 128, 500, 1, 0, 0},
+      {"q_len 3, window, sinks", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, 45, 16, 4, 64, 500, 3, 150, 1},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
+                            g_quick ? spec[i].kv_len / 2 : spec[i].kv_len, g_seed + 1950 + (uint64_t)i);
+    c.out_dtype = spec[i].out_dtype;
+    c.kv_dtype = spec[i].kv_dtype;
+    if (c.kv_dtype != 0) c.scale_mode = FDT_SCALE_TENSOR;
+    c.layout = FDT_PAGED_NHD;
+    c.page_size = 16;
+    c.ragged = 1;
+    c.with_lse = 1;
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    c.sinks = spec[i].sinks;
+    int64_t *zeros = calloc((size_t)c.batch, sizeof *zeros);
+    if (zeros == NULL) fail_msg("out of host memory");
+    c.lens = zeros;
+    gpu_case t;
+    open_case(&t, &c);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    int same = 1;
+    int bad = check_case_twice(&t, &same);
+    print_message("paged, every length 0, %s: %lldx%lld/%lld x %lld (%s, %d splits, %lld blocks): %s\n", spec[i].what,
+                  (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)c.head_dim, plan.kernel,
+                  (int)plan.num_splits, (long long)plan.blocks, t.report);
+    if (bad || !same || plan.num_splits != 0) {
+      close_case(&t);
+      free(zeros);
+      if (plan.num_splits != 0)
+        fail_msg("paged, every length 0, %s: %d splits planned, not the device's cut", spec[i].what,
+                 (int)plan.num_splits);
+      fail_msg("paged, every length 0, %s: %s", spec[i].what, bad ? t.report : "two runs differ");
+    }
+
+    /* The graph: captured now, replayed with ragged lengths, all 0, new ragged ones, all 0. */
+    fd_handle *h = make_handle(FD_BACKEND_CUDA);
+    size_t bytes = 0;
+    assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
+    assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    const cudaGraphExec_t exec = capture_decode(h, &t.d.args, stream, &graph);
+    bad = 0;
+    for (int round = 0; round < 4 && !bad; ++round) {
+      c.lens = round % 2 ? zeros : NULL;
+      c.seed = g_seed + 1960 + (uint64_t)(i * 8 + (size_t)round);
+      fdt_problem fresh;
+      make_problem(&fresh, &c);
+      assert_int_equal(fresh.kv_bytes, t.p.kv_bytes);
+      if (fdt_cuda_refresh_inputs(&fresh, &t.d) != 0) fail_msg("refreshing the inputs failed");
+      fdt_problem_free(&t.p);
+      t.p = fresh;
+      replay_poisoned(&t, exec, stream);
+      bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
+      print_message("paged, every length 0, %s: graph replay %d (%s): %s\n", spec[i].what, round,
+                    round % 2 ? "every length 0" : "ragged lengths", t.report);
+    }
+    destroy_graph(exec, graph, stream);
+    assert_int_equal(fd_destroy(h), FD_SUCCESS);
+    close_case(&t);
+    free(zeros);
+    if (bad) fail_msg("paged, every length 0, %s: graph replay: %s", spec[i].what, t.report);
   }
 }
 
@@ -2408,6 +3150,7 @@ int main(void) {
   }
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_matches_cpu);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_long_step);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_append_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_quantized_graph_replay);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_deterministic);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_graph_replay);
@@ -2425,12 +3168,16 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_allowed_sharing);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_invariant);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states_nan_rules);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states_many_rows);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compact_tiles);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_8bit_kernels);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_8bit_codes_exact);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_window_edges);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_all_sequences_empty);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_paged_all_sequences_empty);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_non_finite_scores);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_batch_beyond_grid_limit);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mha_128_both_kernels);
