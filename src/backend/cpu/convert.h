@@ -7,6 +7,11 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 #include "flashdecode.h"
 
 namespace fd {
@@ -80,11 +85,31 @@ struct Storage<FD_DTYPE_F32> {
   static void load_row(const float *src, float *dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
   static void store(float *p, float x) { *p = x; }
 };
-// Every fp16 value as float, built once: a load is then one table lookup.
+#if defined(__x86_64__)
+// fp16 rows through F16C's conversion (x86-64 CPUs since 2012), exact like
+// the table, eight values an instruction instead of a lookup each.
+__attribute__((target("avx,f16c"))) inline void half_row_f16c(const uint16_t *src, float *dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
+#endif
+
+// Every fp16 value as float, built once: a load is then one table lookup;
+// and whether this CPU converts rows itself.
 struct HalfTable {
   float values[1 << 16];
+  bool f16c = false;
   HalfTable() {
     for (uint32_t h = 0; h < (1u << 16); ++h) values[h] = half_to_float(static_cast<uint16_t>(h));
+#if defined(__x86_64__)
+    // CPUID leaf 1, ECX bit 29 (some compilers' __builtin_cpu_supports has
+    // no "f16c"); AVX's check includes the OS's saving of its registers.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f16c = __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+#endif
   }
 };
 inline const HalfTable &half_table() {
@@ -97,8 +122,11 @@ struct Storage<FD_DTYPE_F16> {
   using type = uint16_t;
   static float load(const uint16_t *p) { return half_table().values[*p]; }
   static void load_row(const uint16_t *src, float *dst, int64_t n) {
-    const float *values = half_table().values;
-    for (int64_t i = 0; i < n; ++i) dst[i] = values[src[i]];
+    const HalfTable &table = half_table();
+#if defined(__x86_64__)
+    if (table.f16c) return half_row_f16c(src, dst, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) dst[i] = table.values[src[i]];
   }
   static void store(uint16_t *p, float x) { *p = float_to_half(x); }
 };
