@@ -37,7 +37,7 @@ void ThreadPool::stop_and_join() noexcept {
 
 // Tasks are coarse (a whole split of a KV head group), so taking the lock
 // per task costs nothing measurable and keeps the pool simple. A task that
-// throws (e.g. std::bad_alloc for its scratch) stops the handing out of
+// throws (e.g. std::bad_alloc) stops the handing out of
 // tasks; its exception goes to parallel_for's caller, not past a worker
 // thread's entry (which would terminate the process).
 void ThreadPool::run_tasks(int thread) {

@@ -36,8 +36,8 @@ class ThreadPool {
   template <class Task>
   void parallel_for(int64_t count, Task &&task) {
     using T = std::remove_reference_t<Task>;
-    void *context = const_cast<void *>(static_cast<const void *>(&task));  // T may be const
-    run(count, context, [](void *context, int64_t index, int thread) {
+    void *task_pointer = const_cast<void *>(static_cast<const void *>(&task));  // T may be const
+    run(count, task_pointer, [](void *context, int64_t index, int thread) {
       T &call = *static_cast<T *>(context);
       if constexpr (std::is_invocable_v<T &, int64_t, int>) {
         call(index, thread);
