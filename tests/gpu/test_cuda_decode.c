@@ -2426,6 +2426,48 @@ static void test_batch_invariant(void **state) {
   }
 }
 
+/* A case's cache decoded in parts into device states, for fd_merge_states:
+ * part s (of `parts` equal pieces, the last ones possibly empty) goes into
+ * state slot[s], of dtype dtype[slot[s]] (the caller's), with LSE and
+ * its own device lengths; free_device_states frees every slot's buffers. */
+typedef struct device_states {
+  void *out[FD_MAX_MERGE_STATES];
+  float *lse[FD_MAX_MERGE_STATES];
+  int32_t *lens[FD_MAX_MERGE_STATES]; /* NULL for a state no part made */
+  fd_dtype dtype[FD_MAX_MERGE_STATES];
+  fd_tensor states_out[FD_MAX_MERGE_STATES], states_lse[FD_MAX_MERGE_STATES];
+} device_states;
+
+static void decode_parts_on_device(gpu_case *t, int parts, const int *slot, device_states *ds) {
+  const fdt_problem *p = &t->p;
+  const int64_t B = p->c.batch, H = p->c.q_heads, D = p->c.head_dim, N = p->c.kv_len;
+  const int64_t chunk = (N + parts - 1) / parts;
+  if (B > 64) fail_msg("decode_parts_on_device: batch %lld above 64", (long long)B);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (int s = 0; s < parts; ++s) {
+    const int i = slot[s];
+    const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
+    int32_t host_lens[64];
+    fdt_part_lengths(p->lens, B, start, n, host_lens);
+    CUDA_CHECK(cudaMalloc(&ds->out[i], (size_t)(B * H * D) * fdt_dtype_size(ds->dtype[i])));
+    CUDA_CHECK(cudaMalloc((void **)&ds->lse[i], (size_t)(B * H) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&ds->lens[i], (size_t)B * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemcpy(ds->lens[i], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const fd_decode_args a = fdt_part_args(&t->d.args, start, n, ds->lens[i], ds->out[i], ds->dtype[i], ds->lse[i]);
+    if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
+    ds->states_out[i] = a.out;
+    ds->states_lse[i] = a.lse;
+  }
+}
+
+static void free_device_states(device_states *ds, int count) {
+  for (int i = 0; i < count; ++i) {
+    CUDA_CHECK(cudaFree(ds->out[i]));
+    CUDA_CHECK(cudaFree(ds->lse[i]));
+    CUDA_CHECK(cudaFree(ds->lens[i]));
+  }
+}
+
 /* fd_merge_states on the device: the cache decoded in parts (each with its
  * LSE) and merged equals the whole within the output's bound; also in place,
  * over state 0's own out and lse. The cases reach both kernels: up to 8
@@ -2459,27 +2501,18 @@ static void test_merge_states(void **state) {
     open_case(&t, &c);
     fdt_problem *p = &t.p;
     const int parts = cases[k].parts;
-    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + parts - 1) / parts;
-    void *outs[kMaxParts];
-    float *lses[kMaxParts];
-    int32_t *lens[kMaxParts];
-    fd_dtype state_dtypes[kMaxParts];
-    fd_tensor states_out[kMaxParts], states_lse[kMaxParts];
-    CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim;
+    device_states ds;
+    int slot[kMaxParts];
     for (int s = 0; s < parts; ++s) {
-      state_dtypes[s] = cases[k].states == kSame || (cases[k].states == kMixed && s % 2 == 0) ? c.dtype : FD_DTYPE_F32;
-      const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
-      int32_t host_lens[64];
-      fdt_part_lengths(p->lens, B, start, n, host_lens);
-      CUDA_CHECK(cudaMalloc(&outs[s], (size_t)(B * H * D) * fdt_dtype_size(state_dtypes[s])));
-      CUDA_CHECK(cudaMalloc((void **)&lses[s], (size_t)(B * H) * sizeof(float)));
-      CUDA_CHECK(cudaMalloc((void **)&lens[s], (size_t)B * sizeof(int32_t)));
-      CUDA_CHECK(cudaMemcpy(lens[s], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[s], outs[s], state_dtypes[s], lses[s]);
-      if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
-      states_out[s] = a.out;
-      states_lse[s] = a.lse;
+      slot[s] = s;
+      ds.dtype[s] = cases[k].states == kSame || (cases[k].states == kMixed && s % 2 == 0) ? c.dtype : FD_DTYPE_F32;
     }
+    decode_parts_on_device(&t, parts, slot, &ds);
+    void **outs = ds.out;
+    float **lses = ds.lse;
+    const fd_dtype *state_dtypes = ds.dtype;
+    fd_tensor *states_out = ds.states_out, *states_lse = ds.states_lse;
     fd_merge_args m;
     fd_merge_args_init(&m, sizeof m);
     m.num_states = parts;
@@ -2532,11 +2565,7 @@ static void test_merge_states(void **state) {
                   cases[k].states == kMixed ? "mixed" : fdt_dtype_name(state_dtypes[0]), fdt_dtype_name(c.out_dtype),
                   (long long)D, report, in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a",
                   parts == 1 ? (identity_bad ? "; the state back: DIFFERS" : "; the state back: exactly") : "");
-    for (int s = 0; s < parts; ++s) {
-      CUDA_CHECK(cudaFree(outs[s]));
-      CUDA_CHECK(cudaFree(lses[s]));
-      CUDA_CHECK(cudaFree(lens[s]));
-    }
+    free_device_states(&ds, parts);
     close_case(&t);
     if (bad || in_place_bad) fail_msg("merge case %zu: %s", k, report);
     if (identity_bad)
@@ -2579,30 +2608,20 @@ static void test_merge_states_nan_rules(void **state) {
     open_case(&t, &c);
     fdt_problem *p = &t.p;
     const int parts = cases[k].parts, states = parts + 1;
-    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim, N = c.kv_len, chunk = (N + parts - 1) / parts;
-    void *outs[kMaxStates];
-    float *lses[kMaxStates];
-    int32_t *lens[kMaxStates];
-    fd_dtype dtypes[kMaxStates];
-    fd_tensor states_out[kMaxStates], states_lse[kMaxStates];
-    memset(lens, 0, sizeof lens);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t B = c.batch, H = c.q_heads, D = c.head_dim;
+    device_states ds;
+    memset(&ds, 0, sizeof ds);
     /* State 0 is part 0, state 1 the all-empty one, state s + 1 part s. */
+    int slot[kMaxStates];
     for (int s = 0; s < parts; ++s) {
-      const int i = s == 0 ? 0 : s + 1;
-      dtypes[i] = cases[k].mixed && s % 2 == 1 ? FD_DTYPE_F32 : c.dtype;
-      const int64_t start = s * chunk, n = start + chunk <= N ? chunk : N - start;
-      int32_t host_lens[16];
-      fdt_part_lengths(p->lens, B, start, n, host_lens);
-      CUDA_CHECK(cudaMalloc(&outs[i], (size_t)(B * H * D) * fdt_dtype_size(dtypes[i])));
-      CUDA_CHECK(cudaMalloc((void **)&lses[i], (size_t)(B * H) * sizeof(float)));
-      CUDA_CHECK(cudaMalloc((void **)&lens[i], (size_t)B * sizeof(int32_t)));
-      CUDA_CHECK(cudaMemcpy(lens[i], host_lens, (size_t)B * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const fd_decode_args a = fdt_part_args(&t.d.args, start, n, lens[i], outs[i], dtypes[i], lses[i]);
-      if (fd_decode(g_cuda, &a, (fd_cuda_stream)g_stream) != FD_SUCCESS) fail_msg("part %d: %s", s, last_message());
-      states_out[i] = a.out;
-      states_lse[i] = a.lse;
+      slot[s] = s == 0 ? 0 : s + 1;
+      ds.dtype[slot[s]] = cases[k].mixed && s % 2 == 1 ? FD_DTYPE_F32 : c.dtype;
     }
+    decode_parts_on_device(&t, parts, slot, &ds);
+    void **outs = ds.out;
+    float **lses = ds.lse;
+    fd_dtype *dtypes = ds.dtype;
+    fd_tensor *states_out = ds.states_out, *states_lse = ds.states_lse;
     CUDA_CHECK(cudaStreamSynchronize(g_stream));
     /* The all-empty state: out all NaN, LSE all -inf; its tensors as part 0's. */
     dtypes[1] = c.dtype;
@@ -2664,11 +2683,7 @@ static void test_merge_states_nan_rules(void **state) {
         states, parts, cases[k].mixed ? "mixed dtypes" : fdt_dtype_name(c.dtype), (long long)nan_rows, report);
     free(host_lse);
     free(host_out);
-    for (int i = 0; i < states; ++i) {
-      CUDA_CHECK(cudaFree(outs[i]));
-      CUDA_CHECK(cudaFree(lses[i]));
-      CUDA_CHECK(cudaFree(lens[i])); /* NULL for the empty state */
-    }
+    free_device_states(&ds, states);
     close_case(&t);
     if (status != FD_SUCCESS) fail_msg("merge: %s: %s", fd_status_string(status), last_message());
     if (bad || nan_rows == 0) fail_msg("merge NaN rules case %zu: %s", k, report);
