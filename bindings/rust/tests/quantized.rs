@@ -124,6 +124,32 @@ fn scale_tensor<'a>(mode: Scales, scales: &'a [f32], cache_shape: &[i64]) -> Opt
     }
 }
 
+/// Float64 decode attention over a dense `[batch, kv_len, kv_heads, dim]` cache, one query
+/// token a sequence (`q` is `[batch, heads, dim]`), sequence b's first `lens[b]` keys:
+/// `[batch, heads, dim]`.
+fn reference(q: &[f64], k: &[f64], v: &[f64], lens: &[i32], shape: [usize; 4], heads: usize) -> Vec<f64> {
+    let [batch, kv_len, kv_heads, dim] = shape;
+    let mut out = vec![0f64; batch * heads * dim];
+    for b in 0..batch {
+        let len = lens[b] as usize;
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let row = &q[(b * heads + h) * dim..][..dim];
+            let at = |t: usize| ((b * kv_len + t) * kv_heads + g) * dim;
+            let scores: Vec<f64> = (0..len)
+                .map(|t| row.iter().zip(&k[at(t)..][..dim]).map(|(a, c)| a * c).sum::<f64>() / (dim as f64).sqrt())
+                .collect();
+            let peak = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - peak).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for d in 0..dim {
+                out[(b * heads + h) * dim + d] = (0..len).map(|t| weights[t] * v[at(t) + d]).sum::<f64>() / total;
+            }
+        }
+    }
+    out
+}
+
 // ---- decode -----------------------------------------------------------------------
 
 #[test]
@@ -225,42 +251,23 @@ fn decode_matches_dequantized_reference() {
             DType::F16 => 2e-3,
             _ => 1.6e-2,
         };
-        for b in 0..batch {
-            let len = lens[b] as usize;
-            for h in 0..heads {
-                let g = h / (heads / kv_heads);
-                let row = &q64[(b * heads + h) * dim..][..dim];
-                let at = |t: usize| ((b * kv_len + t) * kv_heads + g) * dim;
-                let scores: Vec<f64> = (0..len)
-                    .map(|t| {
-                        row.iter().zip(&k64[at(t)..][..dim]).map(|(a, c)| a * c).sum::<f64>() / (dim as f64).sqrt()
-                    })
-                    .collect();
-                let peak = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - peak).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for d in 0..dim {
-                    let expected: f64 = (0..len).map(|t| weights[t] * v64[at(t) + d]).sum::<f64>() / total;
-                    let index = (b * heads + h) * dim + d;
-                    let got = match query {
-                        DType::F32 => out_f32[index] as f64,
-                        DType::F16 => f16_bits_to_f64(out_u16[index]),
-                        _ => bf16_bits_to_f64(out_u16[index]),
-                    };
-                    assert!(
-                        (got - expected).abs() <= tolerance * (1.0 + expected.abs()),
-                        "{:?} q {:?} {:?}: out[{}, {}, {}] = {}, expected {}",
-                        cache,
-                        query,
-                        mode,
-                        b,
-                        h,
-                        d,
-                        got,
-                        expected
-                    );
-                }
-            }
+        let want = reference(&q64, &k64, &v64, &lens, [batch, kv_len, kv_heads, dim], heads);
+        for (index, expected) in want.iter().enumerate() {
+            let got = match query {
+                DType::F32 => out_f32[index] as f64,
+                DType::F16 => f16_bits_to_f64(out_u16[index]),
+                _ => bf16_bits_to_f64(out_u16[index]),
+            };
+            assert!(
+                (got - expected).abs() <= tolerance * (1.0 + expected.abs()),
+                "{:?} q {:?} {:?}: out[{}] = {}, expected {}",
+                cache,
+                query,
+                mode,
+                index,
+                got,
+                expected
+            );
         }
     }
 }
@@ -336,37 +343,19 @@ fn paged_decode_matches_dequantized_reference() {
             .unwrap_or_else(|e| panic!("{:?} {:?}: {}", cache, mode, e));
         drop(args);
 
-        for b in 0..batch {
-            let len = lens[b] as usize;
-            for h in 0..heads {
-                let g = h / (heads / kv_heads);
-                let row = &q_values[(b * heads + h) * dim..][..dim];
-                let at = |t: usize| ((b * kv_len + t) * kv_heads + g) * dim;
-                let scores: Vec<f64> = (0..len)
-                    .map(|t| {
-                        let dot: f64 = row.iter().zip(&k64[at(t)..][..dim]).map(|(&a, c)| a as f64 * c).sum();
-                        dot / (dim as f64).sqrt()
-                    })
-                    .collect();
-                let peak = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - peak).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for d in 0..dim {
-                    let expected: f64 = (0..len).map(|t| weights[t] * v64[at(t) + d]).sum::<f64>() / total;
-                    let got = out[(b * heads + h) * dim + d] as f64;
-                    assert!(
-                        (got - expected).abs() <= 2e-5 * (1.0 + expected.abs()),
-                        "{:?} {:?}: out[{}, {}, {}] = {}, expected {}",
-                        cache,
-                        mode,
-                        b,
-                        h,
-                        d,
-                        got,
-                        expected
-                    );
-                }
-            }
+        let q64: Vec<f64> = q_values.iter().map(|&x| x as f64).collect();
+        let want = reference(&q64, &k64, &v64, &lens, [batch, kv_len, kv_heads, dim], heads);
+        for (index, expected) in want.iter().enumerate() {
+            let got = out[index] as f64;
+            assert!(
+                (got - expected).abs() <= 2e-5 * (1.0 + expected.abs()),
+                "{:?} {:?}: out[{}] = {}, expected {}",
+                cache,
+                mode,
+                index,
+                got,
+                expected
+            );
         }
     }
 }
