@@ -48,6 +48,7 @@ constexpr Residency kH200[] = {
     {SplitVariant::tensor_core_rows64, {2, 2, 0}},
     {SplitVariant::tensor_core_compact, {4, 4, 0}},
     {SplitVariant::tensor_core_8bit_keys, {2, 2, 2}},
+    {SplitVariant::tensor_core_rows64_wide, {1, 1, 0}},
 };
 
 fd::cuda::DeviceProfile h200() {
@@ -130,10 +131,9 @@ fd_decode_args args_of(const Shape &s) {
 
 // What fd_describe_plan() would report, as the benchmarks print it:
 // "<kernel> <splits>x<tokens> <merge>", the balanced schedule as 0x<tile>.
-std::string plan_of(const Shape &s) {
+std::string plan_of(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
   const fd_decode_args args = args_of(s);
   const fd::Problem problem = fd::validate_decode_args(&args);
-  const fd::cuda::DeviceProfile device = h200();
   const fd::Plan plan = fd::cuda::plan_decode(problem, device);
   const fd::cuda::LaunchChoice launch = fd::cuda::choose_launch(problem, plan, device);
   const fd::LaunchSummary summary = fd::cuda::summarize(problem, plan, launch);
@@ -238,10 +238,17 @@ void test_query_rows(void **) {
   s.q_len = 8;  // 32 rows
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
   s = dense(8, 64, 8, 16384, 128);
-  s.q_len = 8;  // 64 rows
-  assert_true(plan_of(s).rfind("tensor-core-rows64-128 ", 0) == 0);
-  s.q_len = 16;  // 128 rows: two rows64 CTAs a KV head
-  assert_true(plan_of(s).rfind("tensor-core-rows64-128 ", 0) == 0);
+  s.q_len = 8;  // 64 rows: the wide 64-row kernel (sm_90)
+  assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
+  s.q_len = 16;  // 128 rows: two CTAs a KV head
+  assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
+  // A device without the wide kernel (not sm_90, or less shared memory): the 64-row one.
+  fd::cuda::DeviceProfile narrow = h200();
+  for (int d = 0; d < fd::cuda::kDtypeSlotCount; ++d) {
+    for (int b = 0; b < fd::cuda::kBucketCount; ++b)
+      narrow.occupancy.ctas_at(SplitVariant::tensor_core_rows64_wide, d, b) = 0;
+  }
+  assert_true(plan_of(s, narrow).rfind("tensor-core-rows64-128 ", 0) == 0);
   s = dense(4, 8, 4, 16384, 256);
   s.q_len = 16;  // 32 rows at head_dim 256: no rows kernel, standard or wide tiles
   const std::string plan = plan_of(s);

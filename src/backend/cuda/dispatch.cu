@@ -25,13 +25,15 @@ using namespace dispatch;  // NOLINT: the families and their templates (dispatch
 namespace dispatch {
 // The 8-bit families' row functions are instantiated in dispatch_8bit.cu
 // (the keys-on-M family's in dispatch_8bit_keys.cu),
-// the rows families' and the compact tiles' in dispatch_rows.cu.
+// the rows families' and the compact tiles' in dispatch_rows.cu (the wide
+// 64-row one's in dispatch_rows64_wide.cu).
 FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreQuantizedKeysFamily)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<2>)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreRowsFamily<4>)
 FD_FAMILY_FUNCTIONS(extern template, TensorCoreFamily<MmaTiles::compact>)
+FD_FAMILY_FUNCTIONS(extern template, TensorCoreRows64WideFamily)
 }  // namespace dispatch
 
 namespace {
@@ -55,6 +57,8 @@ const SplitVariantRow kSplitVariants[kSplitVariantCount] = {
                                              "tensor-core-compact-128", "tensor-core-compact-256"),
     row<TensorCoreQuantizedKeysFamily>(SplitVariant::tensor_core_8bit_keys, "tensor-core-8bit-keys-64",
                                        "tensor-core-8bit-keys-128", "tensor-core-8bit-keys-256"),
+    row<TensorCoreRows64WideFamily>(SplitVariant::tensor_core_rows64_wide, "tensor-core-rows64-wide-64",
+                                    "tensor-core-rows64-wide-128", "tensor-core-rows64-wide-256"),
 };
 
 const SplitVariantRow &row_of(SplitVariant variant) {
@@ -133,10 +137,13 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
         with_merge_kernel(dtype, [&](auto kernel) { return cudaFuncGetAttributes(&attributes, kernel.function); });
     if (err != cudaSuccess) return err;
   }
-  int device_index = 0, smem_optin = 0, cluster_launch = 0;
+  int device_index = 0, smem_optin = 0, cluster_launch = 0, compute_major = 0;
   cudaError_t err = cudaGetDevice(&device_index);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, device_index);
   }
   if (err != cudaSuccess) return err;
   if (cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device_index) != cudaSuccess) {
@@ -146,6 +153,7 @@ cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   DeviceLimits device;
   device.smem_optin = smem_optin;
   device.cluster_launch = cluster_launch != 0;
+  device.compute_major = compute_major;
   *occupancy = KernelOccupancy{};
   for (const SplitVariantRow &variant : kSplitVariants) {
     for (fd_dtype dtype : kCacheDtypes) {

@@ -36,6 +36,7 @@ struct CudaCoreFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
+  static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
@@ -59,6 +60,7 @@ struct TensorCoreFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = kTiles == MmaTiles::compact ? 128 : 256;
   static constexpr int kMinSmemOptin = kTiles == MmaTiles::wide ? 200 * 1024 : 0;
+  static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
@@ -78,6 +80,7 @@ struct CudaCoreQuantizedFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
+  static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
@@ -94,6 +97,7 @@ struct TensorCoreQuantizedFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
+  static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = true;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
@@ -118,6 +122,7 @@ struct TensorCoreQuantizedKeysFamily {
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
+  static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = true;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
@@ -131,7 +136,12 @@ struct TensorCoreQuantizedKeysFamily {
 // MTiles), 16-bit K/V up to head_dim 128: two m-tiles for up to 32 rows,
 // four (a warp per m-tile over whole tiles) above (tests/bench/policy.md,
 // "Rows kernels").
-template <int kMTiles>
+// Whether the build's architectures include sm_90a (src/CMakeLists.txt):
+// only then does an sm_90 device run the wide 64-row kernel on wgmma.
+#ifndef FD_SM90A_BUILD
+#define FD_SM90A_BUILD 0
+#endif
+template <int kMTiles, int kWholeTileGroups = 1>
 struct TensorCoreRowsFamily {
   static constexpr bool kQuantized = false;
   template <class T>
@@ -139,14 +149,22 @@ struct TensorCoreRowsFamily {
   static constexpr bool kHasClusters = false;
   static constexpr bool kVariantsOnly = true;
   static constexpr int kMaxBucket = 128;
-  static constexpr int kMinSmemOptin = 0;
+  // Two token groups: 192 KiB of stages, one CTA a multiprocessor, on sm_90
+  // with sm_90a code only, where it runs on wgmma (its mma.sync form has
+  // never been measured; tests/bench/policy.md, "Rows kernels").
+  static constexpr int kMinSmemOptin = kWholeTileGroups > 1 ? 200 * 1024 : 0;
+  static constexpr int kComputeMajor = kWholeTileGroups > 1 ? (FD_SM90A_BUILD ? 9 : -1) : 0;
   static constexpr bool kFormatKernels = false;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles>;
+    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles, false, kWholeTileGroups>;
+    static constexpr auto function =
+        mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles, 0, kWholeTileGroups>;
   };
 };
+
+// The 64-row kernel in two token groups (tensor_core_rows64_wide).
+using TensorCoreRows64WideFamily = TensorCoreRowsFamily<4, 2>;
 
 template <class Family, class T, int kFormat, bool kCluster, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
@@ -347,6 +365,7 @@ cudaError_t prepare_clusters(int (&clusters)[kMaxClusterSplits + 1]) {
 struct DeviceLimits {
   int smem_optin = 0;  // shared memory a block may opt into
   bool cluster_launch = false;
+  int compute_major = 0;  // compute capability
 };
 
 // What the host needs to know about a split kernel, from its traits.
@@ -388,6 +407,7 @@ template <class Family>
 cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &device, int &ctas,
                            int (&clusters)[kMaxClusterSplits + 1]) {
   if (bucket > Family::kMaxBucket) return cudaSuccess;
+  if (Family::kComputeMajor != 0 && device.compute_major != Family::kComputeMajor) return cudaSuccess;
   if (Family::kMinSmemOptin > 0 && (device.smem_optin < Family::kMinSmemOptin ||
                                     family_shape<Family>(dtype, bucket).smem_bytes > device.smem_optin)) {
     return cudaSuccess;

@@ -242,9 +242,16 @@ bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, SplitVaria
     return false;
   }
   const bool above_two_tiles = p.rows_per_kv_head() > shape_of(p, SplitVariant::tensor_core_rows).rows;
-  variant = above_two_tiles && device.occupancy.ctas(SplitVariant::tensor_core_rows64, p.kv_dtype, bucket) > 0
-                ? SplitVariant::tensor_core_rows64
-                : SplitVariant::tensor_core_rows;
+  // Above 32 rows: the wide 64-row kernel where the device has it (sm_90:
+  // twice the bytes in flight, which bound these kernels), else the 64-row
+  // one, else chunks of 32.
+  variant = SplitVariant::tensor_core_rows;
+  for (SplitVariant rows64 : {SplitVariant::tensor_core_rows64_wide, SplitVariant::tensor_core_rows64}) {
+    if (above_two_tiles && device.occupancy.ctas(rows64, p.kv_dtype, bucket) > 0) {
+      variant = rows64;
+      break;
+    }
+  }
   return true;
 }
 

@@ -18,17 +18,18 @@ namespace fd {
 namespace cuda {
 
 enum class SplitVariant : uint8_t {
-  cuda_core,              // any dtype, any alignment: the fallback that runs every problem
-  tensor_core,            // 16-bit K/V and out, 16-byte aligned rows, standard tiles
-  tensor_core_wide,       // the same with wide tiles (GPUs with 200+ KiB of shared memory a block)
-  cuda_core_8bit,         // 8-bit K/V (e4m3, e5m2, i8) with any q: the fallback for them
-  tensor_core_8bit,       // 8-bit K/V, 16-bit q and out, 16-byte aligned rows, dequantized into 16-bit tiles
-  tensor_core_rows,       // tensor_core's inputs with 17-32 query rows a KV head (variants' scoring), in one CTA
-  tensor_core_rows64,     // the same with over 32 rows, up to 64 a CTA
-  tensor_core_compact,    // tensor_core's inputs up to head_dim 128 in compact tiles: paged serving batches
-  tensor_core_8bit_keys,  // tensor_core_8bit's inputs with up to 8 query rows a KV head, keys on the MMA's M
+  cuda_core,                // any dtype, any alignment: the fallback that runs every problem
+  tensor_core,              // 16-bit K/V and out, 16-byte aligned rows, standard tiles
+  tensor_core_wide,         // the same with wide tiles (GPUs with 200+ KiB of shared memory a block)
+  cuda_core_8bit,           // 8-bit K/V (e4m3, e5m2, i8) with any q: the fallback for them
+  tensor_core_8bit,         // 8-bit K/V, 16-bit q and out, 16-byte aligned rows, dequantized into 16-bit tiles
+  tensor_core_rows,         // tensor_core's inputs with 17-32 query rows a KV head (variants' scoring), in one CTA
+  tensor_core_rows64,       // the same with over 32 rows, up to 64 a CTA
+  tensor_core_compact,      // tensor_core's inputs up to head_dim 128 in compact tiles: paged serving batches
+  tensor_core_8bit_keys,    // tensor_core_8bit's inputs with up to 8 query rows a KV head, keys on the MMA's M
+  tensor_core_rows64_wide,  // tensor_core_rows64's inputs on sm_90: two warpgroups on a tile's halves, 192 KiB stages
 };
-constexpr int kSplitVariantCount = 9;
+constexpr int kSplitVariantCount = 10;
 
 // The variant at a table index (Plan::variant), failing closed
 // (FD_ERROR_INTERNAL) on an index no variant has.

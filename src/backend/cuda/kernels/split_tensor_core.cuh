@@ -110,7 +110,7 @@ constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 enum class MmaTiles { standard, wide, compact };
 
 template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1,
-          bool TokenWarps = (Quantized && Bucket <= 128)>
+          bool TokenWarps = (Quantized && Bucket <= 128), int WholeTileGroups = 1>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
@@ -133,7 +133,7 @@ struct MmaTraits {
   static constexpr bool kQueryFromSmem = MTiles > 1 && (kWholeTiles || Bucket > 64);
   static constexpr int kTokenGroups =  // warps along a tile's tokens
       kTokenWarps   ? (Bucket == 256 ? 4 : 8)
-      : kWholeTiles ? 1
+      : kWholeTiles ? WholeTileGroups
                     : (kWide || (Bucket != 256 && !kCompact) ? 8 : 4) / (MTiles * kDSplits);
   static constexpr int kWarps = MTiles * kTokenGroups * kDSplits;
   static constexpr int kThreads = 32 * kWarps;  // 256, 256, 128 (wide: 256; compact: 128; rows: 256, whole tiles 128)
@@ -156,11 +156,14 @@ struct MmaTraits {
   static constexpr int kScaleOffset = 2 * kTileTokens * kRowStride;
   // 32 KiB (wide: 64 KiB, compact: 16 KiB) for 16-bit elements; about 17-21 KiB for 8-bit ones.
   static constexpr int kStageBytes = kScaleOffset + (Quantized ? 2 * kTileTokens * 4 : 0);
-  // Rows: a 64 KiB pipeline, which leaves room for two CTAs a multiprocessor.
+  // Rows: a 64 KiB pipeline, which leaves room for two CTAs a multiprocessor;
+  // whole tiles in two token groups (warpgroups): three 64 KiB stages at one
+  // CTA a multiprocessor, twice the bytes in flight (the rows kernels are
+  // bound by their copies: tests/bench/policy.md, "Rows kernels").
   static constexpr int kStages = Quantized    ? (kTokenWarps ? 2 : 4)
                                  : kWide      ? 2
                                  : kCompact   ? 3
-                                 : MTiles > 1 ? 64 * 1024 / kStageBytes
+                                 : MTiles > 1 ? (kWholeTiles &&WholeTileGroups > 1 ? 192 : 64) * 1024 / kStageBytes
                                               : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // TileLoader's load groups: the threads that copy a tile's rows and the
@@ -208,14 +211,20 @@ struct MmaTraits {
   // 128 bucket is near that limit: read -Xptxas -v after each edit for
   // spills); compact: four of 128 threads, the same 128 registers;
   // whole-tile rows: two of 128 threads, about 230 registers.
-  static constexpr int kMinBlocks = kWide ? 1 : kCompact ? 4 : 2;
+  static constexpr int kMinBlocks = kWide || WholeTileGroups > 1 ? 1 : kCompact ? 4 : 2;
   // P = exp2(score - max) is scaled by 2^kProbabilityShift before it is
   // rounded to 16 bits for P V: fp16 keeps full precision only down to 2^-14,
   // so the small weights of a long context dominated by one token would be
   // subnormal. The factor cancels in acc / l; the stored max is lowered by
   // it, so the LSE and every merge see the true state. P stays below 2^15.
   static constexpr float kProbabilityShift = 15.0f;
-  static_assert(kSmemBytes <= (kWide ? 200 : kCompact ? 54 : 110) * 1024, "mma kernel shared memory budget");
+  static_assert(kSmemBytes <= (kWide                 ? 200
+                               : kCompact            ? 54
+                               : WholeTileGroups > 1 ? 220
+                                                     : 110) *
+                                  1024,
+                "mma kernel shared memory budget");
+  static_assert(WholeTileGroups == 1 || (kWholeTiles && WholeTileGroups == 2), "token groups of whole tiles: 1 or 2");
   static_assert(MTiles > 1 || Quantized || kClusterPartialOffset + kClusterPartialBytes <= kSmemBytes,
                 "the cluster merge's state fits");
   static_assert(MTiles == 1 || (Tiles == MmaTiles::standard && !Quantized && Bucket <= 128 && kTokenGroups >= 1),
@@ -385,10 +394,11 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
   } else if constexpr (Traits::kAsyncMma) {
     // The warpgroup's 64 row slots at once, A the query tile, B the K rows;
     // a k-step is 32 bytes further in a 128-byte column block.
-    static_assert(Traits::kSTiles == 8 && Traits::kRows == 64 && Traits::kThreads == 128 && Traits::kQueryFromSmem,
-                  "wgmma: one warpgroup, its 64 rows, 64 keys, the query tile in shared memory");
+    static_assert(Traits::kSTiles == 8 && Traits::kRows == 64 && Traits::kThreads == 128 * Traits::kTokenGroups &&
+                      Traits::kQueryFromSmem,
+                  "wgmma: a warpgroup a token group, its 64 rows, 64 keys, the query tile in shared memory");
     const uint64_t query_descriptor = wgmma_descriptor(query_tile, 16, 1024);
-    const uint64_t key_descriptor = wgmma_descriptor(k_tile, 16, 1024);
+    const uint64_t key_descriptor = wgmma_descriptor(k_tile + row0 * 128, 16, 1024);  // the warp's keys
     const auto k_step_bytes = [](int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; };
     wgmma_fence();
     Wgmma<T>::ss_n64_first(s_chain[0], query_descriptor, key_descriptor);
@@ -556,7 +566,8 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       uint32_t a[Traits::kPSteps][4];
 #pragma unroll
       for (int ks = 0; ks < Traits::kPSteps; ++ks) p_fragments(ks, a[ks]);
-      const uint64_t value_descriptor = wgmma_descriptor(v_tile, kValueLeadingBytes<Traits>, kValueStrideBytes);
+      const uint64_t value_descriptor =
+          wgmma_descriptor(v_tile + row0 * 128, kValueLeadingBytes<Traits>, kValueStrideBytes);
       wgmma_fence_registers(o);
       wgmma_fence();
 #pragma unroll
@@ -715,13 +726,15 @@ __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &p
 // kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type)
 // of format kFormat (an 8-bit fd_dtype; SplitParams::kv_format must match):
 // a kernel per format, so that each carries only its own dequantization.
-// kMTiles: m-tiles of query rows (MmaTraits' MTiles).
+// kMTiles: m-tiles of query rows (MmaTraits' MTiles); kWholeTileGroups:
+// token groups of whole tiles (MmaTraits' WholeTileGroups).
 template <class T, int kBucket, MmaTiles kTiles, bool kCluster, bool kVariants, bool kQuantized = false,
-          int kMTiles = 1, int kFormat = 0>
-__global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kThreads,
-                                  MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>::kMinBlocks)
+          int kMTiles = 1, int kFormat = 0, int kWholeTileGroups = 1>
+__global__ void __launch_bounds__(
+    MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>::kThreads,
+    MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles>;
+  using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   static_assert(kQuantized == (kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8),
                 "8-bit kernels have one 8-bit format, the others none");
@@ -733,10 +746,13 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int token_group = warp % Traits::kTokenGroups;
+  // Whole tiles: a warpgroup (4 consecutive warps, wgmma's unit) a token group.
+  constexpr bool kWarpgroupTokens = Traits::kWholeTiles && Traits::kTokenGroups > 1;
+  const int token_group = kWarpgroupTokens ? warp / Traits::kMTiles : warp % Traits::kTokenGroups;
   const int d_part = warp / Traits::kTokenGroups % Traits::kDSplits;
-  const int m_row = warp / (Traits::kTokenGroups * Traits::kDSplits) * Traits::kHeads;  // the warp's first row slot
-  const int group_row = lane >> 2;  // this thread's rows of the fragments: group_row and group_row + 8
+  const int m_row = (kWarpgroupTokens ? warp % Traits::kMTiles : warp / (Traits::kTokenGroups * Traits::kDSplits)) *
+                    Traits::kHeads;  // the warp's first row slot
+  const int group_row = lane >> 2;   // this thread's rows of the fragments: group_row and group_row + 8
   const int quad_lane = lane & 3;
   const MmaLanes<Traits> lanes(lane, d_part);
 
