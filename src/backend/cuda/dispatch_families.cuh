@@ -157,7 +157,7 @@ struct TensorCoreRowsFamily {
   static constexpr bool kFormatKernels = false;
   template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
   struct Kernel {
-    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles, false, kWholeTileGroups>;
+    using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles, kWholeTileGroups>;
     static constexpr auto function =
         mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles, 0, kWholeTileGroups>;
   };

@@ -52,8 +52,8 @@ namespace cuda {
 // pipeline and the table ring, or the token groups' combine: the query
 // waits in the last stage, then in registers.
 template <class T, int Bucket, int Stages = 2>
-struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true> {
-  using Base = MmaTraits<T, Bucket, MmaTiles::standard, true, 1, true>;
+struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, 1, true> {
+  using Base = MmaTraits<T, Bucket, MmaTiles::standard, true, 1, 1, true>;
   static constexpr int kHeads = 8;  // row slots: the MMA's N
   static constexpr int kRows = kHeads;
   static constexpr int kKeyTiles = Base::kWarpTokens / 16;  // m-tiles of S^T (and k-steps of P V) a warp

@@ -110,7 +110,7 @@ constexpr int kDStepsOf(int bucket) { return bucket / 16; }
 enum class MmaTiles { standard, wide, compact };
 
 template <class T, int Bucket, MmaTiles Tiles = MmaTiles::standard, bool Quantized = false, int MTiles = 1,
-          bool TokenWarps = (Quantized && Bucket <= 128), int WholeTileGroups = 1>
+          int WholeTileGroups = 1, bool TokenWarps = (Quantized && Bucket <= 128)>
 struct MmaTraits {
   static constexpr int kElementBytes = Quantized ? 1 : static_cast<int>(sizeof(T));  // of K/V
   static constexpr int kBucket = Bucket;
@@ -730,11 +730,10 @@ __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &p
 // token groups of whole tiles (MmaTraits' WholeTileGroups).
 template <class T, int kBucket, MmaTiles kTiles, bool kCluster, bool kVariants, bool kQuantized = false,
           int kMTiles = 1, int kFormat = 0, int kWholeTileGroups = 1>
-__global__ void __launch_bounds__(
-    MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>::kThreads,
-    MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>::kMinBlocks)
+__global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>::kThreads,
+                                  MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
-  using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, (kQuantized && kBucket <= 128), kWholeTileGroups>;
+  using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   static_assert(kQuantized == (kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8),
                 "8-bit kernels have one 8-bit format, the others none");
