@@ -4,15 +4,16 @@
 
     python3 tests/bench/compare_variants.py --lib build-h200/src/libflashdecode.so.0 \
         [--parts qlen,window,logits,merge] [--dtypes float16,bfloat16] [--json out.json] \
-        [--base-lib [name=]path ...] [--fi-dir .anchors/flashinfer] [--no-fi]
+        [--q-lens 1,2,4,8] [--extra BxHq/HkvxNxD,...] [--base-lib [name=]path ...] \
+        [--fi-dir .anchors/flashinfer] [--no-fi]
 
 Same method as compare_sdpa.py (whose helpers it uses): every implementation
 under CUDA graph replay in one process on the same inputs, K/V sets rotated
 beyond L2, CUDA events, the median of many replays, in --rounds rounds; every
 output checked against a float64 reference before it is timed. Parts:
 
-- qlen: shapes 1-3 of compare_sdpa.py with q_len 1, 2, 4, 8 query tokens per
-  sequence, causal (the new tokens are the cache's last q_len): flashdecode
+- qlen: shapes 1-3 of compare_sdpa.py (and the dense --extra shapes) with
+  q_len 1, 2, 4, 8 (--q-lens) query tokens per sequence, causal (the new tokens are the cache's last q_len): flashdecode
   against itself at q_len 1 (the target: at most 1.15x), and against PyTorch
   SDPA on the same [B, H, q_len, D] queries: FlashAttention-2 without a mask
   (is_causal would align the mask top-left, wrong for decode: the unmasked
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_sdpa import (SHAPES, FlashDecode, bandwidth_ceilings, base_libraries, fd_tensor,  # noqa: E402
+from compare_sdpa import (SHAPES, FlashDecode, bandwidth_ceilings, base_libraries, fd_tensor, parse_extra_shapes,  # noqa: E402
                           flashdecode_calls, rel_error, time_graph)
 from compare_serving import FI_WORKSPACE, FlashInfer  # noqa: E402
 from flashdecode._library import FdDecodeArgs, FdMergeArgs, FdTensor  # noqa: E402
@@ -190,8 +191,8 @@ def fi_prefill_calls(adapter, qs, ks, vs, t):
     return calls, [o.view(batch, t, hq, d).transpose(1, 2) for o in rows_out]
 
 
-def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
-    for shape in [s for s in SHAPES if s[0] in (1, 2, 3)]:
+def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8), extra_shapes=()):
+    for shape in [s for s in SHAPES if s[0] in (1, 2, 3)] + list(extra_shapes):
         sid, batch, hq, hkv, n, d, _ = shape
         gen = torch.Generator(device="cuda")
         gen.manual_seed(100 + sid)
@@ -236,7 +237,8 @@ def part_qlen(bench, dtype, rows, q_lens=(1, 2, 4, 8)):
             if t == 1:
                 base = times["flashdecode"]
             plan = bench.fd.plan(bench.handle, args[0])
-            rows.append({"part": "qlen", "shape": sid, "dtype": str(dtype)[6:], "q_len": t, "error": err,
+            rows.append({"part": "qlen", "shape": sid, "sizes": f"{batch}x{hq}/{hkv}x{n}x{d}", "dtype": str(dtype)[6:],
+                         "q_len": t, "error": err,
                          "plan": plan, "us": {k: v * 1e6 for k, v in times.items()},
                          "ratio_to_q1": times["flashdecode"] / base})
             print(f"shape {sid} {str(dtype)[6:]} q_len {t}: " +
@@ -389,6 +391,8 @@ def main():
     parser.add_argument("--parts", default="qlen,window,logits,merge")
     parser.add_argument("--dtypes", default="float16,bfloat16")
     parser.add_argument("--q-lens", default="1,2,4,8", help="qlen part: query tokens per sequence (ratios to the first)")
+    parser.add_argument("--extra", default="",
+                        help="qlen part: dense shapes 'BxHq/HkvxNxD' beyond 1-3, comma-separated (ids 101, ...)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
@@ -398,6 +402,9 @@ def main():
     parser.add_argument("--base-lib", action="append", default=[], metavar="[NAME=]PATH",
                         help="another build timed on the same inputs (qlen, logits): rows fd-NAME")
     args = parser.parse_args()
+    extra_shapes = parse_extra_shapes(args.extra, parser)
+    if any(shape[-1] != "dense" for shape in extra_shapes):
+        parser.error("--extra: dense shapes only")
     torch.backends.cuda.matmul.allow_tf32 = False
     fd = FlashDecode(args.lib)
     flashinfer = None
@@ -420,7 +427,7 @@ def main():
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         if "qlen" in parts:
-            part_qlen(bench, dtype, rows, [int(t) for t in args.q_lens.split(",")])
+            part_qlen(bench, dtype, rows, [int(t) for t in args.q_lens.split(",")], extra_shapes)
         if "window" in parts:
             part_window(bench, dtype, rows)
         if "logits" in parts:

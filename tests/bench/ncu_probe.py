@@ -12,6 +12,8 @@ With an 8-bit format, flashdecode alone on that cache (compare_quantized.py's
 inputs and quantization, per-tensor scales, or a scale per token with
 e4m3-tok; SDPA has no 8-bit cache).
 A warm-up call of each runs first, outside the range. fp16, fresh random data.
+FD_PROBE_Q_LEN=N (16-bit caches): N query tokens a sequence (causal; SDPA
+then runs them unmasked).
 """
 import ctypes
 import os
@@ -28,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 def sixteen_bit(shape):
     """fd_decode_args on a 16-bit cache, and SDPA's calls on the same (dense) K/V."""
     sid, b, hq, hkv, n, d, kind = shape
-    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16)
+    q = torch.randn(b, hq, int(os.environ.get("FD_PROBE_Q_LEN", "1")), d, device="cuda", dtype=torch.float16)
     out = torch.empty_like(q)
     if kind == "paged":
         gen = torch.Generator(device="cuda")
