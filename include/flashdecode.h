@@ -937,7 +937,9 @@ typedef struct fd_plan_info {
    * `"tensor-core-<bucket>"`, `"tensor-core-wide-<bucket>"`,
    * `"tensor-core-compact-<bucket>"` (paged batches of many sequences),
    * `"tensor-core-rows-<bucket>"` / `"tensor-core-rows64-<bucket>"` (17-32
-   * / over 32 query rows a KV head: q_len x group) or
+   * / over 32 query rows a KV head: q_len x group;
+   * `"tensor-core-rows64-wide-<bucket>"` on sm_90, also for 17-32 rows in
+   * long splits) or
    * `"cuda-core-8bit-<bucket>"` / `"tensor-core-8bit-<bucket>"` /
    * `"tensor-core-8bit-keys-<bucket>"` (8-bit caches; the last with up to
    * 8 query rows a KV head) with the head_dim bucket (64, 128 or 256)

@@ -235,9 +235,30 @@ void test_query_rows(void **) {
   Shape s = dense(1, 32, 8, 32768, 128);
   s.q_len = 4;  // 16 rows: 16 splits' partials of 16 rows are over 32 KiB a unit
   expect_plan(s, "tensor-core-wide-128 16x2048 merge kernel", "16 rows");
-  s.q_len = 8;  // 32 rows
+  s.q_len = 8;  // 32 rows in splits of 16 wide tiles: the 32-row kernel
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
+  s = dense(32, 32, 8, 2048, 128);
+  s.q_len = 8;  // 32 rows, a split of 16 wide tiles a unit
+  assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
+  s = dense(64, 32, 8, 4096, 128);
+  s.q_len = 8;  // 32 rows, 32 wide tiles a unit, but four waves of them
+  assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
+  s = dense(16, 64, 8, 4096, 128);
+  s.q_len = 4;  // 32 rows, 32 wide tiles a unit, one wave
+  expect_plan(s, "tensor-core-rows64-wide-128 1x4096 direct", "32 rows, one wave of 32-tile splits");
   s = dense(8, 64, 8, 16384, 128);
+  s.q_len = 4;  // 32 rows in splits of 64 wide tiles: the wide 64-row kernel
+  expect_plan(s, "tensor-core-rows64-wide-128 2x8192 fused", "32 rows, long splits");
+  s.q_len = 3;  // 24 rows
+  expect_plan(s, "tensor-core-rows64-wide-128 2x8192 fused", "24 rows, long splits");
+  s.num_splits = 8;  // asked for splits of 16 tiles
+  assert_true(plan_of(s).rfind("tensor-core-rows-128 8x", 0) == 0);
+  s.num_splits = 2;
+  expect_plan(s, "tensor-core-rows64-wide-128 2x8192 fused", "24 rows, two long splits asked");
+  s.num_splits = 0;
+  s.split_tokens = 8192;  // batch invariant: no kernel that depends on the batch
+  assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
+  s.split_tokens = 0;
   s.q_len = 8;  // 64 rows: the wide 64-row kernel (sm_90)
   assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
   s.q_len = 16;  // 128 rows: two CTAs a KV head
@@ -249,6 +270,8 @@ void test_query_rows(void **) {
       narrow.occupancy.ctas_at(SplitVariant::tensor_core_rows64_wide, d, b) = 0;
   }
   assert_true(plan_of(s, narrow).rfind("tensor-core-rows64-128 ", 0) == 0);
+  s.q_len = 4;  // 32 rows in long splits
+  assert_true(plan_of(s, narrow).rfind("tensor-core-rows-128 ", 0) == 0);
   s = dense(4, 8, 4, 16384, 256);
   s.q_len = 16;  // 32 rows at head_dim 256: no rows kernel, standard or wide tiles
   const std::string plan = plan_of(s);

@@ -87,6 +87,21 @@ constexpr int64_t kCompactMinPageSize = 16;
 #endif
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
+// Query rows a KV head above which the wide 64-row kernel runs wherever
+// the device has it (rows_kernel_takes).
+#ifndef FD_ROWS_WIDE_MIN_ROWS
+#define FD_ROWS_WIDE_MIN_ROWS 32
+#endif
+constexpr int64_t kRowsWideMinRows = FD_ROWS_WIDE_MIN_ROWS;
+
+// Up to kRowsWideMinRows rows, the wide 64-row kernel runs splits of at
+// least this many of its tiles (wide_rows_take_long_splits); 0 at build
+// time keeps them on the 32-row kernel, for A/B measurements.
+#ifndef FD_ROWS_WIDE_MIN_SPLIT_TILES
+#define FD_ROWS_WIDE_MIN_SPLIT_TILES 32
+#endif
+constexpr int64_t kRowsWideMinSplitTiles = FD_ROWS_WIDE_MIN_SPLIT_TILES;
+
 // 8-bit caches with up to this many query rows a KV head run the keys on
 // the MMA's M (tensor_core_8bit_keys), whose N of 8 row slots they fill.
 // 0 at build time keeps them on tensor_core_8bit, for A/B measurements
@@ -228,29 +243,63 @@ bool compact_tiles_take(const Problem &p, const DeviceProfile &device) {
   return units >= kCompactMinUnitsPerSm * device.sm_count;
 }
 
+// Whether the wide 64-row kernel takes a problem of 17-32 rows a KV head,
+// which the 32-row kernel runs otherwise: it leaves half of wgmma's M empty
+// but holds three times the bytes in flight of a 32-row CTA, and these
+// kernels are bound by their copies; at one CTA a multiprocessor, though,
+// each split's pipeline fill and epilogue run alone. So: fixed splits of at
+// least kRowsWideMinSplitTiles tiles, all in one wave (tests/bench/policy.md,
+// "Several query tokens": slower on splits of 16 tiles and on four waves,
+// faster on 32-64 tiles in one). Not balanced schedules (no fixed splits) nor
+// batch-invariant plans (whose kernel may not depend on the batch). Sets the
+// automatic split estimate it took.
+bool wide_rows_take_long_splits(const Problem &p, const DeviceProfile &device, VariantChoice &choice) {
+  const SplitVariant wide = SplitVariant::tensor_core_rows64_wide;
+  if (kRowsWideMinSplitTiles <= 0 || p.batch_invariant() || balanced_schedule_takes(p)) return false;
+  SplitEstimate estimate;
+  int64_t splits = p.requested_splits;
+  if (splits <= 0) {
+    estimate = estimate_splits(p, cost_model(p, wide, device));
+    splits = estimate.splits;
+  }
+  const int64_t split_tokens = ceil_div(std::max<int64_t>(1, planned_kv_span(p)), std::max<int64_t>(1, splits));
+  if (split_tokens < kRowsWideMinSplitTiles * shape_of(p, wide).tile_tokens) return false;
+  const int64_t ctas = p.batch * p.kv_heads * ceil_div(planned_kv_span(p), split_tokens);
+  if (ctas > static_cast<int64_t>(device.sm_count) * resident_ctas(p, wide, device)) return false;
+  choice.variant = wide;
+  choice.estimated = p.requested_splits <= 0;
+  choice.estimate = estimate;
+  return true;
+}
+
 // Over 16 query rows a KV head (several query tokens x the GQA group, or a
 // group above 16): the rows kernels read each K/V tile once for up to 32
 // (two m-tiles) or, above 32 rows, 64 of them (four), where the standard
 // tiles' chunks of 16 rows would each stream the keys again
 // (tests/bench/policy.md, "Rows kernels"). They score through the variants
-// (plain scoring is their special case) and depend on no batch field.
-// Returns whether one takes p, and which.
-bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, SplitVariant &variant) {
+// (plain scoring is their special case); which of them runs depends on no
+// batch field but for 17-32 rows (wide_rows_take_long_splits, never in
+// batch-invariant plans). Returns whether one takes p, and which.
+bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, VariantChoice &choice) {
   const int bucket = head_dim_bucket(p.head_dim);
   if (p.rows_per_kv_head() <= kRowsKernelMinRows ||
       device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, bucket) == 0) {
     return false;
   }
+  // Above kRowsWideMinRows: the wide 64-row kernel where the device has it
+  // (sm_90: twice the bytes in flight of the 64-row one, which bound these
+  // kernels); above 32 rows without it the 64-row one; else chunks of 32,
+  // or the wide kernel on long splits.
+  const SplitVariant wide = SplitVariant::tensor_core_rows64_wide;
+  const bool has_wide = device.occupancy.ctas(wide, p.kv_dtype, bucket) > 0;
   const bool above_two_tiles = p.rows_per_kv_head() > shape_of(p, SplitVariant::tensor_core_rows).rows;
-  // Above 32 rows: the wide 64-row kernel where the device has it (sm_90:
-  // twice the bytes in flight, which bound these kernels), else the 64-row
-  // one, else chunks of 32.
-  variant = SplitVariant::tensor_core_rows;
-  for (SplitVariant rows64 : {SplitVariant::tensor_core_rows64_wide, SplitVariant::tensor_core_rows64}) {
-    if (above_two_tiles && device.occupancy.ctas(rows64, p.kv_dtype, bucket) > 0) {
-      variant = rows64;
-      break;
-    }
+  choice.variant = SplitVariant::tensor_core_rows;
+  if (has_wide && p.rows_per_kv_head() > kRowsWideMinRows) {
+    choice.variant = wide;
+  } else if (above_two_tiles && device.occupancy.ctas(SplitVariant::tensor_core_rows64, p.kv_dtype, bucket) > 0) {
+    choice.variant = SplitVariant::tensor_core_rows64;
+  } else if (has_wide && !above_two_tiles) {
+    wide_rows_take_long_splits(p, device, choice);
   }
   return true;
 }
@@ -280,7 +329,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
     return choice;
   }
   choice.variant = SplitVariant::tensor_core;
-  if (rows_kernel_takes(p, device, choice.variant)) return choice;
+  if (rows_kernel_takes(p, device, choice)) return choice;
   if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
     const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
