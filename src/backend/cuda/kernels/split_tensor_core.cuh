@@ -64,6 +64,12 @@ namespace cuda {
 #ifndef FD_ROWS_WGMMA
 #define FD_ROWS_WGMMA 1
 #endif
+// Whole tiles in two token groups: each warpgroup copies its own half of
+// every tile and waits only for it, so that neither waits for the other's
+// copies (0: the CTA copies whole tiles, for A/B measurements).
+#ifndef FD_ROWS_GROUP_LOADS
+#define FD_ROWS_GROUP_LOADS 1
+#endif
 
 // Three tile shapes (MmaTiles). Standard: 8 warps (4 for head_dim 256),
 // 32 KiB stages (for 16-bit elements), two stages, two CTAs per
@@ -167,10 +173,12 @@ struct MmaTraits {
                                               : FD_MMA_STAGES;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // TileLoader's load groups: the threads that copy a tile's rows and the
-  // rows each group copies. Here one, the CTA, and the whole tile: a
-  // tile's stage is complete once the CTA has synchronised.
-  static constexpr int kLoadGroups = 1;
-  static constexpr int kLoadGroupTokens = kTileTokens;
+  // rows each group copies. One, the CTA, and the whole tile: a tile's
+  // stage is complete once the CTA has synchronised; whole tiles in token
+  // groups (FD_ROWS_GROUP_LOADS): each warpgroup its own tokens, synchronised
+  // on a named barrier of its own, so neither waits for the other's tile.
+  static constexpr int kLoadGroups = kWholeTiles && WholeTileGroups > 1 && FD_ROWS_GROUP_LOADS ? WholeTileGroups : 1;
+  static constexpr int kLoadGroupTokens = kTileTokens / kLoadGroups;
   // Paged caches with small pages: the block table entries of the tiles
   // kStages loads ahead, in kTableSlots slots of TileLoader's ring, after
   // the pipeline.
@@ -861,11 +869,22 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       value_scale = sequence_scale(p.v_scale, p.v_scale_strides, p.v_scale_per_token, paged, b, kv_head);
     }
 
+    // The threads that share a stage's rows: the CTA, or a load group (its
+    // rows are its token group's, TileLoader).
+    const auto stage_barrier = [&] {
+      if constexpr (Traits::kLoadGroups > 1) {
+        named_barrier_sync(1 + token_group, Traits::kThreads / Traits::kLoadGroups);
+      } else {
+        __syncthreads();
+      }
+    };
+    static_assert(Traits::kLoadGroups == 1 || (kWarpgroupTokens && Traits::kLoadGroups == Traits::kTokenGroups),
+                  "a load group is a token group");
     int stage = 0;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       cp_async_wait<Traits::kStages - 1>();  // this thread's copies of `tile` have landed
       if constexpr (Traits::kAsyncMma) fence_async_shared();
-      __syncthreads();  // everyone's have
+      stage_barrier();  // everyone's have
       FD_TIMELINE_MARK_IF(timeline, 2, tile == 0);
       const int64_t warp_begin = begin + tile * Traits::kTileTokens + token_group * Traits::kWarpTokens;
       // Warp-uniform; wgmma: CTA-uniform (the warpgroup computes every row slot).
@@ -895,7 +914,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
         };
         attend(std::integral_constant<int, kFormat>{});
       }
-      __syncthreads();  // everyone is done with this stage: it takes tile + kStages
+      stage_barrier();  // everyone is done with this stage: it takes tile + kStages
       if (tile + Traits::kStages < tiles) {
         loader.load(smem + stage * Traits::kStageBytes, begin, tile + Traits::kStages, end);
       }

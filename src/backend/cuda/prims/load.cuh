@@ -86,6 +86,12 @@ __device__ inline void cp_async_scale(float *smem, const float *gmem, bool valid
 
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
+// Synchronises the `threads` threads (whole warps) that name barrier `id`
+// (1-15: 0 is __syncthreads's): one load group of a CTA.
+__device__ inline void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Waits until at most `pending` of this thread's committed groups are in flight.
 template <int pending>
 __device__ inline void cp_async_wait() {
