@@ -1320,7 +1320,8 @@ static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uin
  * each one's tokens) or, above 32, up to 64 (four m-tiles, a warp each over
  * whole tiles; warps of m-tiles without real rows idle, but on sm_90a, where
  * the four warps are one wgmma warpgroup, they compute). Against the float64
- * reference, twice bitwise equal, and the plan names the kernel: 17-32 rows,
+ * reference, twice bitwise equal, and the plan names the kernel: 17-32 rows
+ * (on sm_90 the wide 64-row kernel where splits are long and fit one wave),
  * 33-64 rows, 128 rows in two chunks, the variants' scoring (the plain causal
  * fast path and softcap + ALiBi), splits and merges, paged and balanced,
  * head_dim 64/96/128; 16 rows and head_dim 256 keep the standard tiles. */
@@ -1347,6 +1348,11 @@ static void test_rows_kernel(void **state) {
        "tensor-core-rows64-"},
       {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 16, 6, 0, 0.0, 0, 0, 1, 0,
        0, "tensor-core-rows64-"},
+      /* 17-32 rows in long splits of one wave: the wide 64-row kernel on sm_90 (test_cuda_policy), else 32 rows */
+      {"q_len 2 x group 12, two long splits", FD_DTYPE_BF16, 0, FDT_BNHD, 2, 24, 2, 128, 9000, 16, 2, 0, 0.0, 0, 1, 1,
+       0, 2, "tensor-core-rows"},
+      {"q_len 4 x group 8, one wave of long splits", FD_DTYPE_F16, 0, FDT_BNHD, 32, 32, 4, 64, 4096, 16, 4, 0, 0.0, 0,
+       0, 0, 0, 0, "tensor-core-rows"},
       {"head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD, 2, 32, 4, 256, 1500, 16, 8, 0, 0.0, 0, 0, 0, 0, 0, "tensor-core-"},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)

@@ -259,6 +259,16 @@ void test_query_rows(void **) {
   s.split_tokens = 8192;  // batch invariant: no kernel that depends on the batch
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
   s.split_tokens = 0;
+  {  // the GPU suite's rows cases of 17-32 rows on the wide kernel (test_rows_kernel)
+    Shape two = dense(2, 24, 2, 9000, 128);
+    two.q_len = 2;  // 24 rows, two splits asked
+    two.num_splits = 2;
+    two.seq_lens = true;
+    expect_plan(two, "tensor-core-rows64-wide-128 2x4608 fused", "24 rows, two long splits, ragged");
+    Shape wave = dense(32, 32, 4, 4096, 64);
+    wave.q_len = 4;  // 32 rows, 128 units: one wave of one split each
+    expect_plan(wave, "tensor-core-rows64-wide-64 1x4096 direct", "32 rows, one wave, head_dim 64");
+  }
   s.q_len = 8;  // 64 rows: the wide 64-row kernel (sm_90)
   assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
   s.q_len = 16;  // 128 rows: two CTAs a KV head
