@@ -16,7 +16,13 @@
 #
 # FD_GPU_CHECK_STEPS picks steps (default: "tests python memcheck racecheck
 # initcheck synccheck demo sdpa"); FD_GPU_CHECK_TIMEOUT bounds each step in
-# seconds. FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
+# seconds. FD_GPU_CHECK_PARALLEL=1 runs the test, python and sanitizer steps
+# at once, each as an instance of this script with its logs in a folder of
+# its own (racecheck: an instance a filter), then the timing steps (demo,
+# sdpa, quantized) alone; the summary lists every instance's lines, and the
+# folders are packed into parallel-logs.tar.gz. The sanitizers are bound by
+# the host's cores more than the GPU: on an H200 with 16 cores the default
+# steps but the timing ones, with 8 shards, took under 5 minutes this way. FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
 # processes at once, each every N-th test (FD_GPU_TEST_SHARD): its float64
 # references run on the host, so the suite takes a fraction of its serial
 # time on a machine with several cores. racecheck tracks every shared-memory
@@ -98,6 +104,42 @@ sanitize() {
 machine=$( (nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 ||
   true) | head -1; ("$sanitizer" --version 2>&1 || true) | tail -1)
 echo "=== machine: $machine"
+
+# FD_GPU_CHECK_PARALLEL: the untimed steps as instances at once (see above);
+# the timing steps below, alone.
+if [ "${FD_GPU_CHECK_PARALLEL:-0}" = 1 ]; then
+  instances=()
+  timing_steps=
+  start_instance() { # NAME STEP [racecheck filter]
+    mkdir -p "$logs/$1"
+    FD_GPU_CHECK_PARALLEL=0 FD_GPU_CHECK_STEPS=$2 FD_GPU_CHECK_RACECHECK_FILTERS=${3:-none} OUT="$logs/$1" \
+      bash "$0" "$build" >"$logs/$1/console.log" 2>&1 &
+    instances+=("$1:$!")
+  }
+  for step in $steps; do
+    case $step in
+      demo | sdpa | quantized) timing_steps+=" $step" ;;
+      racecheck)
+        for filter in $racecheck_filters; do
+          start_instance "racecheck-${filter//[^a-z0-9_]/}" racecheck "$filter"
+        done
+        ;;
+      *) start_instance "$step" "$step" ;;
+    esac
+  done
+  for instance in "${instances[@]}"; do
+    name=${instance%%:*}
+    wait "${instance##*:}" || failed=1
+    # The instance's summary lines: after its header and the two machine lines.
+    mapfile -t lines < <(sed -n '/^=== gpu-check summary/,$p' "$logs/$name/console.log" | tail -n +4)
+    [ ${#lines[@]} -gt 0 ] || lines=("$(printf '%-10s %-11s' "$name" 'NO SUMMARY')")
+    summary+=("${lines[@]}")
+    if [ "$name" = tests ]; then grep -A 8 '^worst errors' "$logs/$name/console.log" | grep -v '^--'; fi
+  done
+  names=("${instances[@]%%:*}")
+  (cd "$logs" && tar czf parallel-logs.tar.gz "${names[@]}" && rm -rf "${names[@]}")
+  steps=$timing_steps
+fi
 
 for step in $steps; do
   case $step in
