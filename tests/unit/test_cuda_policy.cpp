@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -363,14 +364,122 @@ void test_manual_splits_and_tables(void **) {
   }
 }
 
+// The planner's invariants on random problems (fixed seed): every problem
+// plans and launches without an exception; 1..FD_MAX_SPLITS splits; a CTA's
+// head slots hold its chunk of rows; the rows kernels take exactly the
+// 16-bit tensor-core problems of over 16 rows a KV head; the wide 64-row
+// kernel takes 17-32 rows only in fixed splits of 32+ tiles in one wave;
+// batch-invariant plans name the same kernel and split length whatever the
+// batch size, capacity and lengths.
+void test_random_problems(void **) {
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto draw = [&state](int64_t lo, int64_t hi) {  // uniform in [lo, hi], splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return lo + static_cast<int64_t>(z % static_cast<uint64_t>(hi - lo + 1));
+  };
+  const fd::cuda::DeviceProfile device = h200();
+  const int64_t head_dims[] = {64, 80, 96, 128, 256};
+  const int64_t pages[] = {0, 0, 1, 16, 32};
+  const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
+  const fd_dtype kv_dtypes[] = {FD_DTYPE_F16, FD_DTYPE_E4M3, FD_DTYPE_I8};
+  int planned = 0, rows_kernels = 0, wide_rows = 0, invariant = 0;
+  for (int i = 0; i < 3000; ++i) {
+    Shape s;
+    s.kv_heads = draw(1, 16);
+    s.q_heads = s.kv_heads * draw(1, 32);
+    s.q_len = draw(0, 3) == 0 ? draw(1, 16) : 1;
+    s.batch = draw(1, 512);
+    s.capacity = draw(1, 4) == 1 ? draw(1, 256) : draw(1, 131072 / (1 + s.batch / 16));
+    s.head_dim = head_dims[draw(0, 4)];
+    s.dtype = dtypes[draw(0, 2)];
+    s.kv_dtype = draw(0, 3) == 0 && s.dtype != FD_DTYPE_F32 ? kv_dtypes[draw(1, 2)] : s.dtype;
+    s.page_size = pages[draw(0, 4)];
+    s.seq_lens = draw(0, 1) == 1;
+    if (draw(0, 4) == 0) s.num_splits = static_cast<int32_t>(draw(1, 64));
+    if (s.num_splits == 0 && draw(0, 5) == 0) s.split_tokens = 256 * draw(1, 32);
+    if (draw(0, 5) == 0) {  // 17-32 rows of few units and long caches: where the wide kernel may take them
+      s.q_heads = s.kv_heads * (4 * draw(1, 3));
+      s.q_len = (draw(17, 32) + s.q_heads / s.kv_heads - 1) / (s.q_heads / s.kv_heads);
+      s.batch = std::max<int64_t>(1, draw(8, 160) / s.kv_heads);
+      s.capacity = draw(4096, 65536);
+      s.dtype = s.kv_dtype = FD_DTYPE_BF16;
+      s.head_dim = 128;
+    }
+    const fd_decode_args args = args_of(s);
+    const fd::Problem p = fd::validate_decode_args(&args);
+    const fd::Plan plan = fd::cuda::plan_decode(p, device);
+    const fd::cuda::LaunchChoice launch = fd::cuda::choose_launch(p, plan, device);
+    const fd::LaunchSummary summary = fd::cuda::summarize(p, plan, launch);
+    ++planned;
+    const std::string what = std::to_string(s.batch) + "x" + std::to_string(s.q_heads) + "/" +
+                             std::to_string(s.kv_heads) + "x" + std::to_string(s.capacity) + "x" +
+                             std::to_string(s.head_dim) + " q_len " + std::to_string(s.q_len) + " pages " +
+                             std::to_string(s.page_size) + " splits " + std::to_string(s.num_splits) + "/" +
+                             std::to_string(s.split_tokens) + ": " + summary.kernel;
+    if (plan.num_splits < 1 || plan.num_splits > FD_MAX_SPLITS)
+      fail_msg("%s: %d splits", what.c_str(), plan.num_splits);
+    const fd::cuda::SplitKernelShape shape = fd::cuda::split_kernel_shape(launch.variant, p.kv_dtype, p.head_dim);
+    if (launch.heads.heads_per_chunk > shape.rows ||
+        static_cast<int64_t>(launch.heads.chunks) * launch.heads.heads_per_chunk < p.rows_per_kv_head()) {
+      fail_msg("%s: chunks of %d rows for %lld", what.c_str(), launch.heads.heads_per_chunk,
+               static_cast<long long>(p.rows_per_kv_head()));
+    }
+    const std::string kernel = summary.kernel;
+    const bool rows_kernel = kernel.rfind("tensor-core-rows", 0) == 0;
+    const bool sixteen_bit_tensor_cores = s.dtype != FD_DTYPE_F32 && s.kv_dtype == s.dtype && s.head_dim <= 128;
+    if (rows_kernel != (sixteen_bit_tensor_cores && launch.aligned && p.rows_per_kv_head() > 16)) {
+      fail_msg("%s: rows kernel %d for %lld rows", what.c_str(), rows_kernel,
+               static_cast<long long>(p.rows_per_kv_head()));
+    }
+    rows_kernels += rows_kernel;
+    if (kernel.rfind("tensor-core-rows64-wide-", 0) == 0 && p.rows_per_kv_head() <= 32) {
+      ++wide_rows;
+      const int64_t ctas = p.batch * p.kv_heads * plan.num_splits;
+      if (p.batch_invariant() || launch.balanced_workers > 0 || plan.split_tokens < 32 * shape.tile_tokens ||
+          ctas > device.sm_count) {
+        fail_msg("%s: the wide kernel for %lld rows, %d x %lld tokens", what.c_str(),
+                 static_cast<long long>(p.rows_per_kv_head()), plan.num_splits,
+                 static_cast<long long>(plan.split_tokens));
+      }
+    }
+    if (s.split_tokens > 0) {  // the same problem at another batch size, capacity and lengths
+      ++invariant;
+      Shape other = s;
+      other.batch = draw(1, 512);
+      other.capacity = draw(1, 65536);
+      other.seq_lens = !s.seq_lens;
+      const fd_decode_args other_args = args_of(other);
+      const fd::Problem q = fd::validate_decode_args(&other_args);
+      const fd::Plan other_plan = fd::cuda::plan_decode(q, device);
+      const fd::LaunchSummary other_summary =
+          fd::cuda::summarize(q, other_plan, fd::cuda::choose_launch(q, other_plan, device));
+      if (kernel != other_summary.kernel ||
+          (plan.num_splits > 1 && other_plan.num_splits > 1 && plan.split_tokens != other_plan.split_tokens)) {
+        fail_msg("%s: batch invariant, but %s in %lld-token splits at batch %lld, capacity %lld", what.c_str(),
+                 other_summary.kernel, static_cast<long long>(other_plan.split_tokens),
+                 static_cast<long long>(other.batch), static_cast<long long>(other.capacity));
+      }
+    }
+  }
+  print_message(
+      "%d random problems planned: %d on rows kernels (%d of 17-32 rows on the wide one), %d batch "
+      "invariant\n",
+      planned, rows_kernels, wide_rows, invariant);
+  assert_true(rows_kernels > 100 && wide_rows > 0 && invariant > 100);
+}
+
 }  // namespace
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dense_shapes), cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_query_rows),   cmocka_unit_test(test_8bit_caches),
-      cmocka_unit_test(test_fallbacks),    cmocka_unit_test(test_batch_invariant),
-      cmocka_unit_test(test_window_plans), cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_dense_shapes),    cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_query_rows),      cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),       cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_window_plans),    cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_random_problems),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
