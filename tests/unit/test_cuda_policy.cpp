@@ -261,11 +261,18 @@ void test_query_rows(void **) {
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
   s.split_tokens = 0;
   {  // the GPU suite's rows cases of 17-32 rows on the wide kernel (test_rows_kernel)
-    Shape two = dense(2, 24, 2, 9000, 128);
-    two.q_len = 2;  // 24 rows, two splits asked
+    Shape two = dense(2, 24, 2, 36000, 128);
+    two.q_len = 2;  // 24 rows, two splits asked, pages of 8
     two.num_splits = 2;
     two.seq_lens = true;
-    expect_plan(two, "tensor-core-rows64-wide-128 2x4608 fused", "24 rows, two long splits, ragged");
+    two.page_size = 8;
+    expect_plan(two, "tensor-core-rows64-wide-128 2x18048 fused", "24 rows, two long splits, ragged, pages of 8");
+    two.capacity = 9000;  // the GPU suite's quick mode: a quarter of the keys
+    expect_plan(two, "tensor-core-rows64-wide-128 2x4608 fused", "24 rows, two 4500-token splits");
+    Shape small = dense(3, 16, 2, 40000, 64);
+    small.q_len = 3;  // 24 rows at head_dim 64
+    small.num_splits = 2;
+    expect_plan(small, "tensor-core-rows64-wide-64 2x20096 fused", "24 rows, head_dim 64, two long splits");
     Shape wave = dense(32, 32, 4, 4096, 64);
     wave.q_len = 4;  // 32 rows, 128 units: one wave of one split each
     expect_plan(wave, "tensor-core-rows64-wide-64 1x4096 direct", "32 rows, one wave, head_dim 64");
@@ -400,7 +407,7 @@ void test_random_problems(void **) {
     s.seq_lens = draw(0, 1) == 1;
     if (draw(0, 4) == 0) s.num_splits = static_cast<int32_t>(draw(1, 64));
     if (s.num_splits == 0 && draw(0, 5) == 0) s.split_tokens = 256 * draw(1, 32);
-    if (draw(0, 5) == 0) {  // 17-32 rows of few units and long caches: where the wide kernel may take them
+    if (draw(0, 5) == 0) {  // 17-36 rows of few units and long caches: where the wide kernel may take them
       s.q_heads = s.kv_heads * (4 * draw(1, 3));
       s.q_len = (draw(17, 32) + s.q_heads / s.kv_heads - 1) / (s.q_heads / s.kv_heads);
       s.batch = std::max<int64_t>(1, draw(8, 160) / s.kv_heads);
@@ -438,8 +445,10 @@ void test_random_problems(void **) {
     if (kernel.rfind("tensor-core-rows64-wide-", 0) == 0 && p.rows_per_kv_head() <= 32) {
       ++wide_rows;
       const int64_t ctas = p.batch * p.kv_heads * plan.num_splits;
+      const int64_t slots = static_cast<int64_t>(device.sm_count) *
+                            device.occupancy.ctas(launch.variant, p.kv_dtype, shape.head_dim_bucket);
       if (p.batch_invariant() || launch.balanced_workers > 0 || plan.split_tokens < 32 * shape.tile_tokens ||
-          ctas > device.sm_count) {
+          ctas > slots) {
         fail_msg("%s: the wide kernel for %lld rows, %d x %lld tokens", what.c_str(),
                  static_cast<long long>(p.rows_per_kv_head()), plan.num_splits,
                  static_cast<long long>(plan.split_tokens));
