@@ -22,7 +22,8 @@
 # sdpa, quantized) alone; the summary lists every instance's lines, and the
 # folders are packed into parallel-logs.tar.gz. The sanitizers are bound by
 # the host's cores more than the GPU: on an H200 with 16 cores the default
-# steps but the timing ones, with 8 shards, took under 5 minutes this way. FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
+# steps but the timing ones, with 8 shards, took under 5 minutes this way.
+# FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
 # processes at once, each every N-th test (FD_GPU_TEST_SHARD): its float64
 # references run on the host, so the suite takes a fraction of its serial
 # time on a machine with several cores. racecheck tracks every shared-memory
