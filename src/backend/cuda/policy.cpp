@@ -87,16 +87,9 @@ constexpr int64_t kCompactMinPageSize = 16;
 #endif
 constexpr int64_t kRowsKernelMinRows = FD_ROWS_KERNEL_MIN_ROWS;
 
-// Query rows a KV head above which the wide 64-row kernel runs wherever
-// the device has it (rows_kernel_takes).
-#ifndef FD_ROWS_WIDE_MIN_ROWS
-#define FD_ROWS_WIDE_MIN_ROWS 32
-#endif
-constexpr int64_t kRowsWideMinRows = FD_ROWS_WIDE_MIN_ROWS;
-
-// Up to kRowsWideMinRows rows, the wide 64-row kernel runs splits of at
-// least this many of its tiles (wide_rows_take_long_splits); 0 at build
-// time keeps them on the 32-row kernel, for A/B measurements.
+// Up to 32 rows, the wide 64-row kernel runs splits of at least this many
+// of its tiles (wide_rows_take_long_splits); 0 at build time keeps them on
+// the 32-row kernel, for A/B measurements.
 #ifndef FD_ROWS_WIDE_MIN_SPLIT_TILES
 #define FD_ROWS_WIDE_MIN_SPLIT_TILES 32
 #endif
@@ -286,19 +279,19 @@ bool rows_kernel_takes(const Problem &p, const DeviceProfile &device, VariantCho
       device.occupancy.ctas(SplitVariant::tensor_core_rows, p.kv_dtype, bucket) == 0) {
     return false;
   }
-  // Above kRowsWideMinRows: the wide 64-row kernel where the device has it
-  // (sm_90: twice the bytes in flight of the 64-row one, which bound these
-  // kernels); above 32 rows without it the 64-row one; else chunks of 32,
-  // or the wide kernel on long splits.
+  // Above 32 rows: the wide 64-row kernel where the device has it (sm_90:
+  // twice the bytes in flight of the 64-row one, which bound these
+  // kernels), else the 64-row one, else chunks of 32. Up to 32: the 32-row
+  // kernel, or the wide one on long splits.
   const SplitVariant wide = SplitVariant::tensor_core_rows64_wide;
   const bool has_wide = device.occupancy.ctas(wide, p.kv_dtype, bucket) > 0;
   const bool above_two_tiles = p.rows_per_kv_head() > shape_of(p, SplitVariant::tensor_core_rows).rows;
   choice.variant = SplitVariant::tensor_core_rows;
-  if (has_wide && p.rows_per_kv_head() > kRowsWideMinRows) {
+  if (above_two_tiles && has_wide) {
     choice.variant = wide;
   } else if (above_two_tiles && device.occupancy.ctas(SplitVariant::tensor_core_rows64, p.kv_dtype, bucket) > 0) {
     choice.variant = SplitVariant::tensor_core_rows64;
-  } else if (has_wide && !above_two_tiles) {
+  } else if (!above_two_tiles && has_wide) {
     wide_rows_take_long_splits(p, device, choice);
   }
   return true;
