@@ -781,6 +781,14 @@ static cudaGraphExec_t capture_decode(fd_handle *h, const fd_decode_args *args, 
   return exec;
 }
 
+/* Reserves on h the workspace fd_workspace_size says args need, so that a
+ * capture of fd_decode allocates nothing. */
+static void reserve_for(fd_handle *h, const fd_decode_args *args) {
+  size_t bytes = 0;
+  assert_int_equal(fd_workspace_size(h, args, &bytes), FD_SUCCESS);
+  assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+}
+
 /* Poisons t's outputs, replays exec on stream, waits and downloads them. */
 static void replay_poisoned(gpu_case *t, cudaGraphExec_t exec, cudaStream_t stream) {
   if (fdt_cuda_poison_outputs(&t->p, &t->d) != 0) fail_msg("poisoning failed");
@@ -816,9 +824,7 @@ static void test_capture_without_reserve(void **state) {
   if (strstr(last_message(), "fd_reserve_workspace") == NULL) fail_msg("unhelpful message: %s", last_message());
   print_message("capture without reserve refused: %s\n", last_message());
 
-  size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
-  assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+  reserve_for(h, &t.d.args);
   const cudaGraphExec_t exec = capture_decode(h, &t.d.args, stream, &graph);
   replay_poisoned(&t, exec, stream);
   if (fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL)) fail_msg("after reserving: %s", t.report);
@@ -834,9 +840,7 @@ static void graph_replay_case(fdt_case c, const char *what) {
   gpu_case t;
   open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
-  size_t bytes = 0;
-  assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
-  assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+  reserve_for(h, &t.d.args);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -1041,9 +1045,7 @@ static void test_append_graph_replay(void **state) {
     a.block_table = t.d.args.block_table;
 
     fd_handle *h = make_handle(FD_BACKEND_CUDA);
-    size_t bytes = 0;
-    assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
-    assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+    reserve_for(h, &t.d.args);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
@@ -2844,9 +2846,7 @@ static void test_paged_all_sequences_empty(void **state) {
 
     /* The graph: captured now, replayed with ragged lengths, all 0, new ragged ones, all 0. */
     fd_handle *h = make_handle(FD_BACKEND_CUDA);
-    size_t bytes = 0;
-    assert_int_equal(fd_workspace_size(h, &t.d.args, &bytes), FD_SUCCESS);
-    assert_int_equal(fd_reserve_workspace(h, bytes), FD_SUCCESS);
+    reserve_for(h, &t.d.args);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
