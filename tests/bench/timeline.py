@@ -5,7 +5,7 @@
     cmake -S . -B build-timeline -DFLASHDECODE_TIMELINE=ON -DFLASHDECODE_TESTS=OFF \
         -DFLASHDECODE_CUDA_ARCHS=90a-real && cmake --build build-timeline --target flashdecode
     python3 tests/bench/timeline.py --lib build-timeline/src/libflashdecode.so.0 [--shapes 1,5,7] \
-        [--dtype float16] [--kv 16bit|e4m3|e5m2|int8|e4m3-tok] [--replays 3] [--raw out.txt]
+        [--dtype float16] [--kv 16bit|e4m3|e5m2|int8|e4m3-tok] [--q-len 1] [--replays 3] [--raw out.txt]
 
 In a build with FLASHDECODE_TIMELINE=ON every CTA of the CUDA kernels prints
 its %globaltimer at fixed points (src/backend/cuda/timeline.cuh). For each
@@ -14,7 +14,8 @@ shape of compare_sdpa.py this script builds the inputs as the benchmarks do
 of one call per set, replays it, catches what the kernels print, and prints
 per launch, in microseconds from the first CTA's start (--kv: the cache in
 q's dtype, or 8-bit with compare_quantized.py's inputs, per-tensor scales
-or per-token with -tok):
+or per-token with -tok; --q-len: that many query tokens a sequence, causal,
+on a 16-bit cache):
 
   first tile   median time from a CTA's wait for the previous grid to its
                first tile in shared memory
@@ -127,6 +128,7 @@ def main():
     parser.add_argument("--shapes", default="1,5,7")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--kv", default="16bit", help="16bit (q's dtype), e4m3, e5m2, int8, or e4m3-tok")
+    parser.add_argument("--q-len", type=int, default=1, help="query tokens a sequence (16-bit caches; causal)")
     parser.add_argument("--replays", type=int, default=3, help="graph replays; the last one is shown")
     parser.add_argument("--rotation-mib", type=int, default=400)
     parser.add_argument("--raw", help="also write every FDTL line here")
@@ -139,6 +141,10 @@ def main():
     for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
         if args.kv == "16bit":
             data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
+            if args.q_len > 1:  # the default mask is causal: token i sees keys up to n - q_len + i
+                data["qs"] = [torch.randn(q.shape[0], q.shape[1], args.q_len, q.shape[3], device="cuda", dtype=dtype)
+                              for q in data["qs"]]
+                data["outs"] = [torch.empty_like(q) for q in data["qs"]]
             fd_args = cs.decode_args_per_set(fd, data, shape)
         else:
             data, fd_args = quantized_args(fd, shape, dtype, args.kv, args.rotation_mib << 20)
@@ -162,7 +168,7 @@ def main():
         launches = parse(text)
         if raw:
             raw.write(f"# shape {shape[0]}\n{text}")
-        print(f"== {cs.shape_label(shape)} {args.dtype} {args.kv}: {data['sets']} calls in the graph (last replay)")
+        print(f"== {cs.shape_label(shape)} {args.dtype} {args.kv} q_len {args.q_len}: {data['sets']} calls in the graph (last replay)")
         if not launches:
             print("   no FDTL lines: is this a FLASHDECODE_TIMELINE=ON build?")
         for (kernel, _), records in launches:
