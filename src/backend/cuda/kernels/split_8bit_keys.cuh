@@ -70,7 +70,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, 1, true> {
   static constexpr int kLoadGroups = Base::kTokenGroups;
   static constexpr int kLoadGroupTokens = Base::kWarpTokens;
   static constexpr int kTableBytes = table_ring_bytes(Base::kTableSlots, kLoadGroups, kLoadGroupTokens);
-  static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
+  static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket + kPartsRowPad) + 2) * kRows * 4;
   static constexpr int kLoopBytes = kPipelineBytes + kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   // The XOR of a row's chunks: 8 rows of 128 or 256 bytes, or 4 pairs of
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
       if (2 * q + r < heads_here) {
 #pragma unroll
         for (int t = 0; t < Traits::kValueTiles; ++t) {
-          *reinterpret_cast<float2 *>(parts.o + (slot + r) * kBucket + t * 16 + 2 * g) =
+          *reinterpret_cast<float2 *>(parts.o_row(slot + r) + t * 16 + 2 * g) =
               make_float2(o[t][r] * output_scale, o[t][2 + r] * output_scale);
         }
       }

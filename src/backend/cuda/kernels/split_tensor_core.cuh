@@ -70,6 +70,13 @@ namespace cuda {
 #ifndef FD_ROWS_GROUP_LOADS
 #define FD_ROWS_GROUP_LOADS 1
 #endif
+// Floats past each accumulator row of the token groups' combine area
+// (TokenGroupParts): a thread's fragment rows, 8 apart by lane, would
+// otherwise fall on the same banks. For A/B measurements.
+#ifndef FD_PARTS_ROW_PAD
+#define FD_PARTS_ROW_PAD 8
+#endif
+constexpr int kPartsRowPad = FD_PARTS_ROW_PAD;
 
 // Three tile shapes (MmaTiles). Standard: 8 warps (4 for head_dim 256),
 // 32 KiB stages (for 16-bit elements), two stages, two CTAs per
@@ -184,7 +191,7 @@ struct MmaTraits {
   // the pipeline.
   static constexpr int kTableSlots = Quantized || MTiles > 1 ? 8 : 4;
   static constexpr int kTableBytes = table_ring_bytes(kTableSlots, kLoadGroups, kLoadGroupTokens);
-  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket) + 2) * kRows * 4;
+  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket + kPartsRowPad) + 2) * kRows * 4;
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
   static constexpr int kClusterPartialBytes = ClusterPartial<kRows, Bucket>::kFloats * 4;
@@ -626,10 +633,11 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
 // The token groups' partial states of a piece in shared memory (the
 // combine area at its start): each group's m and l per row slot (m then
 // its weight), each row's merged max and l, and each group's accumulator
-// rows [kTokenGroups * kRows][kBucket]. A kernel writes m, l and o, then
-// write_token_groups merges them.
+// rows [kTokenGroups * kRows][kBucket], kRowFloats apart. A kernel writes
+// m, l and o, then write_token_groups merges them.
 template <class Traits>
 struct TokenGroupParts {
+  static constexpr int kRowFloats = Traits::kBucket + kPartsRowPad;
   float *m, *l, *row_l, *row_max, *o;
   __device__ explicit TokenGroupParts(unsigned char *smem)
       : m(reinterpret_cast<float *>(smem)),
@@ -637,7 +645,12 @@ struct TokenGroupParts {
         row_l(l + Traits::kTokenGroups * Traits::kRows),
         row_max(row_l + Traits::kRows),
         o(row_max + Traits::kRows) {}
-  static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0, "o holds float4 stores");
+  // Accumulator row `slot` (token group x kRows + row slot).
+  __device__ float *o_row(int slot) const { return o + slot * kRowFloats; }
+  static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0 && kRowFloats % 4 == 0,
+                "o holds float4 stores");
+  static_assert(Traits::kCombineBytes >= (Traits::kTokenGroups * (2 + kRowFloats) + 2) * Traits::kRows * 4,
+                "the combine area holds the parts");
 };
 
 // Merges the token groups' states (TokenGroupParts, written and synced) in
@@ -669,38 +682,44 @@ __device__ __forceinline__ void write_token_groups(const SplitParams &p, const P
   }
   __syncthreads();
 
-  // Merge the token groups' accumulators in group order, one (real head,
-  // element) per thread.
+  // Merge the token groups' accumulators in group order, four columns of a
+  // real head per thread: the row's weights, output address and 1 / l once
+  // for the four (the epilogue of many rows is bound by its instructions).
+  // head_dim is a multiple of 8 on the tensor cores (16-byte rows).
+  static_assert(kHeadDimMultiple % 4 == 0, "whole float4 columns");
+  constexpr int kVectors = kBucket / 4;
   float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
-  for (int i = threadIdx.x; i < heads_here * kBucket; i += Traits::kThreads) {
-    const int row = i / kBucket;
-    const int d = i % kBucket;
+  for (int i = threadIdx.x; i < heads_here * kVectors; i += Traits::kThreads) {
+    const int row = i / kVectors;
+    const int d = i % kVectors * 4;
     if (d >= p.head_dim) continue;
-    float acc = 0.0f;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int g = 0; g < Traits::kTokenGroups; ++g) {
-      acc = fmaf(parts.m[g * Traits::kRows + row], parts.o[(g * Traits::kRows + row) * kBucket + d], acc);
+      add_weighted(sum, parts.m[g * Traits::kRows + row],
+                   *reinterpret_cast<const float4 *>(parts.o_row(g * Traits::kRows + row) + d));
     }
+    const float acc[4] = {sum.x, sum.y, sum.z, sum.w};
     const float m_max = parts.row_max[row];
     const float l_sum = parts.row_l[row];
     if (piece_writes_output(p, piece)) {
       const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
-      const float merged[1] = {acc};
       if (p.out_f32) {
-        write_output<float>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
+        write_output<float>(p.output, b, query.token, query.q_head, d, acc, m_max, l_sum, d == 0);
       } else {
-        write_output<T>(p.output, b, query.token, query.q_head, d, merged, m_max, l_sum, d == 0);
+        write_output<T>(p.output, b, query.token, query.q_head, d, acc, m_max, l_sum, d == 0);
       }
     } else if (kCluster) {
       using Partial = ClusterPartial<Traits::kRows, kBucket>;
-      Partial::acc(cluster_partial, row, d) = acc;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Partial::acc(cluster_partial, row, d + e) = acc[e];
       if (d == 0) {
         Partial::m(cluster_partial, row) = m_max;
         Partial::l(cluster_partial, row) = l_sum;
       }
     } else {
       const int64_t index = partial_state_index(p, piece, row);
-      p.acc[index * p.head_dim + d] = acc;
+      *reinterpret_cast<float4 *>(p.acc + index * p.head_dim + d) = sum;  // rows of head_dim floats, 16-byte aligned
       if (d == 0) {
         p.m[index] = m_max;
         p.l[index] = l_sum;
@@ -950,11 +969,11 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       for (int t = 0; t < Traits::kOTiles; t += 2) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 4;
         if (row_real[0]) {
-          *reinterpret_cast<float4 *>(parts.o + slot * kBucket + d) = make_float4(
+          *reinterpret_cast<float4 *>(parts.o_row(slot) + d) = make_float4(
               o[t][0] * value_scale, o[t + 1][0] * value_scale, o[t][1] * value_scale, o[t + 1][1] * value_scale);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float4 *>(parts.o + (slot + 8) * kBucket + d) = make_float4(
+          *reinterpret_cast<float4 *>(parts.o_row(slot + 8) + d) = make_float4(
               o[t][2] * value_scale, o[t + 1][2] * value_scale, o[t][3] * value_scale, o[t + 1][3] * value_scale);
         }
       }
@@ -963,10 +982,10 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       for (int t = 0; t < Traits::kOTiles; ++t) {
         const int d = d_part * Traits::kDWidth + t * 8 + quad_lane * 2;
         if (row_real[0]) {
-          *reinterpret_cast<float2 *>(parts.o + slot * kBucket + d) = make_float2(o[t][0], o[t][1]);
+          *reinterpret_cast<float2 *>(parts.o_row(slot) + d) = make_float2(o[t][0], o[t][1]);
         }
         if (row_real[1]) {
-          *reinterpret_cast<float2 *>(parts.o + (slot + 8) * kBucket + d) = make_float2(o[t][2], o[t][3]);
+          *reinterpret_cast<float2 *>(parts.o_row(slot + 8) + d) = make_float2(o[t][2], o[t][3]);
         }
       }
     }
