@@ -23,7 +23,9 @@
 # folders are packed into parallel-logs.tar.gz. The sanitizers are bound by
 # the host's cores more than the GPU: on an H200 with 16 cores, the suite in
 # 8 shards, python, memcheck, initcheck, synccheck and racecheck (its default
-# filters in three instances) took 287 s together this way.
+# filters in three instances) took 287 s together this way; on an H100
+# beside the suite's 8 shards, memcheck, initcheck and synccheck each
+# needed more than 330 s, so in this mode a step's default limit is 540 s.
 # FD_GPU_CHECK_SHARDS=N (default 1) runs the GPU test program as N
 # processes at once, each every N-th test (FD_GPU_TEST_SHARD): its float64
 # references run on the host, so the suite takes a fraction of its serial
@@ -110,6 +112,7 @@ echo "=== machine: $machine"
 # FD_GPU_CHECK_PARALLEL: the untimed steps as instances at once (see above);
 # the timing steps below, alone.
 if [ "${FD_GPU_CHECK_PARALLEL:-0}" = 1 ]; then
+  export FD_GPU_CHECK_TIMEOUT=${FD_GPU_CHECK_TIMEOUT:-540}
   instances=()
   timing_steps=
   start_instance() { # NAME STEP [racecheck filter]
