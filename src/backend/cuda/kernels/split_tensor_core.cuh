@@ -71,8 +71,9 @@ namespace cuda {
 #define FD_ROWS_GROUP_LOADS 1
 #endif
 // Floats past each accumulator row of the token groups' combine area
-// (TokenGroupParts): a thread's fragment rows, 8 apart by lane, would
-// otherwise fall on the same banks. For A/B measurements.
+// (TokenGroupParts): a warp's fragment stores write 8 consecutive rows at the
+// same columns, which unpadded rows of 64-256 floats put on the same banks.
+// Overridable at build time for A/B measurements.
 #ifndef FD_PARTS_ROW_PAD
 #define FD_PARTS_ROW_PAD 8
 #endif
