@@ -255,9 +255,10 @@ bool wide_rows_take_long_splits(const Problem &p, const DeviceProfile &device, V
     estimate = estimate_splits(p, cost_model(p, wide, device));
     splits = estimate.splits;
   }
-  const int64_t split_tokens = ceil_div(std::max<int64_t>(1, planned_kv_span(p)), std::max<int64_t>(1, splits));
+  const int64_t span = std::max<int64_t>(1, planned_kv_span(p));
+  const int64_t split_tokens = ceil_div(span, std::max<int64_t>(1, splits));
   if (split_tokens < kRowsWideMinSplitTiles * shape_of(p, wide).tile_tokens) return false;
-  const int64_t ctas = p.batch * p.kv_heads * ceil_div(planned_kv_span(p), split_tokens);
+  const int64_t ctas = p.batch * p.kv_heads * ceil_div(span, split_tokens);
   if (ctas > static_cast<int64_t>(device.sm_count) * resident_ctas(p, wide, device)) return false;
   choice.variant = wide;
   choice.estimated = p.requested_splits <= 0;
