@@ -1787,7 +1787,8 @@ static void test_compact_tiles(void **state) {
  * (one unit of 8 rows, units of 12 rows in two chunks of a group, 640
  * one-row units, the CUDA-core kernel, ragged with empty splits), then
  * fused merges on both split kernels (odd row and split counts, more splits
- * than a warp has lanes, empty trailing splits), each against the
+ * than a warp has lanes, empty trailing splits, units of 48-50 KiB of
+ * partials), each against the
  * reference, and the counters read back as zero after every case. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
@@ -1811,7 +1812,7 @@ static void test_merge_paths_on_caller_workspace(void **state) {
        FD_MERGE_SEPARATE, 0},
       {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000, 40,
        FD_MERGE_SEPARATE, 0},
-      {"merge kernel, MHA, 640 units of 1 row x 80 splits", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 128, 2600, 80,
+      {"merge kernel, MHA, 640 units of 1 row x 80 splits x 256", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 256, 2600, 80,
        FD_MERGE_SEPARATE, 0},
       {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000, 64,
        FD_MERGE_SEPARATE, 0},
@@ -1824,6 +1825,10 @@ static void test_merge_paths_on_caller_workspace(void **state) {
       {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48,
        FD_MERGE_FUSED, 0},
       {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED, 1},
+      {"fused, 50 KiB a unit (MHA, 1 row x 100 splits, the trailing ones empty)", FD_DTYPE_F16, FD_DTYPE_F16, 4, 16, 16,
+       128, 3000, 100, FD_MERGE_FUSED, 0},
+      {"fused, 48 KiB a unit (4 rows x 24 splits), ragged", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 32, 8, 128, 6000, 24,
+       FD_MERGE_FUSED, 1},
   };
   enum { kCases = sizeof spec / sizeof spec[0] };
   int cc_major = 0;

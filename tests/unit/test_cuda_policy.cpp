@@ -234,7 +234,7 @@ void test_serving_batches(void **) {
 // kernels above (up to 32 on two m-tiles, up to 64 a CTA on four).
 void test_query_rows(void **) {
   Shape s = dense(1, 32, 8, 32768, 128);
-  s.q_len = 4;  // 16 rows: 16 splits' partials of 16 rows are over 32 KiB a unit
+  s.q_len = 4;  // 16 rows: 16 splits' partials of 16 rows are 128 KiB a unit, over the fused merge's 64
   expect_plan(s, "tensor-core-wide-128 16x2048 merge kernel", "16 rows");
   s.q_len = 8;  // 32 rows in splits of 16 wide tiles: the 32-row kernel
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
@@ -277,8 +277,8 @@ void test_query_rows(void **) {
     wave.q_len = 4;  // 32 rows, 128 units: one wave of one split each
     expect_plan(wave, "tensor-core-rows64-wide-64 1x4096 direct", "32 rows, one wave, head_dim 64");
   }
-  s.q_len = 8;  // 64 rows: the wide 64-row kernel (sm_90)
-  assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
+  s.q_len = 8;  // 64 rows: the wide 64-row kernel (sm_90); two splits' partials are 64 KiB, fused
+  expect_plan(s, "tensor-core-rows64-wide-128 2x8192 fused", "64 rows, long splits");
   s.q_len = 16;  // 128 rows: two CTAs a KV head
   assert_true(plan_of(s).rfind("tensor-core-rows64-wide-128 ", 0) == 0);
   // A device without the wide kernel (not sm_90, or less shared memory): the 64-row one.
@@ -364,6 +364,18 @@ void test_manual_splits_and_tables(void **) {
   Shape s = dense(32, 32, 8, 2048, 128);
   s.num_splits = 3;
   expect_plan(s, "tensor-core-128 3x704 fused", "3 splits asked (of whole 64-token tiles)");
+  // Units of up to 64 KiB of partials merge fused where they fit the split kernel's
+  // shared memory (the GPU suite's merge-path cases over 32 KiB).
+  Shape mha = dense(4, 16, 16, 3000, 128);
+  mha.num_splits = 100;  // 1 row x 100 splits x 512 bytes
+  expect_plan(mha, "tensor-core-128 100x64 fused", "50 KiB a unit");
+  Shape ragged = dense(2, 32, 8, 6000, 128);
+  ragged.num_splits = 24;  // 4 rows x 24 splits x 512 bytes
+  ragged.seq_lens = true;
+  expect_plan(ragged, "tensor-core-128 24x256 fused", "48 KiB a unit, ragged");
+  Shape over = dense(2, 16, 2, 3000, 128);
+  over.num_splits = 16;  // 8 rows x 16 splits: 64 KiB, but over the standard tiles' shared memory
+  expect_plan(over, "tensor-core-128 16x192 merge kernel", "64 KiB a unit, standard tiles");
   assert_int_equal(status_of([] { fd::cuda::split_variant_at(fd::cuda::kSplitVariantCount); }), FD_ERROR_INTERNAL);
   assert_int_equal(status_of([] { fd::cuda::split_variant_at(-1); }), FD_ERROR_INTERNAL);
   for (int i = 0; i < fd::cuda::kSplitVariantCount; ++i) {

@@ -22,7 +22,7 @@ constexpr int64_t kMergeOverheadTokens = 128;
 // spreads each row over its own CTA ("Fused merge size"). Overridable at
 // build time for A/B measurements (0: never fused).
 #ifndef FD_FUSED_MERGE_MAX_BYTES
-#define FD_FUSED_MERGE_MAX_BYTES (32 * 1024)
+#define FD_FUSED_MERGE_MAX_BYTES (64 * 1024)
 #endif
 constexpr int64_t kFusedMergeMaxBytes = FD_FUSED_MERGE_MAX_BYTES;
 
