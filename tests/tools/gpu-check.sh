@@ -46,7 +46,13 @@
 # "--base-lib base=ab/base/libflashdecode.so.0" for an A/B; its time limit
 # is the SDPA comparison's). The Triton split-K reference kernel (labelled
 # seed in the results) is timed when .seed/flash_decode_splitk.py
-# exists (copy it from ../shared/seed/).
+# exists (copy it from ../shared/seed/). The mmasync step (not among the
+# defaults) checks the whole-tile rows kernels' mma.sync form, the device
+# code of sm_100 and sm_120 builds, on an sm_90 card: this build's GPU test
+# program runs the rows and variant tests, and racecheck the rows test,
+# against the libflashdecode.so.0 in FD_GPU_CHECK_MMASYNC_DIR (default
+# ab/mmasync), a build made with
+#   tests/tools/build-variant.sh mmasync HEAD -DFD_ROWS_WGMMA=0
 set -uo pipefail
 
 if [ $# -ne 1 ] || [ ! -d "$1" ]; then
@@ -177,6 +183,22 @@ for step in $steps; do
       note "$(grep -E '[0-9]+ (passed|failed)' "$logs/python.log" | tail -1 | cut -c1-110)"
       ;;
     initcheck) sanitize initcheck ;;
+    mmasync)
+      mmasync_dir=${FD_GPU_CHECK_MMASYNC_DIR:-$root/ab/mmasync}
+      # shellcheck disable=SC2016 # the inner script's variables are its arguments
+      run_step mmasync bash -c '
+        dir=$1 program=$2 sanitizer=$3
+        if [ ! -f "$dir/libflashdecode.so.0" ]; then
+          echo "no $dir/libflashdecode.so.0: build it with tests/tools/build-variant.sh mmasync HEAD -DFD_ROWS_WGMMA=0"
+          exit 1
+        fi
+        export LD_LIBRARY_PATH=$dir
+        FD_GPU_TEST_FILTER=test_rows_kernel "$program" &&
+          FD_GPU_TEST_FILTER="variant_case_*" "$program" &&
+          FD_GPU_TEST_QUICK=1 FD_GPU_TEST_FILTER=test_rows_kernel "$sanitizer" --tool racecheck --error-exitcode 1 \
+            "$program"' _ "$mmasync_dir" "$test_program" "$sanitizer"
+      note "$(tail -n +2 "$logs/mmasync.log" | grep -E 'PASSED|FAILED|RACECHECK SUMMARY|^no .*libflashdecode' | sed 's/^=* *//' | tr -s ' ' | tr '\n' ';' | cut -c1-110)"
+      ;;
     synccheck) sanitize synccheck ;;
     demo)
       run_step demo bash -c "'$build/flashdecode' --backend cuda --iters 50 &&
