@@ -1381,6 +1381,9 @@ static void test_rows_kernel(void **state) {
       {"q_len 4 x group 8, one wave of long splits", FD_DTYPE_F16, 0, FDT_BNHD, 32, 32, 4, 64, 4096, 16, 4, 0, 0.0, 0,
        0, 0, 0, 0, "tensor-core-rows64-wide-"},
       {"head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD, 2, 32, 4, 256, 1500, 16, 8, 0, 0.0, 0, 0, 0, 0, 0, "tensor-core-"},
+      /* 64 rows x 2 splits: 64 KiB of partials a unit, merged by the last CTA in several passes */
+      {"q_len 8 x group 8, two splits merged fused", FD_DTYPE_F16, 0, FDT_BNHD, 2, 16, 2, 128, 12000, 16, 8, 0, 0.0, 0,
+       0, 0, 0, 2, "tensor-core-rows64-"},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
     expect_spec_on_kernel(&spec[i], "rows", g_seed + 1400 + (uint64_t)i);

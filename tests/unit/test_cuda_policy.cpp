@@ -260,7 +260,7 @@ void test_query_rows(void **) {
   s.split_tokens = 8192;  // batch invariant: no kernel that depends on the batch
   assert_true(plan_of(s).rfind("tensor-core-rows-128 ", 0) == 0);
   s.split_tokens = 0;
-  {  // the GPU suite's rows cases of 17-32 rows on the wide kernel (test_rows_kernel)
+  {  // the GPU suite's rows cases on the wide kernel (test_rows_kernel): 17-32 rows, 64 merged fused
     Shape two = dense(2, 24, 2, 36000, 128);
     two.q_len = 2;  // 24 rows, two splits asked, pages of 8
     two.num_splits = 2;
@@ -273,6 +273,12 @@ void test_query_rows(void **) {
     small.q_len = 3;  // 24 rows at head_dim 64
     small.num_splits = 2;
     expect_plan(small, "tensor-core-rows64-wide-64 2x20096 fused", "24 rows, head_dim 64, two long splits");
+    Shape fused = dense(2, 16, 2, 12000, 128);
+    fused.q_len = 8;  // 64 rows x 2 splits: 64 KiB of partials a unit
+    fused.num_splits = 2;
+    expect_plan(fused, "tensor-core-rows64-wide-128 2x6016 fused", "64 rows, two splits");
+    fused.capacity = 3000;  // the GPU suite's quick mode
+    expect_plan(fused, "tensor-core-rows64-wide-128 2x1536 fused", "64 rows, two 1500-token splits");
     Shape wave = dense(32, 32, 4, 4096, 64);
     wave.q_len = 4;  // 32 rows, 128 units: one wave of one split each
     expect_plan(wave, "tensor-core-rows64-wide-64 1x4096 direct", "32 rows, one wave, head_dim 64");
