@@ -1790,7 +1790,7 @@ static void test_compact_tiles(void **state) {
  * (one unit of 8 rows, units of 12 rows in two chunks of a group, 640
  * one-row units, the CUDA-core kernel, ragged with empty splits), then
  * fused merges on both split kernels (odd row and split counts, more splits
- * than a warp has lanes, empty trailing splits, units of 48-50 KiB of
+ * than a warp has lanes, empty trailing splits, units of 48-64 KiB of
  * partials), each against the
  * reference, and the counters read back as zero after every case. */
 static void test_merge_paths_on_caller_workspace(void **state) {
@@ -1832,6 +1832,8 @@ static void test_merge_paths_on_caller_workspace(void **state) {
        128, 3000, 100, FD_MERGE_FUSED, 0},
       {"fused, 48 KiB a unit (4 rows x 24 splits), ragged", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 32, 8, 128, 6000, 24,
        FD_MERGE_FUSED, 1},
+      {"fused, CUDA cores, 64 KiB a unit (2 rows x 64 splits x 128, f32)", FD_DTYPE_F32, FD_DTYPE_F32, 2, 8, 4, 128,
+       8000, 64, FD_MERGE_FUSED, 0},
   };
   enum { kCases = sizeof spec / sizeof spec[0] };
   int cc_major = 0;

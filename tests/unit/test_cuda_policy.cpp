@@ -371,7 +371,7 @@ void test_manual_splits_and_tables(void **) {
   s.num_splits = 3;
   expect_plan(s, "tensor-core-128 3x704 fused", "3 splits asked (of whole 64-token tiles)");
   // Units of up to 64 KiB of partials merge fused where they fit the split kernel's
-  // shared memory (the GPU suite's merge-path cases over 32 KiB).
+  // shared memory (the GPU suite's merge-path cases over 32 KiB, full and quick sizes).
   Shape mha = dense(4, 16, 16, 3000, 128);
   mha.num_splits = 100;  // 1 row x 100 splits x 512 bytes
   expect_plan(mha, "tensor-core-128 100x64 fused", "50 KiB a unit");
@@ -379,6 +379,12 @@ void test_manual_splits_and_tables(void **) {
   ragged.num_splits = 24;  // 4 rows x 24 splits x 512 bytes
   ragged.seq_lens = true;
   expect_plan(ragged, "tensor-core-128 24x256 fused", "48 KiB a unit, ragged");
+  Shape f32 = dense(2, 8, 4, 8000, 128);
+  f32.dtype = f32.kv_dtype = FD_DTYPE_F32;
+  f32.num_splits = 64;  // 2 rows x 64 splits x 512 bytes
+  expect_plan(f32, "cuda-core-128 64x128 fused", "64 KiB a unit, CUDA cores");
+  f32.capacity = 2000;  // the GPU suite's quick mode
+  expect_plan(f32, "cuda-core-128 64x32 fused", "64 KiB a unit, CUDA cores, 2000 tokens");
   Shape over = dense(2, 16, 2, 3000, 128);
   over.num_splits = 16;  // 8 rows x 16 splits: 64 KiB, but over the standard tiles' shared memory
   expect_plan(over, "tensor-core-128 16x192 merge kernel", "64 KiB a unit, standard tiles");
