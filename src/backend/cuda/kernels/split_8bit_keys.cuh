@@ -70,7 +70,7 @@ struct KeysTraits : MmaTraits<T, Bucket, MmaTiles::standard, true, 1, 1, true> {
   static constexpr int kLoadGroups = Base::kTokenGroups;
   static constexpr int kLoadGroupTokens = Base::kWarpTokens;
   static constexpr int kTableBytes = table_ring_bytes(Base::kTableSlots, kLoadGroups, kLoadGroupTokens);
-  static constexpr int kCombineBytes = (Base::kTokenGroups * (2 + Bucket + kPartsRowPad) + 2) * kRows * 4;
+  static constexpr int kCombineBytes = token_group_parts_bytes(Base::kTokenGroups, kRows, Bucket);
   static constexpr int kLoopBytes = kPipelineBytes + kTableBytes;
   static constexpr int kSmemBytes = kLoopBytes > kCombineBytes ? kLoopBytes : kCombineBytes;
   // The XOR of a row's chunks: 8 rows of 128 or 256 bytes, or 4 pairs of

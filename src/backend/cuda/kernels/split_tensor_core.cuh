@@ -79,6 +79,13 @@ namespace cuda {
 #endif
 constexpr int kPartsRowPad = FD_PARTS_ROW_PAD;
 
+// Bytes of the token groups' combine area (TokenGroupParts): each group's m
+// and l and padded accumulator row per row slot, then each row's merged max
+// and l. Both tensor-core kernels' traits size it here.
+constexpr int token_group_parts_bytes(int token_groups, int rows, int bucket) {
+  return (token_groups * (2 + bucket + kPartsRowPad) + 2) * rows * 4;
+}
+
 // Three tile shapes (MmaTiles). Standard: 8 warps (4 for head_dim 256),
 // 32 KiB stages (for 16-bit elements), two stages, two CTAs per
 // multiprocessor (by registers); runs everywhere. Wide (on GPUs with 200+
@@ -192,7 +199,7 @@ struct MmaTraits {
   // the pipeline.
   static constexpr int kTableSlots = Quantized || MTiles > 1 ? 8 : 4;
   static constexpr int kTableBytes = table_ring_bytes(kTableSlots, kLoadGroups, kLoadGroupTokens);
-  static constexpr int kCombineBytes = (kTokenGroups * (2 + Bucket + kPartsRowPad) + 2) * kRows * 4;
+  static constexpr int kCombineBytes = token_group_parts_bytes(kTokenGroups, kRows, Bucket);
   // The cluster merge's state (ClusterPartial) follows the combine area.
   static constexpr int kClusterPartialOffset = (kCombineBytes + 15) / 16 * 16;
   static constexpr int kClusterPartialBytes = ClusterPartial<kRows, Bucket>::kFloats * 4;
@@ -650,7 +657,7 @@ struct TokenGroupParts {
   __device__ float *o_row(int slot) const { return o + slot * kRowFloats; }
   static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0 && kRowFloats % 4 == 0,
                 "o holds float4 stores");
-  static_assert(Traits::kCombineBytes >= (Traits::kTokenGroups * (2 + kRowFloats) + 2) * Traits::kRows * 4,
+  static_assert(Traits::kCombineBytes >= token_group_parts_bytes(Traits::kTokenGroups, Traits::kRows, Traits::kBucket),
                 "the combine area holds the parts");
 };
 
