@@ -35,7 +35,8 @@
 # FD_GPU_CHECK_RACECHECK_FILTERS (globs; default: every tensor-core case,
 # the first ten matrix cases, which mix both split kernels and the merge, the
 # compact tiles', rows kernels' and balanced schedule's tests, the first ten
-# 8-bit and variant cases, appends and fd_merge_states).
+# 8-bit and variant cases, appends, fd_merge_states and the merge paths,
+# whose fused merges share the split kernel's shared memory).
 # The python step runs the Python binding's pytest suite (its GPU tests use
 # PyTorch and CuPy tensors) against this build's library
 # (FD_GPU_CHECK_SDPA_TIMEOUT the SDPA comparison, default 540);
@@ -65,7 +66,8 @@ logs=${OUT:-$build/gpu-check}
 mkdir -p "$logs"
 steps=${FD_GPU_CHECK_STEPS:-tests python memcheck racecheck initcheck synccheck demo sdpa}
 racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00? test_compact_tiles test_rows_kernel
-  test_balanced_schedule quantized_case_0? variant_case_00? test_append_matches_cpu test_merge_states}
+  test_balanced_schedule quantized_case_0? variant_case_00? test_append_matches_cpu test_merge_states
+  test_merge_paths_on_caller_workspace}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
 shards=${FD_GPU_CHECK_SHARDS:-1}
 sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}
