@@ -337,12 +337,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
     const int64_t end = range.end;
     const TileLoader<Traits> loader(p, b, kv_head, reinterpret_cast<int32_t *>(smem + Traits::kPipelineBytes));
 
-    const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;  // 0 when empty
-#pragma unroll
-    for (int s = 0; s < Traits::kStages - 1; ++s) {
-      if (s < tiles) loader.load(smem + s * Traits::kStageBytes, begin, s, end);
-      cp_async_commit();  // empty groups too: the waits below count groups
-    }
+    const int64_t tiles = loader.start(smem, begin, end);
 
     const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring[2] = {};
@@ -357,23 +352,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
     // The query tile [8 row slots, bucket], rows in order, zeros past the
     // chunk's rows, the padding tokens and head_dim; then each lane's B
     // fragments of Q^T: row g's d 16 kk + 4q .. + 3.
-    constexpr int kQueryChunks = Traits::kQueryRowBytes / kChunkBytes;
-    for (int i = threadIdx.x; i < Traits::kRows * kQueryChunks; i += Traits::kThreads) {
-      const int row = i / kQueryChunks;
-      const int column = i % kQueryChunks;
-      using Word = typename RawElement<sizeof(T)>::type;
-      constexpr int kWords = kChunkBytes / sizeof(T);
-      Word words[kWords] = {};
-      const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
-      if (row < heads_here && query.token < q_len_b && column * kWords < p.head_dim) {
-        const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride + query.token * p.q_token_stride +
-                          static_cast<int64_t>(query.q_head) * p.q_head_stride + column * kWords;
-#pragma unroll
-        for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
-      }
-      *reinterpret_cast<uint4 *>(q_stage + row * Traits::kQueryRowBytes + column * kChunkBytes) =
-          *reinterpret_cast<const uint4 *>(words);
-    }
+    stage_query_rows<T, Traits::kRows, Traits::kQueryRowBytes, Traits::kThreads>(
+        p, b, kv_head, first_row, heads_here, q_len_b, q_stage,
+        [](int row, int column) { return row * Traits::kQueryRowBytes + column * kChunkBytes; });
     __syncthreads();
     uint32_t qf[Traits::kDSteps][2];
 #pragma unroll

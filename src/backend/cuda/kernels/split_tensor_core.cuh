@@ -808,12 +808,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     const TileLoader<Traits> loader(p, b, kv_head, reinterpret_cast<int32_t *>(smem + Traits::kPipelineBytes));
 
     // Start the first tiles before anything else: the query is small.
-    const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;  // 0 when empty
-#pragma unroll
-    for (int s = 0; s < Traits::kStages - 1; ++s) {
-      if (s < tiles) loader.load(smem + s * Traits::kStageBytes, begin, s, end);
-      cp_async_commit();  // empty groups too: the waits below count groups
-    }
+    const int64_t tiles = loader.start(smem, begin, end);
 
     const int q_len_b = sequence_q_len(p, b);
     RowScoring scoring[2] = {};
@@ -827,22 +822,9 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
 
     // The query tile [kRows row slots, bucket] goes through the last pipeline
     // stage (first written by the main loop, after a barrier) into registers.
-    constexpr int kQueryChunks = Traits::kQueryRowBytes / kChunkBytes;
-    for (int i = threadIdx.x; i < Traits::kRows * kQueryChunks; i += Traits::kThreads) {
-      const int row = i / kQueryChunks;
-      const int column = i % kQueryChunks;
-      using Word = typename RawElement<sizeof(T)>::type;
-      constexpr int kWords = kChunkBytes / sizeof(T);
-      Word words[kWords] = {};
-      const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
-      if (row < heads_here && query.token < q_len_b && column * kWords < p.head_dim) {  // padding: zeros
-        const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride + query.token * p.q_token_stride +
-                          static_cast<int64_t>(query.q_head) * p.q_head_stride + column * kWords;
-#pragma unroll
-        for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once per CTA
-      }
-      *reinterpret_cast<uint4 *>(q_stage + Traits::query_offset(row, column)) = *reinterpret_cast<const uint4 *>(words);
-    }
+    stage_query_rows<T, Traits::kRows, Traits::kQueryRowBytes, Traits::kThreads>(
+        p, b, kv_head, first_row, heads_here, q_len_b, q_stage,
+        [](int row, int column) { return Traits::query_offset(row, column); });
     if constexpr (Traits::kAsyncMma) fence_async_shared();  // wgmma reads the query tile
     __syncthreads();
     // 16-bit caches: the query fragments in registers. 8-bit: in shared

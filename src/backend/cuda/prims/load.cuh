@@ -507,6 +507,19 @@ struct TileLoader {
     }
   }
 
+  // A piece's first kStages - 1 tiles of [begin, end) into stages 0, 1, ...,
+  // a commit group each (empty ones too: the main loop's waits count
+  // groups). Returns the piece's tiles (0 when it is empty).
+  __device__ __forceinline__ int64_t start(unsigned char *stages, int64_t begin, int64_t end) const {
+    const int64_t tiles = (end - begin + Traits::kTileTokens - 1) / Traits::kTileTokens;
+#pragma unroll
+    for (int s = 0; s < Traits::kStages - 1; ++s) {
+      if (s < tiles) load(stages + s * Traits::kStageBytes, begin, s, end);
+      cp_async_commit();
+    }
+    return tiles;
+  }
+
   // This thread's rows of a tile, from the first one's page and slot: each
   // row's slot, and its page through `lookup` (a block table entry), the
   // lookups of all rows before any copy. One loop a lookup kind, so the
@@ -567,6 +580,31 @@ struct TileLoader {
     }
   }
 };
+
+// A piece's query rows [first_row, first_row + kRows) of KV head kv_head's
+// rows into a staging tile, 16 bytes a thread at a time, `offset(row,
+// chunk)` bytes into `stage`; zeros past the chunk's real rows
+// (heads_here), sequence b's query tokens (q_len_b) and head_dim.
+template <class T, int kRows, int kRowBytes, int kThreads, class Offset>
+__device__ __forceinline__ void stage_query_rows(const SplitParams &p, int64_t b, int kv_head, int first_row,
+                                                 int heads_here, int q_len_b, unsigned char *stage, Offset offset) {
+  constexpr int kQueryChunks = kRowBytes / kChunkBytes;
+  using Word = typename RawElement<sizeof(T)>::type;
+  constexpr int kWords = kChunkBytes / sizeof(T);
+  for (int i = threadIdx.x; i < kRows * kQueryChunks; i += kThreads) {
+    const int row = i / kQueryChunks;
+    const int column = i % kQueryChunks;
+    Word words[kWords] = {};
+    const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
+    if (row < heads_here && query.token < q_len_b && column * kWords < p.head_dim) {
+      const Word *src = static_cast<const Word *>(p.q) + b * p.q_batch_stride + query.token * p.q_token_stride +
+                        static_cast<int64_t>(query.q_head) * p.q_head_stride + column * kWords;
+#pragma unroll
+      for (int e = 0; e < kWords; ++e) words[e] = src[e];  // q may be unaligned: element loads, once a piece
+    }
+    *reinterpret_cast<uint4 *>(stage + offset(row, column)) = *reinterpret_cast<const uint4 *>(words);
+  }
+}
 
 }  // namespace cuda
 }  // namespace fd
