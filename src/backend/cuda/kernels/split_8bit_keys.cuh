@@ -169,11 +169,8 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
     }
   }
 
-  // Scale and mask (element e: row e & 1 of the lane's two, key 8 (e >> 1) + g of the m-tile).
-  [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
-  [[maybe_unused]] const bool inside = kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
-                                       warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
-  [[maybe_unused]] const bool inside_plain = inside && scoring[0].plain() && scoring[1].plain();
+  // Scale and mask (scale_and_mask_scores; element e: row e & 1 of the
+  // lane's two, key 8 (e >> 1) + g of the m-tile).
   const auto for_each_score = [&](auto &&score_of) {
 #pragma unroll
     for (int kt = 0; kt < Traits::kKeyTiles; ++kt) {
@@ -181,21 +178,7 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
       for (int e = 0; e < 4; ++e) s[kt][e] = score_of(s[kt][e], e & 1, kt * 16 + (e >> 1) * 8 + g);
     }
   };
-  if constexpr (kVariants) {
-    if (inside_plain) {
-      for_each_score([&](float score, int, int) { return score * q_scale; });
-    } else if (inside) {
-      for_each_score(
-          [&](float score, int r, int column) { return scoring[r].transform(score * q_scale, warp_key + column); });
-    } else {
-      for_each_score(
-          [&](float score, int r, int column) { return scoring[r].score(score * q_scale, warp_key + column); });
-    }
-  } else {
-    const int keys_here = static_cast<int>(min(remaining, static_cast<int64_t>(Traits::kWarpTokens)));
-    for_each_score(
-        [&](float score, int, int column) { return column < keys_here ? score * q_scale : negative_infinity(); });
-  }
+  scale_and_mask_scores<kVariants, Traits::kWarpTokens>(for_each_score, scoring, q_scale, warp_key, end - warp_begin);
 
   // A row's keys are spread over the 8 lanes of its q: their maximum by
   // three shuffles.

@@ -473,19 +473,10 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
     }
   }
 
-  // Scale, mask, and the new running max of this thread's two rows. With
-  // the variants, a warp tile whose keys both rows see (all but the tiles
-  // at a mask's or window's edge) skips the per-key tests.
+  // Scale, mask (scale_and_mask_scores), and the new running max of this
+  // thread's two rows.
   constexpr int kRowsHere = kUpperRows ? 2 : 1;
   float block_max[2] = {negative_infinity(), negative_infinity()};
-  [[maybe_unused]] const int64_t remaining = end - warp_begin;  // > 0
-  [[maybe_unused]] const bool inside = kVariants && warp_key >= max(scoring[0].begin, scoring[1].begin) &&
-                                       warp_key + Traits::kWarpTokens <= min(scoring[0].end, scoring[1].end);
-  // Inside with neither a softcap nor ALiBi (a causal speculative step):
-  // scores are only scaled, without the per-score tests of transform().
-  [[maybe_unused]] const bool inside_plain = inside && scoring[0].plain() && scoring[1].plain();
-  // One loop a kind of tile, so that each is straight-line code: a branch
-  // per score pair cost the rows kernels more than the scoring itself.
   const auto for_each_score = [&](auto &&score_of) {
 #pragma unroll
     for (int n = 0; n < Traits::kSTiles; ++n) {
@@ -496,24 +487,7 @@ __device__ __forceinline__ void attend_tile_mma(const unsigned char *stage, int 
       }
     }
   };
-  if constexpr (kVariants) {
-    if (inside_plain) {
-      for_each_score([&](float score, int, int) { return score * q_scale; });
-    } else if (inside) {
-      for_each_score(
-          [&](float score, int r, int column) { return scoring[r].transform(score * q_scale, warp_key + column); });
-    } else {
-      for_each_score(
-          [&](float score, int r, int column) { return scoring[r].score(score * q_scale, warp_key + column); });
-    }
-  } else {
-    // One loop for every tile, compared in 32 bits: a branch to an unmasked
-    // loop for whole tiles measured slower on short splits (tests/bench/policy.md,
-    // "Swizzled lane offsets").
-    const int keys_here = static_cast<int>(min(remaining, static_cast<int64_t>(Traits::kWarpTokens)));
-    for_each_score(
-        [&](float score, int, int column) { return column < keys_here ? score * q_scale : negative_infinity(); });
-  }
+  scale_and_mask_scores<kVariants, Traits::kWarpTokens>(for_each_score, scoring, q_scale, warp_key, end - warp_begin);
 #pragma unroll
   for (int n = 0; n < Traits::kSTiles; ++n) {
 #pragma unroll

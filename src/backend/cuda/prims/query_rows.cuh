@@ -145,6 +145,41 @@ struct RowScoring {
   }
 };
 
+// Scales and masks a warp's tile of scores: keys warp_key .. warp_key +
+// kWarpTokens - 1 of the split, of which `remaining` (> 0) are in it.
+// for_each_score(f) sets each of the warp's scores to f(score, r, column)
+// (r: the thread's row, 0 or 1; column: the key - warp_key), one loop a kind
+// of tile, so that each is straight-line code: a branch per score pair cost
+// the rows kernels more than the scoring itself. With the variants a tile
+// whose keys both rows see (all but the tiles at a mask's or window's edge)
+// skips the per-key tests, and with neither a softcap nor ALiBi (a causal
+// speculative step) is only scaled. Without them the keys past the split's
+// end are masked: one loop for every tile, compared in 32 bits (a branch to
+// an unmasked loop for whole tiles measured slower on short splits;
+// tests/bench/policy.md, "Swizzled lane offsets").
+template <bool kVariants, int kWarpTokens, class ForEachScore>
+__device__ __forceinline__ void scale_and_mask_scores(const ForEachScore &for_each_score,
+                                                      const RowScoring (&scoring)[2], float q_scale, int warp_key,
+                                                      int64_t remaining) {
+  if constexpr (kVariants) {
+    const bool inside = warp_key >= max(scoring[0].begin, scoring[1].begin) &&
+                        warp_key + kWarpTokens <= min(scoring[0].end, scoring[1].end);
+    if (inside && scoring[0].plain() && scoring[1].plain()) {
+      for_each_score([&](float score, int, int) { return score * q_scale; });
+    } else if (inside) {
+      for_each_score(
+          [&](float score, int r, int column) { return scoring[r].transform(score * q_scale, warp_key + column); });
+    } else {
+      for_each_score(
+          [&](float score, int r, int column) { return scoring[r].score(score * q_scale, warp_key + column); });
+    }
+  } else {
+    const int keys_here = static_cast<int>(min(remaining, static_cast<int64_t>(kWarpTokens)));
+    for_each_score(
+        [&](float score, int, int column) { return column < keys_here ? score * q_scale : negative_infinity(); });
+  }
+}
+
 // Row (token, q_head) of a sequence with q_len_b query tokens over the
 // tokens of `range`. A padding token (row.token >= q_len_b) sees no key. A
 // slot that holds no row of the problem (`real` false: an m-tile's slots
