@@ -631,7 +631,10 @@ struct TokenGroupParts {
   __device__ float *o_row(int slot) const { return o + slot * kRowFloats; }
   static_assert((2 * Traits::kTokenGroups + 2) * Traits::kRows * 4 % 16 == 0 && kRowFloats % 4 == 0,
                 "o holds float4 stores");
-  static_assert(Traits::kCombineBytes >= token_group_parts_bytes(Traits::kTokenGroups, Traits::kRows, Traits::kBucket),
+  // The layout above, counted from its own pointers, against the traits' sizing.
+  static_assert(Traits::kCombineBytes >= ((2 * Traits::kTokenGroups + 2) * Traits::kRows +
+                                          Traits::kTokenGroups * Traits::kRows * kRowFloats) *
+                                             4,
                 "the combine area holds the parts");
 };
 
