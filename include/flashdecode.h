@@ -164,7 +164,8 @@ typedef enum fd_status {
                                           tensor's (batch, heads, head_dim). */
   FD_ERROR_INVALID_STRIDE = 7,       /**< A stride is negative, head_dim is not contiguous (stride of head_dim
                                           must be 1), strides place an element beyond 64-bit offsets or the
-                                          address space, or an output's strides make its elements share memory. */
+                                          address space, or an output's strides are not nested, so that its
+                                          elements could share memory (see "What may share memory"). */
   FD_ERROR_INVALID_LENGTH = 8,       /**< A length or extent is out of range; with #FD_CHECK_CONTENTS, a
                                           seq_lens entry outside [0, kv_capacity] or a q_lens entry outside
                                           [0, q_len]. */
@@ -259,7 +260,13 @@ typedef enum fd_dtype {
  *   other and may repeat elements: a stride of 0 broadcasts (one query
  *   row for every sequence, one cache for every sequence, one length).
  * - No two elements of an output (`out`, `lse`) may share memory
- *   (#FD_ERROR_INVALID_STRIDE), and no element of `out` may be an element
+ *   (#FD_ERROR_INVALID_STRIDE). What is checked is that an output's strides
+ *   nest: with its dimensions of extent > 1 in increasing stride order,
+ *   each stride passes the furthest element of the dimensions inside it.
+ *   Every layout made from a contiguous tensor by slicing, transposing or
+ *   padding passes; a stride of 0 is refused, and so are interleaved
+ *   strides, even where their elements happen to be distinct (e.g. shape
+ *   [3, 2] with strides [2, 3]). No element of `out` may be an element
  *   of `lse` (#FD_ERROR_INVALID_ARGUMENT). `lse` may live in the padding
  *   between `out`'s rows.
  * - `out` may be `q` itself (the same data, dtype and strides): the
@@ -612,8 +619,10 @@ typedef struct fd_decode_args {
   fd_tensor seq_lens;     /**< Optional per-sequence KV lengths (data NULL: full capacity). */
   fd_tensor block_table;  /**< Optional paged-cache block table (data NULL: dense cache). */
   double softmax_scale;   /**< Multiplies q.k before the softmax; 0 (default) means 1/sqrt(head_dim). Must
-                               be finite, and so must scale * log2(e) as a float (|scale| below about
-                               2.3e38). Scores it makes overflow follow the non-finite rules above. */
+                               be finite, non-zero once rounded to float (|scale| of at least about 1e-45:
+                               0 means the default) and finite times log2(e) as a float (|scale| below
+                               about 2.3e38); #FD_ERROR_INVALID_ARGUMENT otherwise. Scores it makes
+                               overflow follow the non-finite rules above. */
   int32_t num_splits;     /**< Splits of the KV sequence; 0 (default) chooses automatically; at most #FD_MAX_SPLITS. */
   int32_t reserved_0;     /**< The trailing padding of 0.2's struct, named so that no later field lands in it
                                (older libraries would not see it): never read. */
@@ -956,7 +965,8 @@ typedef struct fd_plan_info {
 /**
  * @brief Fills the caller's plan-info struct with zeros and sets its struct_size.
  *
- * Writes exactly @p struct_size bytes, like fd_options_init().
+ * Writes exactly @p struct_size bytes, like fd_options_init(); `kernel`
+ * points to an empty string rather than being NULL.
  *
  * @param info The struct to fill, or NULL to only query the size.
  * @param struct_size sizeof(*info) as the caller compiled it; nothing is
@@ -970,7 +980,7 @@ FD_API size_t fd_plan_info_init(fd_plan_info *info, size_t struct_size);
  *        without running it.
  *
  * Validates @p args as fd_workspace_size() does (everything fd_decode()
- * checks but the contents of seq_lens and block_table, which the CPU
+ * checks but the contents of seq_lens, q_lens and block_table, which the CPU
  * backend reads only in fd_decode()) and plans the problem the same way:
  * the same plan, kernel and merge, pointer alignment and strides included.
  * It allocates nothing, enqueues nothing and does not change the handle.
@@ -1030,7 +1040,9 @@ typedef struct fd_merge_args {
   int32_t reserved_0;          /**< Padding: never read. */
   const fd_tensor *states_out; /**< num_states outputs, `[batch, q_len, heads, head_dim]`. */
   const fd_tensor *states_lse; /**< num_states LSEs, `[batch, q_len, heads]`, #FD_DTYPE_F32. */
-  fd_tensor out;               /**< The merged output, `[batch, q_len, heads, head_dim]`, F32, F16 or BF16. */
+  fd_tensor out;               /**< The merged output, `[batch, q_len, heads, head_dim]`, F32, F16 or BF16.
+                                    batch, q_len and heads may be 0 (nothing to merge, #FD_SUCCESS); q_len
+                                    goes up to the cache-length bound, not #FD_MAX_Q_LEN. */
   fd_tensor lse;               /**< Optional merged LSE, `[batch, q_len, heads]`, F32 (data NULL: not written). */
 } fd_merge_args;
 

@@ -98,8 +98,8 @@ void require_no_overlap(const StridedView &view, int ndim, const char *name) {
     const int d = order[i];
     if (view.strides[d] <= furthest) {
       fail(FD_ERROR_INVALID_STRIDE,
-           "%s: its strides make distinct elements share memory (stride %lld of dimension %d reaches no further "
-           "than the dimensions inside it); outputs must not overlap",
+           "%s: its strides do not nest (stride %lld of dimension %d reaches no further than the dimensions "
+           "inside it), so its elements could share memory; outputs must not overlap",
            name, static_cast<long long>(view.strides[d]), d);
     }
     furthest += (view.shape[d] - 1) * view.strides[d];  // bounded by check_tensor

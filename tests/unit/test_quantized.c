@@ -1271,7 +1271,7 @@ static void test_append_validation(void **state) {
   assert_non_null(strstr(last_message(), ": v: its bytes"));
   a = s.args;
   a.k.strides[1] = 4; /* rows overlapping rows */
-  expect_append_error(h, &s, &a, FD_ERROR_INVALID_STRIDE, ": k: its strides make distinct elements share memory");
+  expect_append_error(h, &s, &a, FD_ERROR_INVALID_STRIDE, ": k: its strides do not nest");
   /* Scales on a 16-bit cache. */
   a = s.args;
   a.k.data = s.k16;
