@@ -203,9 +203,9 @@ func TestWithoutThe03Header(t *testing.T) {
 		{"DecodeArgs.AlibiSlopes", func(a *flashdecode.DecodeArgs) { a.AlibiSlopes = flashdecode.Float32(slopes, 8) }},
 		{"DecodeArgs.Sinks", func(a *flashdecode.DecodeArgs) { a.Sinks = flashdecode.Float32(slopes, 8) }},
 		{"DecodeArgs.KScale", func(a *flashdecode.DecodeArgs) {
-			a.KScale = flashdecode.ScalePerTensor(slopes, 1, 100, 2, 64)
+			a.KScale = flashdecode.ScalePerTensor(slopes[:1], 1, 100, 2, 64)
 		}},
-		{"DecodeArgs.VScale", func(a *flashdecode.DecodeArgs) { a.VScale = flashdecode.ScalePerHead(slopes, 1, 100, 2, 64) }},
+		{"DecodeArgs.VScale", func(a *flashdecode.DecodeArgs) { a.VScale = flashdecode.ScalePerHead(slopes[:2], 1, 100, 2, 64) }},
 		{"DecodeArgs.QLens", func(a *flashdecode.DecodeArgs) { a.QLens = flashdecode.Int32([]int32{1}, 1) }},
 		{"an 8-bit cache", func(a *flashdecode.DecodeArgs) {
 			cache := make([]int8, 100*2*64)

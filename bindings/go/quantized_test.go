@@ -288,6 +288,16 @@ func TestQuantizedArgumentsPassValidation(t *testing.T) {
 	args.KScale = flashdecode.ScalePerHead([]float32{1}, shape...) // one value for two heads: outside the slice
 	_, err = handle.WorkspaceSize(&args)
 	expectError(t, err, flashdecode.ErrInvalidShape, "k_scale")
+	// A slice longer than its form takes (one value per query head, say) is refused, not read in part.
+	args.KScale = flashdecode.ScalePerHead([]float32{1, 2, 3}, shape...)
+	_, err = handle.WorkspaceSize(&args)
+	expectError(t, err, flashdecode.ErrInvalidShape, "k_scale: ScalePerHead takes a slice of exactly 2")
+	args.KScale = flashdecode.ScalePerTensor([]float32{1, 2}, shape...)
+	_, err = handle.WorkspaceSize(&args)
+	expectError(t, err, flashdecode.ErrInvalidShape, "k_scale: ScalePerTensor takes a slice of exactly 1")
+	args.KScale = flashdecode.ScalePerToken(make([]float32, 2*10*2+1), shape...)
+	_, err = handle.WorkspaceSize(&args)
+	expectError(t, err, flashdecode.ErrInvalidShape, "k_scale: ScalePerToken takes a slice of exactly 40")
 
 	newKV, k16 := make([]float32, 2*2*32), make([]uint16, len(cache))
 	err = handle.AppendKV(&flashdecode.AppendArgs{

@@ -59,6 +59,11 @@ type Tensor struct {
 	hostSize int            // bytes of one element of the slice (the dtype's, except through Bytes)
 	device   uintptr
 	onDevice bool // made by Device, whatever the address (0 is the library's to refuse)
+	// Set by the ScalePer* constructors: the values the slice must hold
+	// exactly (a longer one would be read in part without a word), and the
+	// constructor's name for the message. WithStrides clears it.
+	scaleValues int64
+	scaleForm   string
 }
 
 // Int8 is an int8 K/V cache over a []int8 (since 0.3).
@@ -78,20 +83,37 @@ func Bytes(data []uint8, dtype DType, shape ...int64) Tensor {
 // (cacheShape is K's shape) with strides of 0. Nothing is copied. For a
 // device scale: Device(address, Float32Type, cacheShape[:3]...).WithStrides(0, 0, 0).
 func ScalePerTensor(data []float32, cacheShape ...int64) Tensor {
-	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 0)
+	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 0).scaleOf(1, "ScalePerTensor")
 }
 
-// ScalePerHead is one scale per KV head (since 0.3): data ([kv_heads])
-// seen as the cache's first three dimensions with strides {0, 0, 1}.
+// ScalePerHead is one scale per KV head (since 0.3): data ([kv_heads],
+// exactly) seen as the cache's first three dimensions with strides {0, 0, 1}.
 func ScalePerHead(data []float32, cacheShape ...int64) Tensor {
-	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 1)
+	heads := int64(-1)
+	if len(cacheShape) >= 3 {
+		heads = cacheShape[2]
+	}
+	return Float32(data, firstThree(cacheShape)...).WithStrides(0, 0, 1).scaleOf(heads, "ScalePerHead")
 }
 
 // ScalePerToken is one scale per token and KV head (since 0.3): data is
 // the cache's first three dimensions, row-major ([batch, kv_len, kv_heads],
-// or the pool's [num_pages, page_size, kv_heads]).
+// or the pool's [num_pages, page_size, kv_heads]), exactly.
 func ScalePerToken(data []float32, cacheShape ...int64) Tensor {
-	return Float32(data, firstThree(cacheShape)...)
+	t := Float32(data, firstThree(cacheShape)...)
+	count := int64(1)
+	for _, extent := range t.shape {
+		if extent < 0 || (extent > 0 && count > math.MaxInt64/extent) {
+			return t // a shape the calls refuse, naming the scale
+		}
+		count *= extent
+	}
+	return t.scaleOf(count, "ScalePerToken")
+}
+
+func (t Tensor) scaleOf(values int64, form string) Tensor {
+	t.scaleValues, t.scaleForm = values, form
+	return t
 }
 
 func firstThree(shape []int64) []int64 {
@@ -131,6 +153,7 @@ func Device(address uintptr, dtype DType, shape ...int64) Tensor {
 // must be 1). For host tensors the call checks that they stay inside the slice.
 func (t Tensor) WithStrides(strides ...int64) Tensor {
 	t.strides = strides
+	t.scaleForm = ""
 	return t
 }
 
@@ -206,6 +229,10 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		}
 		raw.shape[axis] = C.int64_t(extent)
 		raw.strides[axis] = C.int64_t(stride)
+	}
+	if t.scaleForm != "" && int64(t.hostLen) != t.scaleValues {
+		return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: %s takes a slice of exactly %d for the cache's shape, got %d",
+			name, t.scaleForm, t.scaleValues, t.hostLen))
 	}
 	if !t.onDevice {
 		// The library reads and writes the dtype's elements: they must be

@@ -263,22 +263,32 @@ impl<'a> Tensor<'a> {
     /// One dequantization scale for a whole 8-bit cache (since 0.3): `[scale]`
     /// seen as the cache's first three dimensions with strides of 0. `cache_shape`
     /// is the cache's shape (`k.shape()`); nothing is copied.
+    /// `data` must hold exactly one value.
     pub fn scale_per_tensor(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
+        check_scale_count(data, 1, "scale_per_tensor", "one value")?;
         Self::host(data, DType::F32, &[1])?.broadcast_scale(cache_shape, Scales::Tensor)
     }
 
     /// One scale per KV head (since 0.3): `[kv_heads]` seen as the cache's
-    /// first three dimensions with strides `{0, 0, 1}`.
+    /// first three dimensions with strides `{0, 0, 1}`; `data` must hold
+    /// exactly kv_heads (`cache_shape[2]`) values.
     pub fn scale_per_head(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
         let heads = cache_shape.get(2).copied().unwrap_or(0);
+        check_scale_count(data, heads, "scale_per_head", "kv_heads values")?;
         Self::host(data, DType::F32, &[heads])?.broadcast_scale(cache_shape, Scales::Head)
     }
 
     /// One scale per token and KV head (since 0.3): a contiguous
     /// `[batch, kv_capacity, kv_heads]` (dense) or `[num_pages, page_size, kv_heads]` (paged)
-    /// array, the cache's shape without head_dim.
+    /// array, the cache's shape without head_dim, of exactly that many values.
     pub fn scale_per_token(data: &'a [f32], cache_shape: &[i64]) -> Result<Self> {
-        Self::host(data, DType::F32, &cache_shape[..cache_shape.len().min(3)])
+        let dims = &cache_shape[..cache_shape.len().min(3)];
+        let count = dims
+            .iter()
+            .try_fold(1i64, |n, &d| n.checked_mul(d.max(0)))
+            .unwrap_or(i64::MAX);
+        check_scale_count(data, count, "scale_per_token", "a value for each token and KV head")?;
+        Self::host(data, DType::F32, dims)
     }
 
     /// `self` (a 1-element or a `[kv_heads]` f32 tensor, host or device) broadcast
@@ -426,6 +436,25 @@ impl<'a> TensorMut<'a> {
 enum Scales {
     Tensor,
     Head,
+}
+
+/// A scale constructor's slice holds exactly the values its form takes: a
+/// longer one would be read in part without a word (a per-query-head array
+/// for a per-KV-head scale, say).
+fn check_scale_count(data: &[f32], want: i64, form: &str, what: &str) -> Result<()> {
+    if i64::try_from(data.len()).ok() != Some(want) {
+        return Err(Error::refused(
+            Status::InvalidShape,
+            format!(
+                "{}: the cache takes {} ({}), the slice has {}",
+                form,
+                what,
+                want,
+                data.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_8_bit(dtype: DType) -> Result<()> {

@@ -518,6 +518,14 @@ fn quantized_errors_name_the_argument() {
     assert!(out.iter().all(|&x| x == 7.0));
     let error = Tensor::scale_per_head(&three[..1], &cache_shape).unwrap_err();
     assert_eq!(error.status(), Some(Status::InvalidShape), "{}", error);
+    // A slice longer than the form takes (per query head, say) is refused, not read in part.
+    let error = Tensor::scale_per_head(&three, &cache_shape).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidShape), "{}", error);
+    assert!(error.message().contains("scale_per_head"), "{}", error);
+    let error = Tensor::scale_per_tensor(&three[..2], &cache_shape).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidShape), "{}", error);
+    let error = Tensor::scale_per_token(&three, &cache_shape).unwrap_err();
+    assert_eq!(error.status(), Some(Status::InvalidShape), "{}", error);
     let error = Tensor::bytes(&[0u8; 4], DType::F16, &[4]).unwrap_err();
     assert_eq!(error.status(), Some(Status::InvalidDType), "{}", error);
 
