@@ -379,7 +379,7 @@ BINDING_REJECTS: Dict[str, tuple] = {
         flashdecode.InvalidArgumentError,
         "num_splits: expected an int",
     ),
-    "splits range": (lambda p: p.update(num_splits=2**40), flashdecode.InvalidArgumentError, "does not fit in 32 bits"),
+    "splits range": (lambda p: p.update(num_splits=2**40), flashdecode.InvalidSplitsError, "does not fit in 32 bits"),
     "split_tokens type": (
         lambda p: p.update(split_tokens=64.0),
         flashdecode.InvalidArgumentError,
@@ -392,7 +392,7 @@ BINDING_REJECTS: Dict[str, tuple] = {
     ),
     "split_tokens range": (
         lambda p: p.update(split_tokens=2**64),
-        flashdecode.InvalidArgumentError,
+        flashdecode.InvalidSplitsError,
         "does not fit in 64 bits",
     ),
     "zero scale": (lambda p: p.update(softmax_scale=0), flashdecode.InvalidArgumentError, "None selects 1/sqrt"),
@@ -627,6 +627,44 @@ def test_flash_decode_scale_names(rng) -> None:
         np.testing.assert_allclose(result[:, :, 0], expected, atol=2e-5)
     with pytest.raises(flashdecode.InvalidArgumentError, match="sm_scale: is softmax_scale's other name"):
         flashdecode.flash_decode(q, k, k, softmax_scale=0.3, sm_scale=0.3)
+
+
+def test_flash_decode_splitk_is_the_reference_kernels_entry_point(rng) -> None:
+    """flash_decode_splitk: the reference kernel's name and signature (block_n accepted, not used), and
+    inputs of any layout, copied row-major as the reference kernel's .contiguous() did; flash_decode
+    takes block_n as its sixth argument too, and keeps refusing a head_dim that is not contiguous."""
+    q = rng.standard_normal((2, 4, 1, 32)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 30, 32)).astype(np.float32)
+    expected, _ = attention(q[:, :, 0], k.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), scale=0.3)
+    k_transposed = np.ascontiguousarray(k.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)  # head_dim not contiguous
+    q_sliced = np.repeat(q, 2, axis=3)[..., ::2]
+    assert q_sliced.strides[3] != q_sliced.itemsize and np.array_equal(q_sliced, q)
+    for result in (
+        flashdecode.flash_decode_splitk(q, k, k, 0.3, 4, 64),
+        flashdecode.flash_decode_splitk(q, k, k, sm_scale=0.3, num_splits=None, block_n=32),
+        flashdecode.flash_decode_splitk(q_sliced, k_transposed, k_transposed, 0.3),
+        flashdecode.flash_decode(q, k, k, 0.3, 4, 64),
+        flashdecode.flash_decode(q, k, k, 0.3, block_n=16),
+    ):
+        assert result.shape == q.shape and result.dtype == q.dtype
+        np.testing.assert_allclose(result[:, :, 0], expected, atol=2e-5)
+    for block_n in (0, -64, 64.0, True):
+        with pytest.raises(flashdecode.InvalidArgumentError, match="block_n: must be a positive int"):
+            flashdecode.flash_decode_splitk(q, k, k, block_n=block_n)
+    with pytest.raises(flashdecode.InvalidStrideError, match="k: stride of head_dim must be 1"):
+        flashdecode.flash_decode(q, k_transposed, k_transposed)
+
+
+def test_out_of_range_splits_and_lse_dtypes(rng) -> None:
+    """A num_splits or split_tokens beyond its C type is a splits error, as the library's own range check
+    is; an lse of another float type is told it must be float32."""
+    with flashdecode.Handle("cpu") as handle:
+        expect_refused(handle, {**problem(rng), "num_splits": 2**40}, flashdecode.InvalidSplitsError,
+                       "num_splits: 1099511627776 does not fit in 32 bits")  # fmt: skip
+        expect_refused(handle, {**problem(rng), "split_tokens": 2**70}, flashdecode.InvalidSplitsError,
+                       "split_tokens: .* does not fit in 64 bits")  # fmt: skip
+        expect_refused(handle, {**problem(rng), "lse": np.zeros((2, 1, 8), np.float64)},
+                       flashdecode.InvalidDTypeError, "lse: dtype float64 is not supported; it must be float32")  # fmt: skip
 
 
 def test_closed_handle(rng) -> None:

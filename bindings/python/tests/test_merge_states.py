@@ -242,7 +242,7 @@ def small_states(count: int = 2) -> Tuple[List[np.ndarray], List[np.ndarray]]:
         ("heads", flashdecode.InvalidShapeError, r"states_out\[1\]: heads must be 8 \(from out\), got 4"),
         ("lse shape", flashdecode.InvalidShapeError, r"states_lse\[0\]: batch must be 2 \(from out\), got 1"),
         ("lse float16", flashdecode.InvalidDTypeError, r"states_lse\[0\]: dtype must be f32"),
-        ("lse bits", flashdecode.InvalidDTypeError, r"states_lse\[1\]: must be float32, not 16-bit integer storage"),
+        ("lse bits", flashdecode.InvalidDTypeError, r"states_lse\[1\]: dtype uint16 is not supported; it must be float32"),
         ("lse float64", flashdecode.InvalidDTypeError, r"states_lse\[1\]: dtype float64 is not supported"),
         ("state int32", flashdecode.InvalidDTypeError, r"states_out\[0\]: dtype must be f32, f16 or bf16"),
         ("bits without dtype", flashdecode.InvalidDTypeError, r"states_out\[0\]: 16-bit integer storage needs"),

@@ -367,6 +367,16 @@ def test_raw_storage_needs_its_type_named(cpu, rng) -> None:
         cpu.workspace_size(k[:, :1], k, k)
     with pytest.raises(flashdecode.InvalidDTypeError, match="q: dtype uint8 is not supported"):
         cpu.workspace_size(bits[:, :1, :, :], bits, bits, dtype="e4m3")
+    # An 8-bit name over a typed 16- or 32-bit cache is a contradiction, not ignored.
+    for wide in (k.astype(np.float32), k.astype(np.float16)):
+        names = ("float8_e4m3fn", "float8_e5m2", "int8") + ((("float16", "e4m3"),) if wide.dtype == np.float16 else ())
+        for name in names:
+            with pytest.raises(flashdecode.InvalidDTypeError, match="k: holds f(32|16), but dtype=.* names an 8-bit"):
+                cpu.workspace_size(wide[:, :1], wide, wide, dtype=name)
+    new, cache = q[:, :, :2].astype(np.float32), np.full((2, 10, 2, 32), 9.0, np.float32)
+    with pytest.raises(flashdecode.InvalidDTypeError, match="k: holds f32, but dtype=e4m3 names an 8-bit cache"):
+        cpu.append_kv(new, new, cache, cache.copy(), seq_lens=np.array([3, 4], np.int32), dtype="float8_e4m3fn")
+    assert (cache == 9).all()
 
 
 def test_other_fp8_formats_are_refused(cpu, rng) -> None:

@@ -421,3 +421,22 @@ def test_first_call_compiled_with_torch_imported_after_flashdecode() -> None:
         [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_sparse_tensors_are_refused_by_name(cpu) -> None:
+    """A sparse (or other non-strided) tensor has no strides to describe: refused naming the argument."""
+    q, k, v, _, _ = problem(3)
+    with pytest.raises(flashdecode.InvalidArgumentError, match="k: is a PyTorch tensor of layout torch.sparse_coo"):
+        cpu.decode(q, k.to_sparse(), v, layout="HND")
+    with pytest.raises(flashdecode.InvalidArgumentError, match="q: is a PyTorch tensor of layout torch.sparse_coo"):
+        flashdecode.flash_decode(q.to_sparse(), k, v)
+
+
+def test_flash_decode_splitk_copies_what_is_not_row_major(cpu) -> None:
+    """The reference kernel's entry point takes any layout, as its .contiguous() did."""
+    q, k, v, expected, _ = problem(4)
+    k_columns = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim not contiguous
+    assert k_columns.stride(-1) != 1
+    out = flashdecode.flash_decode_splitk(q, k_columns, v, None, None, 64)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+    np.testing.assert_allclose(nhd(out, "HND")[:, 0], expected, atol=TOLERANCE["float32"])

@@ -66,7 +66,7 @@ from ._errors import (
 )
 from . import _torch
 from ._describe import LAYOUTS, Layout
-from ._functions import append_kv, flash_decode, merge_states
+from ._functions import append_kv, flash_decode, flash_decode_splitk, merge_states
 from ._handle import Backend, Handle, Merge, PlanInfo, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
@@ -138,6 +138,7 @@ __all__ = [
     "WorkspaceTooSmallError",
     "append_kv",
     "flash_decode",
+    "flash_decode_splitk",
     "host_workspace",
     "load_library",
     "merge_states",

@@ -435,6 +435,12 @@ def _from_torch(
     requires grad is refused: writing it behind autograd's back would leave
     autograd's record of it wrong.
     """
+    if tensor.layout is not torch_state.torch.strided:
+        raise refuse(
+            InvalidArgumentError,
+            f"{name}: is a PyTorch tensor of layout {tensor.layout}; flashdecode reads strided (dense) tensors "
+            "(.to_dense() makes one)",
+        )
     device = tensor.device
     if device.type == "cuda":
         location, ordinal = CUDA, device.index

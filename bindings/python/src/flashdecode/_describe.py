@@ -13,13 +13,20 @@ import ctypes
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, Type, cast
 
 import numpy as np
 
 from . import _library
 from ._arrays import CACHE_DTYPES_8_BIT, ArrayView, DType, as_dtype, dtype_name
-from ._errors import InvalidArgumentError, InvalidDTypeError, InvalidShapeError, refuse
+from ._errors import (
+    FlashDecodeError,
+    InvalidArgumentError,
+    InvalidDTypeError,
+    InvalidShapeError,
+    InvalidSplitsError,
+    refuse,
+)
 from ._library import FdDecodeArgs, FdTensor
 
 Layout = Literal["NHD", "HND"]
@@ -108,6 +115,10 @@ def _dtype_choices(dtype: Any) -> Tuple[Optional[DType], Optional[DType]]:
     return wide, narrow
 
 
+_CACHE_NAMES = ("k", "v")
+"""The arrays an 8-bit name in ``dtype=`` is about (q and new tokens never hold 8 bits)."""
+
+
 def _resolve_float_dtype(
     dtype: Any, views: Tuple[Tuple[str, ArrayView], ...], check_typed: bool = True
 ) -> Optional[DType]:
@@ -134,6 +145,11 @@ def _resolve_float_dtype(
                 found.dtype = wide
         elif not check_typed:
             continue
+        elif name in _CACHE_NAMES and narrow is not None and found.dtype not in CACHE_DTYPES_8_BIT:
+            raise refuse(
+                InvalidDTypeError,
+                f"{name}: holds {dtype_name(found.dtype)}, but dtype={dtype_name(narrow)} names an 8-bit cache",
+            )
         elif found.dtype in CACHE_DTYPES_8_BIT:
             if narrow is not None and found.dtype is not narrow:
                 raise refuse(
@@ -356,11 +372,13 @@ def _as_layout(value: Any) -> Layout:
     raise refuse(InvalidArgumentError, f"layout: expected 'NHD' or 'HND', got {value!r}")
 
 
-def _int32(value: Any, name: str) -> int:
+def _int32(value: Any, name: str, out_of_range: Type[FlashDecodeError] = InvalidArgumentError) -> int:
+    """An int argument of 32 bits; one beyond them raises ``out_of_range`` (the status the library gives
+    a value too large of that argument: InvalidSplitsError for num_splits)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise refuse(InvalidArgumentError, f"{name}: expected an int, got {type(value).__name__}")
     if not -(2**31) <= int(value) < 2**31:
-        raise refuse(InvalidArgumentError, f"{name}: {value} does not fit in 32 bits")
+        raise refuse(out_of_range, f"{name}: {value} does not fit in 32 bits")
     return int(value)
 
 
@@ -369,7 +387,7 @@ def _split_tokens(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise refuse(InvalidArgumentError, f"split_tokens: expected an int, got {type(value).__name__}")
     if not -(2**63) <= int(value) < 2**63:
-        raise refuse(InvalidArgumentError, f"split_tokens: {value} does not fit in 64 bits")
+        raise refuse(InvalidSplitsError, f"split_tokens: {value} does not fit in 64 bits")
     if value:
         _library.require("fd_decode_args.split_tokens", "split_tokens")
     return int(value)

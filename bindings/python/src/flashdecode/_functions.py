@@ -52,6 +52,7 @@ def flash_decode(
     v: ArrayT,
     softmax_scale: Optional[float] = None,
     num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
     *,
     sm_scale: Optional[float] = None,
     out: Optional[ArrayT] = None,
@@ -81,6 +82,9 @@ def flash_decode(
         softmax_scale: multiplies q.k; None means 1/sqrt(head_dim). The
             fourth positional argument, as the reference kernel's ``sm_scale``.
         num_splits: KV splits; None lets the library choose.
+        block_n: the reference kernel's key-tile size, its sixth argument:
+            accepted (a positive int, or None) and not used, since the
+            library picks its own tiles.
         sm_scale: the reference kernel's name for ``softmax_scale``; pass one of the two.
         out: optional output, shaped like q.
         layout: ``"HND"`` (the default here, the reference kernel's order)
@@ -109,6 +113,8 @@ def flash_decode(
         if softmax_scale is not None:
             raise refuse(InvalidArgumentError, "sm_scale: is softmax_scale's other name; pass only one of them")
         softmax_scale = sm_scale
+    if block_n is not None and (type(block_n) is not int or block_n < 1):
+        raise refuse(InvalidArgumentError, f"block_n: must be a positive int (it is not used), got {block_n!r}")
     variants = (causal, window_left, logit_softcap, alibi_slopes, sinks, k_scale, v_scale, q_lens)
     if type(q) is _ndarray:
         return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
@@ -144,6 +150,39 @@ def flash_decode(
     return _thread_handle(Backend.CPU, 0, 0)._decode(  # type: ignore[no-any-return]
         q, k, v, out, None, False, None, None, softmax_scale, num_splits, split_tokens, layout, dtype, None, *variants
     )
+
+
+def flash_decode_splitk(
+    q: ArrayT,
+    k: ArrayT,
+    v: ArrayT,
+    sm_scale: Optional[float] = None,
+    num_splits: Optional[int] = None,
+    block_n: int = 64,
+) -> ArrayT:
+    """The Triton split-K reference kernel's entry point, by its name and signature.
+
+    ``q`` ``[batch, heads, 1, head_dim]``, ``k`` and ``v`` ``[batch,
+    kv_heads, kv_len, head_dim]``, of any layout: like the reference kernel,
+    which calls ``.contiguous()`` on them, it copies an input whose elements
+    are not row-major (:func:`flash_decode` takes them as they are, or
+    refuses a head_dim that is not contiguous). ``block_n`` is accepted and
+    not used. Everything else is :func:`flash_decode`'s, with ``layout="HND"``.
+    """
+    return flash_decode(_row_major(q), _row_major(k), _row_major(v), sm_scale, num_splits, block_n)
+
+
+def _row_major(array: Any) -> Any:
+    """The array itself when it is row-major, else a row-major copy (PyTorch, NumPy, CuPy)."""
+    contiguous = getattr(array, "contiguous", None)
+    if callable(contiguous):  # PyTorch: returns the tensor itself when it already is
+        return contiguous()
+    if type(array) is _ndarray:
+        return array if array.flags.c_contiguous else array.copy(order="C")
+    flags = getattr(array, "flags", None)
+    if flags is not None and not getattr(flags, "c_contiguous", True) and callable(getattr(array, "copy", None)):
+        return array.copy(order="C")  # CuPy and other NumPy-like arrays
+    return array
 
 
 @overload

@@ -64,6 +64,7 @@ from ._errors import (
     InvalidHeadCountError,
     InvalidHeadDimError,
     InvalidShapeError,
+    InvalidSplitsError,
     NoDeviceError,
     UnsupportedError,
     error_from_status,
@@ -1244,7 +1245,7 @@ class Handle:
             call.lse_allocator = allocator_like(q_view.array, q_view.shape[:-1], "lse", float32=True)
             lse = call.lse_allocator()
         if lse is not None:
-            lse_view = view(lse, "lse", writable=True)
+            lse_view = view(lse, "lse", "float32", writable=True)
             if lse_view.dtype is None:  # 16-bit integer storage: only q, k, v and out may be 16-bit floats
                 raise refuse(InvalidDTypeError, "lse: must be float32, not 16-bit integer storage")
             _fill(call.args.lse, lse_view, _lse_dims(lse_view, len(q_view.shape), layout))
@@ -1269,7 +1270,7 @@ class Handle:
                 vector_view = view(vector, name, kind="float32")
                 _fill(getattr(call.args, name), vector_view, _own_dims(vector_view, name))
         call.args.softmax_scale = _softmax_scale(softmax_scale)
-        call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits")
+        call.args.num_splits = 0 if num_splits is None else _int32(num_splits, "num_splits", InvalidSplitsError)
         if split_tokens is not None:
             call.args.split_tokens = _split_tokens(split_tokens)
         if not _causal(causal):
@@ -1319,12 +1320,10 @@ class Handle:
             states_lse=(FdTensor * count)(),
         )
 
-        def view(obj: Any, name: str, writable: bool = False) -> ArrayView:
+        def view(obj: Any, name: str, writable: bool = False, kind: str = "float") -> ArrayView:
             # As in _prepare: checked before viewing, since a DLPack export may order work on a stream.
             self._check_location(name, obj, *locate(obj))
-            found = view_array(
-                obj, name, kind="float", writable=writable, cuda_stream=stream_value if on_cuda else None
-            )
+            found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
             self._check_location(name, found.array, found.location, found.device)
             call.views.append(found)
             return found
@@ -1340,7 +1339,7 @@ class Handle:
                 found.dtype = explicit
 
         def lse_view(obj: Any, name: str, writable: bool = False) -> ArrayView:
-            found = view(obj, name, writable)
+            found = view(obj, name, writable, kind="float32")
             if found.dtype is None:  # 16-bit integer storage: only outputs may hold 16-bit floats
                 raise refuse(InvalidDTypeError, f"{name}: must be float32, not 16-bit integer storage")
             return found

@@ -141,6 +141,13 @@ def _torch_signature(tensor: Any, q: Any, k: Any, v: Any, optional: Tuple[Any, .
     device, the lazy negative bit (refused), and for outputs requires_grad (inputs are read detached)."""
     if type(k) is not tensor or type(v) is not tensor:
         return None
+    try:
+        return _torch_key(tensor, q, k, v, optional)
+    except RuntimeError:  # a tensor without strides or storage (sparse): the full path refuses it by name
+        return None
+
+
+def _torch_key(tensor: Any, q: Any, k: Any, v: Any, optional: Tuple[Any, ...]) -> Optional[_Signature]:
     key: Tuple[Any, ...] = (
         "torch",
         q.dtype, q.shape, q.stride(), q.device, q.is_neg(),
