@@ -34,10 +34,13 @@ output checked against a float64 reference before it is timed. Parts:
   output in the states' dtype) against the device-to-device copy rate
   measured in the same run (target: at least 80%), with the bytes read and
   written counted once; also against a copy of the same bytes under the same
-  replay (what a call of this size reaches: launch and ramp included).
+  replay (what a call of this size reaches: launch and ramp included), and
+  FlashInfer 0.7.2's merge_states on the same states (row fi; its cascade
+  module built into the bundle as tests/bench/flashinfer-fp8/README.md says,
+  else n/a with the reason).
 
---base-lib adds other builds of the library to the qlen and logits parts
-(rows "fd-<name>" on the same inputs in the same process: an A/B of a
+--base-lib adds other builds of the library to the qlen, logits and merge
+parts (rows "fd-<name>" on the same inputs in the same process: an A/B of a
 change; the ratios and overheads are flashdecode's, the --lib build's).
 """
 import argparse
@@ -318,6 +321,37 @@ def part_logits(bench, dtype, rows):
               "  " + "  ".join(f"{k} {100 * v:+.1f}%" for k, v in over.items()), flush=True)
 
 
+def fi_merge_calls(adapter, outs_in, lses, ref, dtype):
+    """FlashInfer's merge_states (its CUDA cascade module, outputs preallocated)
+    on the same states, stacked as it takes them ([rows, states, heads, dim],
+    LSEs in base 2) outside the timing: (calls(), None) once its output is
+    checked, or (None, the reason it does not run)."""
+    if adapter is None:
+        return None, "no FlashInfer anchor (--fi-dir, --no-fi)"
+    try:
+        module = adapter._ensure_flashinfer().cascade.get_cascade_module()
+        states, heads, d = len(outs_in[0]), outs_in[0][0].shape[2], outs_in[0][0].shape[3]
+        vs = [torch.stack([x.reshape(-1, heads, d) for x in outs], dim=1) for outs in outs_in]
+        ss = [torch.stack([x.reshape(-1, heads) for x in lse], dim=1) / math.log(2.0) for lse in lses]
+        merged = [torch.empty(v.shape[0], heads, d, device="cuda", dtype=dtype) for v in vs]
+        merged_lse = [torch.empty(v.shape[0], heads, device="cuda") for v in vs]
+
+        def calls():
+            for args in zip(vs, ss, merged, merged_lse):
+                module.merge_states(*args)
+            return len(vs)
+
+        merged[0].fill_(float("nan"))
+        calls()
+        torch.cuda.synchronize()
+    except Exception as error:  # a dtype its module was not built for, a missing module
+        return None, f"FlashInfer's merge_states: {str(error).splitlines()[0][:120]}"
+    err = rel_error(merged[0].reshape(ref.shape), ref)[0]
+    if not err <= BOUNDS[dtype]:
+        return None, f"FlashInfer's merge_states: relative error {err:.3g} (states {states})"
+    return calls, None
+
+
 def part_merge(bench, copy_rate, rows):
     batch, heads, d, states = 256, 32, 128, 8
     for dtype in (torch.float16, torch.float32):
@@ -344,23 +378,32 @@ def part_merge(bench, copy_rate, rows):
             keep += [so, sl]
             arg_list.append(a)
 
-        def calls():
-            stream = torch.cuda.current_stream().cuda_stream
-            for a in arg_list:
-                bench.fd.check(bench.fd.lib.fd_merge_states(bench.handle, ctypes.byref(a), ctypes.c_void_p(stream)),
-                               "fd_merge_states")
-            return len(arg_list)
+        def merge_calls(fd, handle):
+            def calls():
+                stream = torch.cuda.current_stream().cuda_stream
+                for a in arg_list:
+                    fd.check(fd.lib.fd_merge_states(handle, ctypes.byref(a), ctypes.c_void_p(stream)),
+                             "fd_merge_states")
+                return len(arg_list)
+            return calls
 
+        # This build's merge, then each --base-lib build's on the same arguments.
+        impls = {"merge": merge_calls(bench.fd, bench.handle)}
+        impls.update({f"{name} merge": merge_calls(base, handle) for name, base, handle in bench.bases})
         lse = torch.stack([x.double() for x in lses[0]])  # [S, B, 1, H]
         m = lse.max(dim=0).values
         w = torch.exp(lse - m)
         ref = (torch.stack([x.double() for x in outs_in[0]]) * w[..., None]).sum(0) / w.sum(0)[..., None]
-        merged[0].fill_(float("nan"))
-        calls()
-        torch.cuda.synchronize()
-        err = rel_error(merged[0], ref)[0]
-        if not err <= BOUNDS[dtype]:
-            raise SystemExit(f"merge {dtype}: relative error {err:.3g}")
+        for name, calls in impls.items():
+            merged[0].fill_(float("nan"))
+            calls()
+            torch.cuda.synchronize()
+            err = rel_error(merged[0], ref)[0]
+            if not err <= BOUNDS[dtype]:
+                raise SystemExit(f"{name} {dtype}: relative error {err:.3g}")
+        fi_calls, fi_reason = fi_merge_calls(bench.flashinfer, outs_in, lses, ref, dtype)
+        if fi_calls is not None:
+            impls["fi merge"] = fi_calls
         moved = set_bytes + batch * heads * (d * elem + 4)
         # What a copy moving the same bytes (half read, half written) takes
         # under the same replay: the rate a call of this size can reach.
@@ -372,17 +415,25 @@ def part_merge(bench, copy_rate, rows):
                 target.copy_(source)
             return len(sources)
 
-        times = bench.time({"merge": calls, "copy": copies})
+        times = bench.time({**impls, "copy": copies})
         seconds = times["merge"]
         rate = moved / seconds
         small_copy_rate = moved / times["copy"]
+        bases_us = {name: times[f"{name} merge"] * 1e6 for name, _, _ in bench.bases}
+        if fi_calls is not None:
+            bases_us["fi"] = times["fi merge"] * 1e6
+        else:
+            print(f"fi merge {str(dtype)[6:]}: n/a, {fi_reason}", flush=True)
         rows.append({"part": "merge", "dtype": str(dtype)[6:], "us": seconds * 1e6, "bytes": moved,
                      "rate": rate, "copy_rate": copy_rate, "of_copy": rate / copy_rate,
-                     "same_bytes_copy_us": times["copy"] * 1e6, "of_same_bytes_copy": rate / small_copy_rate})
+                     "same_bytes_copy_us": times["copy"] * 1e6, "of_same_bytes_copy": rate / small_copy_rate,
+                     **({"base_us": bases_us} if bases_us else {})})
         print(f"merge 8 x [256, 32, 128] {str(dtype)[6:]}: {seconds * 1e6:.1f} us, {rate / 1e12:.2f} TB/s = "
               f"{100 * rate / copy_rate:.1f}% of the copy rate {copy_rate / 1e12:.2f} TB/s; a copy of the same "
               f"bytes {times['copy'] * 1e6:.1f} us ({100 * small_copy_rate / copy_rate:.1f}% of the copy rate), "
-              f"the merge {100 * rate / small_copy_rate:.1f}% of it", flush=True)
+              f"the merge {100 * rate / small_copy_rate:.1f}% of it" +
+              "".join(f"; {name} {us:.1f} us ({100 * moved / (us * 1e-6) / copy_rate:.1f}%)"
+                      for name, us in bases_us.items()), flush=True)
 
 
 def main():
@@ -400,7 +451,7 @@ def main():
                         help="the FlashInfer anchor bundle (fi_adapter.py, setup.sh) for the qlen part's fi-prefill rows")
     parser.add_argument("--no-fi", action="store_true", help="skip the fi-prefill rows")
     parser.add_argument("--base-lib", action="append", default=[], metavar="[NAME=]PATH",
-                        help="another build timed on the same inputs (qlen, logits): rows fd-NAME")
+                        help="another build timed on the same inputs (qlen, logits, merge): rows fd-NAME")
     args = parser.parse_args()
     extra_shapes = parse_extra_shapes(args.extra, parser)
     if any(shape[-1] != "dense" for shape in extra_shapes):
@@ -408,7 +459,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     fd = FlashDecode(args.lib)
     flashinfer = None
-    if "qlen" in args.parts.split(",") and not args.no_fi:
+    if ("qlen" in args.parts.split(",") or "merge" in args.parts.split(",")) and not args.no_fi:
         anchor = FlashInfer(args.fi_dir)  # puts the bundle on sys.path
         if anchor.reason:
             print(f"fi-prefill rows n/a: {anchor.reason}")
