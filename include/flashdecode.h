@@ -264,9 +264,9 @@ typedef enum fd_dtype {
  *   nest: with its dimensions of extent > 1 in increasing stride order,
  *   each stride passes the furthest element of the dimensions inside it.
  *   Every layout made from a contiguous tensor by slicing, transposing or
- *   padding passes; a stride of 0 is refused, and so are interleaved
- *   strides, even where their elements happen to be distinct (e.g. shape
- *   [3, 2] with strides [2, 3]). No element of `out` may be an element
+ *   padding passes; a stride of 0 on an extent above 1 is refused, and so
+ *   are interleaved strides, even where their elements happen to be
+ *   distinct (e.g. shape [3, 2] with strides [2, 3]). No element of `out` may be an element
  *   of `lse` (#FD_ERROR_INVALID_ARGUMENT). `lse` may live in the padding
  *   between `out`'s rows.
  * - `out` may be `q` itself (the same data, dtype and strides): the
