@@ -293,6 +293,10 @@ void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t r
   }
 }
 
+// The dtypes convert.h's Storage reads and writes (q, out, the states of a
+// merge, a 16- or 32-bit cache).
+bool is_float_dtype(fd_dtype dtype) { return dtype == FD_DTYPE_F32 || dtype == FD_DTYPE_F16 || dtype == FD_DTYPE_BF16; }
+
 // fd_merge_states for one row: the states weighed by exp(lse_s - max) in
 // state order; empty states (LSE -inf) are not read.
 template <fd_dtype OutD>
@@ -450,22 +454,39 @@ class CpuBackend final : public Backend {
   // Only the last kv_capacity new tokens can have a position in the cache:
   // the work follows the cache, not new_len (a broadcast k_new may be long).
   void append_kv(const AppendProblem &p, fd_cuda_stream) override {
+    // The per-element conversions below have no error path: every dtype they
+    // meet is checked here once, so that none of them turns into zeros.
+    if (!is_float_dtype(p.new_dtype)) {
+      fail(FD_ERROR_INTERNAL, "cpu backend: no append from new tokens of dtype %s", dtype_name(p.new_dtype));
+    }
+    if (!is_float_dtype(p.kv_dtype) && byte_table(p.kv_dtype) == nullptr) {
+      fail(FD_ERROR_INTERNAL, "cpu backend: no append into a cache of dtype %s", dtype_name(p.kv_dtype));
+    }
     const int64_t landing = std::min(p.new_len, p.kv_capacity);
     const int64_t skipped = p.new_len - landing;
     pool_.parallel_for(p.batch * landing,
                        [&](int64_t unit) { append_token(p, unit / landing, skipped + unit % landing); });
   }
 
+  template <fd_dtype OutD>
+  void merge_rows(const MergeProblem &p, int64_t rows) {
+    pool_.parallel_for(rows, [&](int64_t row) { merge_states_row<OutD>(p, row); });
+  }
+
   void merge_states(const MergeProblem &p, fd_cuda_stream) override {
-    const int64_t rows = p.batch * p.q_len * p.heads;
-    pool_.parallel_for(rows, [&](int64_t row) {
-      switch (p.out_dtype) {
-        case FD_DTYPE_F32: merge_states_row<FD_DTYPE_F32>(p, row); break;
-        case FD_DTYPE_F16: merge_states_row<FD_DTYPE_F16>(p, row); break;
-        case FD_DTYPE_BF16: merge_states_row<FD_DTYPE_BF16>(p, row); break;
-        default: break;  // validation admits float dtypes only
+    // load_element has no error path: the states' dtypes are checked here once.
+    for (int s = 0; s < p.num_states; ++s) {
+      if (!is_float_dtype(p.states_dtype[s])) {
+        fail(FD_ERROR_INTERNAL, "cpu backend: no merge of states of dtype %s", dtype_name(p.states_dtype[s]));
       }
-    });
+    }
+    const int64_t rows = p.batch * p.q_len * p.heads;
+    switch (p.out_dtype) {
+      case FD_DTYPE_F32: return merge_rows<FD_DTYPE_F32>(p, rows);
+      case FD_DTYPE_F16: return merge_rows<FD_DTYPE_F16>(p, rows);
+      case FD_DTYPE_BF16: return merge_rows<FD_DTYPE_BF16>(p, rows);
+      default: fail(FD_ERROR_INTERNAL, "cpu backend: no merge into dtype %s", dtype_name(p.out_dtype));
+    }
   }
 
   // run's two passes: a task per (sequence, KV head, split), then the merge.
