@@ -230,7 +230,7 @@ func (t Tensor) describe(name string) (C.fd_tensor, error) {
 		raw.shape[axis] = C.int64_t(extent)
 		raw.strides[axis] = C.int64_t(stride)
 	}
-	if t.scaleForm != "" && int64(t.hostLen) != t.scaleValues {
+	if t.scaleForm != "" && t.scaleValues >= 0 && int64(t.hostLen) != t.scaleValues { // -1: a shape the calls refuse by its rank
 		return raw, refuse(ErrInvalidShape, fmt.Sprintf("%s: %s takes a slice of exactly %d for the cache's shape, got %d",
 			name, t.scaleForm, t.scaleValues, t.hostLen))
 	}
