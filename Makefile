@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # The two commands of the README, as make targets:
-#   make demo    install what is missing, build, run the flashdecode demo
+#   make demo    install what building is missing, build, run the flashdecode demo
 #   make check   install what is missing, check the formatting, build, run
 #                the whole test suite (with the ASan, TSan and fuzz runs below)
 #   make format  apply .clang-format to the sources format-check covers
@@ -25,12 +25,17 @@ CLANG_FORMAT ?= clang-format
 FORMAT_FILES = $(wildcard $(shell { git ls-files --cached --others --exclude-standard -- src include tests docs/examples \
   2>/dev/null || find src include tests docs/examples -type f; } | grep -E '\.(c|h|cpp|cu|cuh)$$' | sort -u))
 
-.PHONY: deps configure build demo check test asan tsan fuzz docs format format-check clean
+.PHONY: deps build-deps configure build demo check test asan tsan fuzz docs format format-check clean
 
+# Everything the tests, docs, format check, sanitizers and bindings need.
 deps:
 	@tests/tools/install-deps.sh
 
-configure: deps
+# What configuring and building need, for `make demo`.
+build-deps:
+	@tests/tools/install-deps.sh --build
+
+configure: build-deps
 	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS)
 
 build: configure
@@ -39,10 +44,10 @@ build: configure
 demo: build
 	$(BUILD)/flashdecode
 
-test: build
+test: deps build
 	cd $(BUILD) && ctest --output-on-failure --timeout 1800
 
-docs: configure
+docs: deps configure
 	cmake --build $(BUILD) --target docs
 
 # Host code under AddressSanitizer + UndefinedBehaviorSanitizer (CPU backend only).

@@ -2,6 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Installs what building and testing flashdecode needs and is missing:
 # Debian/Ubuntu packages when run as root, else prints the apt command.
+# With --build only what configuring and building need (`make demo`): CMake,
+# Ninja, a C/C++ compiler, pkg-config and CMocka (the tests are configured
+# by default; -DFLASHDECODE_TESTS=OFF builds without it).
 # clang-format is for `make format-check` (Debian 12's is the reference);
 # abigail-tools (abidiff, abidw) for the ABI check against tests/abi/.
 # The CUDA toolkit is not installed here: with nvcc on PATH (or in
@@ -22,37 +25,41 @@ have_cmd ninja || need+=(ninja-build)
 have_cmd cc || need+=(gcc)
 have_cmd c++ || need+=(g++)
 have_cmd pkg-config || need+=(pkg-config)
-have_cmd doxygen || need+=(doxygen)
-have_cmd clang-format || need+=(clang-format)
-have_cmd nm || need+=(binutils)
-have_cmd abidiff || need+=(abigail-tools)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
-# `make fuzz`: clang, and libFuzzer with the sanitizer runtimes (only recommended by clang).
-have_cmd clang || need+=(clang)
-ls "$(clang -print-runtime-dir 2>/dev/null)"/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-dev)
 pip_need=()
 pipx_need=()
-if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then
-  have_cmd go || need+=(golang-go)
-  have_cmd cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need+=(cargo)
-  have_cmd python3 || need+=(python3)
-  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
-  for module in numpy pytest; do
-    python3 -c "import $module" >/dev/null 2>&1 || pip_need+=("$module")
-  done
-  python3 -c 'import auditwheel' >/dev/null 2>&1 || have_cmd auditwheel || pip_need+=(auditwheel)
-  # No python3 yet means apt's, which is externally managed.
-  if [ ${#pip_need[@]} -gt 0 ] && { ! have_cmd python3 || python3 -c 'import os, sys, sysconfig
-sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; }; then
-    for module in "${pip_need[@]}"; do
-      if [ "$module" = auditwheel ]; then
-        pipx_need+=(auditwheel)
-        have_cmd pipx || need+=(pipx)
-      else
-        need+=("python3-$module")
-      fi
+build_only=0
+[ "${1:-}" = --build ] && build_only=1
+if [ $build_only = 0 ]; then
+  have_cmd doxygen || need+=(doxygen)
+  have_cmd clang-format || need+=(clang-format)
+  have_cmd nm || need+=(binutils)
+  have_cmd abidiff || need+=(abigail-tools)
+  # `make fuzz`: clang, and libFuzzer with the sanitizer runtimes (only recommended by clang).
+  have_cmd clang || need+=(clang)
+  ls "$(clang -print-runtime-dir 2>/dev/null)"/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-dev)
+  if [ "${FD_DEPS_BINDINGS:-1}" = 1 ]; then
+    have_cmd go || need+=(golang-go)
+    have_cmd cargo || [ -x "$HOME/.cargo/bin/cargo" ] || need+=(cargo)
+    have_cmd python3 || need+=(python3)
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+    for module in numpy pytest; do
+      python3 -c "import $module" >/dev/null 2>&1 || pip_need+=("$module")
     done
-    pip_need=()
+    python3 -c 'import auditwheel' >/dev/null 2>&1 || have_cmd auditwheel || pip_need+=(auditwheel)
+    # No python3 yet means apt's, which is externally managed.
+    if [ ${#pip_need[@]} -gt 0 ] && { ! have_cmd python3 || python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; }; then
+      for module in "${pip_need[@]}"; do
+        if [ "$module" = auditwheel ]; then
+          pipx_need+=(auditwheel)
+          have_cmd pipx || need+=(pipx)
+        else
+          need+=("python3-$module")
+        fi
+      done
+      pip_need=()
+    fi
   fi
 fi
 
