@@ -32,6 +32,15 @@ size_t dtype_bytes(const fd_dtype &dtype) {
   fail(FD_ERROR_INTERNAL, "no element size for dtype %d", raw_enum_value(dtype));
 }
 
+bool is_float_dtype(const fd_dtype &dtype) {
+  switch (raw_enum_value(dtype)) {
+    case FD_DTYPE_F32:
+    case FD_DTYPE_F16:
+    case FD_DTYPE_BF16: return true;
+    default: return false;
+  }
+}
+
 bool is_quantized_dtype(const fd_dtype &dtype) {
   switch (raw_enum_value(dtype)) {
     case FD_DTYPE_E4M3:

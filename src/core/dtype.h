@@ -16,6 +16,10 @@ bool is_known_dtype(const fd_dtype &dtype);
 // a size here: every caller has validated its dtype first.
 size_t dtype_bytes(const fd_dtype &dtype);
 
+// Whether dtype is a float dtype (f32, f16, bf16): q, out, merge states and
+// 16- or 32-bit caches.
+bool is_float_dtype(const fd_dtype &dtype);
+
 // Whether dtype is an 8-bit cache dtype (e4m3, e5m2, i8), whose elements
 // stand for stored value x scale.
 bool is_quantized_dtype(const fd_dtype &dtype);

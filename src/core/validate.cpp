@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/problem.h"
 #include "core/sized_struct.h"
@@ -235,7 +236,7 @@ void require_input_apart(const Outputs &o, const StridedView &input, int ndim, f
 }
 
 void require_float_dtype(const fd_tensor &t, const char *name) {
-  if (t.dtype != FD_DTYPE_F32 && t.dtype != FD_DTYPE_F16 && t.dtype != FD_DTYPE_BF16) {
+  if (!is_float_dtype(t.dtype)) {
     fail(FD_ERROR_INVALID_DTYPE, "%s: dtype must be f32, f16 or bf16, got %s", name, dtype_name(t.dtype));
   }
 }

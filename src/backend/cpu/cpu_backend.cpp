@@ -17,6 +17,7 @@
 #include "backend/cpu/lanes.h"
 #include "backend/cpu/quantize.h"
 #include "backend/cpu/thread_pool.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace fd {
@@ -292,10 +293,6 @@ void merge_row(const Problem &p, const Plan &plan, const Partials &in, int64_t r
     static_cast<float *>(p.lse.data)[b * p.lse.strides[0] + token * p.lse.strides[1] + head * p.lse.strides[2]] = lse;
   }
 }
-
-// The dtypes convert.h's Storage reads and writes (q, out, the states of a
-// merge, a 16- or 32-bit cache).
-bool is_float_dtype(fd_dtype dtype) { return dtype == FD_DTYPE_F32 || dtype == FD_DTYPE_F16 || dtype == FD_DTYPE_BF16; }
 
 // fd_merge_states for one row: the states weighed by exp(lse_s - max) in
 // state order; empty states (LSE -inf) are not read.

@@ -1245,9 +1245,7 @@ class Handle:
             call.lse_allocator = allocator_like(q_view.array, q_view.shape[:-1], "lse", float32=True)
             lse = call.lse_allocator()
         if lse is not None:
-            lse_view = view(lse, "lse", "float32", writable=True)
-            if lse_view.dtype is None:  # 16-bit integer storage: only q, k, v and out may be 16-bit floats
-                raise refuse(InvalidDTypeError, "lse: must be float32, not 16-bit integer storage")
+            lse_view = view(lse, "lse", "float32", writable=True)  # float32 only: no raw storage
             _fill(call.args.lse, lse_view, _lse_dims(lse_view, len(q_view.shape), layout))
             call.lse = lse
         if seq_lens is not None:
@@ -1338,12 +1336,6 @@ class Handle:
                     )
                 found.dtype = explicit
 
-        def lse_view(obj: Any, name: str, writable: bool = False) -> ArrayView:
-            found = view(obj, name, writable, kind="float32")
-            if found.dtype is None:  # 16-bit integer storage: only outputs may hold 16-bit floats
-                raise refuse(InvalidDTypeError, f"{name}: must be float32, not 16-bit integer storage")
-            return found
-
         first: Optional[ArrayView] = None
         for index in range(count):
             name = f"states_out[{index}]"
@@ -1353,7 +1345,7 @@ class Handle:
             if first is None:
                 first = found
             name = f"states_lse[{index}]"
-            found = lse_view(state_lses[index], name)
+            found = view(state_lses[index], name, kind="float32")
             _fill(call.states_lse[index], found, _merge_dims(found, layout, name, lse=True))
         assert first is not None
 
@@ -1369,7 +1361,7 @@ class Handle:
         if lse is None and return_lse:
             lse = allocator_like(first.array, first.shape[:-1], "lse", float32=True)()
         if lse is not None:
-            found = lse_view(lse, "lse", writable=True)
+            found = view(lse, "lse", writable=True, kind="float32")
             _fill(call.args.lse, found, _merge_dims(found, layout, "lse", lse=True))
             call.lse = lse
         call.args.num_states = count
