@@ -2503,6 +2503,37 @@ static void decode_parts_on_device(gpu_case *t, int parts, const int *slot, devi
   }
 }
 
+/* State i moved into a layout of its own, for merges of states whose
+ * strides differ: out rows padded by 8 elements (still 16-byte aligned) and
+ * the LSE at every third float; the old buffers are freed. */
+static void repack_device_state(device_states *ds, int i, int64_t B, int64_t H, int64_t D, int pad_out, int pad_lse) {
+  if (pad_out) {
+    const size_t elem = fdt_dtype_size(ds->dtype[i]), pitch = (size_t)(D + 8) * elem;
+    void *padded = NULL;
+    CUDA_CHECK(cudaMalloc(&padded, (size_t)(B * H) * pitch));
+    CUDA_CHECK(cudaMemcpy2D(padded, pitch, ds->out[i], (size_t)D * elem, (size_t)D * elem, (size_t)(B * H),
+                            cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaFree(ds->out[i]));
+    ds->out[i] = padded;
+    fd_tensor *t = &ds->states_out[i];
+    t->data = padded;
+    t->strides[0] = t->strides[1] = H * (D + 8);
+    t->strides[2] = D + 8;
+  }
+  if (pad_lse) {
+    float *spread = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&spread, (size_t)(B * H) * 3 * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy2D(spread, 3 * sizeof(float), ds->lse[i], sizeof(float), sizeof(float), (size_t)(B * H),
+                            cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaFree(ds->lse[i]));
+    ds->lse[i] = spread;
+    fd_tensor *t = &ds->states_lse[i];
+    t->data = spread;
+    t->strides[0] = t->strides[1] = 3 * H;
+    t->strides[2] = 3;
+  }
+}
+
 static void free_device_states(device_states *ds, int count) {
   for (int i = 0; i < count; ++i) {
     CUDA_CHECK(cudaFree(ds->out[i]));
@@ -2515,7 +2546,8 @@ static void free_device_states(device_states *ds, int count) {
  * LSE) and merged equals the whole within the output's bound; also in place,
  * over state 0's own out and lse. The cases reach both kernels: up to 8
  * aligned states of one dtype (the vector kernel, head_dim 40 leaving lanes
- * idle), and more states, or mixed state dtypes (the general one); from 1
+ * idle; states of one layout, and states whose out rows or LSEs are laid out
+ * differently), and more states, or mixed state dtypes (the general one); from 1
  * state (the whole cache: the merge must give that state back, each
  * element exactly, rounded to out's dtype) to FD_MAX_MERGE_STATES (64
  * parts of 47 tokens). Ragged lengths leave some parts empty (LSE -inf):
@@ -2523,18 +2555,21 @@ static void free_device_states(device_states *ds, int count) {
 static void test_merge_states(void **state) {
   (void)state;
   enum { kMaxParts = FD_MAX_MERGE_STATES };
-  enum state_dtypes { kSame, kF32, kMixed };
+  /* kPaddedOut: odd states' out rows padded; kSpreadLse: the last state's
+   * LSE strided (only the LSEs' layouts differ). Both in the case's dtype. */
+  enum state_dtypes { kSame, kF32, kMixed, kPaddedOut, kSpreadLse };
   static const struct {
     fd_dtype dtype;
     int64_t head_dim;
     int parts;
     enum state_dtypes states;
   } cases[] = {
-      {FD_DTYPE_F16, 128, 3, kSame},   {FD_DTYPE_BF16, 128, 3, kSame},  {FD_DTYPE_F32, 128, 3, kSame},
-      {FD_DTYPE_F16, 64, 3, kF32},     {FD_DTYPE_BF16, 64, 8, kF32},    {FD_DTYPE_F32, 64, 3, kF32},
-      {FD_DTYPE_F16, 40, 5, kSame},    {FD_DTYPE_BF16, 256, 2, kSame},  {FD_DTYPE_F16, 128, 12, kSame},
-      {FD_DTYPE_BF16, 128, 4, kMixed}, {FD_DTYPE_F16, 72, 6, kMixed},   {FD_DTYPE_F16, 128, 1, kSame},
-      {FD_DTYPE_BF16, 64, 1, kF32},    {FD_DTYPE_BF16, 128, 64, kSame}, {FD_DTYPE_F16, 64, 64, kMixed},
+      {FD_DTYPE_F16, 128, 3, kSame},      {FD_DTYPE_BF16, 128, 3, kSame},    {FD_DTYPE_F32, 128, 3, kSame},
+      {FD_DTYPE_F16, 64, 3, kF32},        {FD_DTYPE_BF16, 64, 8, kF32},      {FD_DTYPE_F32, 64, 3, kF32},
+      {FD_DTYPE_F16, 40, 5, kSame},       {FD_DTYPE_BF16, 256, 2, kSame},    {FD_DTYPE_F16, 128, 12, kSame},
+      {FD_DTYPE_BF16, 128, 4, kMixed},    {FD_DTYPE_F16, 72, 6, kMixed},     {FD_DTYPE_F16, 128, 1, kSame},
+      {FD_DTYPE_BF16, 64, 1, kF32},       {FD_DTYPE_BF16, 128, 64, kSame},   {FD_DTYPE_F16, 64, 64, kMixed},
+      {FD_DTYPE_F16, 128, 4, kPaddedOut}, {FD_DTYPE_F32, 64, 3, kPaddedOut}, {FD_DTYPE_BF16, 128, 3, kSpreadLse},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
     fdt_case c = dense_case(cases[k].dtype, 9, 32, 8, cases[k].head_dim, 3000, g_seed + 480 + (uint64_t)k);
@@ -2549,9 +2584,13 @@ static void test_merge_states(void **state) {
     int slot[kMaxParts];
     for (int s = 0; s < parts; ++s) {
       slot[s] = s;
-      ds.dtype[s] = cases[k].states == kSame || (cases[k].states == kMixed && s % 2 == 0) ? c.dtype : FD_DTYPE_F32;
+      ds.dtype[s] = cases[k].states == kF32 || (cases[k].states == kMixed && s % 2 == 1) ? FD_DTYPE_F32 : c.dtype;
     }
     decode_parts_on_device(&t, parts, slot, &ds);
+    for (int s = 0; s < parts; ++s) {
+      repack_device_state(&ds, s, B, H, D, cases[k].states == kPaddedOut && s % 2 == 1,
+                          cases[k].states == kSpreadLse && s == parts - 1);
+    }
     void **outs = ds.out;
     float **lses = ds.lse;
     const fd_dtype *state_dtypes = ds.dtype;
@@ -2604,9 +2643,11 @@ static void test_merge_states(void **state) {
       free(got);
       free(expected);
     }
-    print_message("merge of %d parts, %s states -> %s, head_dim %lld: %s; in place %s%s\n", parts,
-                  cases[k].states == kMixed ? "mixed" : fdt_dtype_name(state_dtypes[0]), fdt_dtype_name(c.out_dtype),
-                  (long long)D, report, in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a",
+    static const char *const kLayouts[] = {"", "", "", ", padded out rows", ", a spread LSE"};
+    print_message("merge of %d parts, %s states%s -> %s, head_dim %lld: %s; in place %s%s\n", parts,
+                  cases[k].states == kMixed ? "mixed" : fdt_dtype_name(state_dtypes[0]), kLayouts[cases[k].states],
+                  fdt_dtype_name(c.out_dtype), (long long)D, report,
+                  in_place ? (in_place_bad ? "DIFFERS" : "bitwise") : "n/a",
                   parts == 1 ? (identity_bad ? "; the state back: DIFFERS" : "; the state back: exactly") : "");
     free_device_states(&ds, parts);
     close_case(&t);

@@ -205,6 +205,20 @@ bool vector_merge_takes(const MergeStatesParams &merge) {
   return true;
 }
 
+// Every state has state 0's out and LSE strides: one offset a row serves all.
+bool states_share_layout(const MergeStatesParams &merge) {
+  const MergeStateView &first = merge.states[0];
+  for (int s = 1; s < merge.num_states; ++s) {
+    for (int d = 0; d < 3; ++d) {
+      if (merge.states[s].out_strides[d] != first.out_strides[d] ||
+          merge.states[s].lse_strides[d] != first.lse_strides[d]) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Calls body(T{}) with the storage type of a float dtype; fails closed.
 template <class Body>
 void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
@@ -248,10 +262,18 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     int row_lanes_log2 = 0;
     while ((kVector << row_lanes_log2) < merge.head_dim) ++row_lanes_log2;  // head_dim <= 32 * kVector
     const dim3 grid = grid_for((kMergeStatesThreads / 32) * (32 >> row_lanes_log2));
+    const bool one_layout = states_share_layout(merge);
     with_storage_type(out_dtype, "output", [&](auto out_type) {
       with_storage_type(static_cast<fd_dtype>(merge.states[0].dtype), "state", [&](auto state_type) {
-        merge_aligned_states_kernel<decltype(out_type), decltype(state_type)>
-            <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
+        using OutT = decltype(out_type);
+        using StateT = decltype(state_type);
+        if (one_layout) {
+          merge_aligned_states_kernel<OutT, StateT, true>
+              <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
+        } else {
+          merge_aligned_states_kernel<OutT, StateT, false>
+              <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
+        }
       });
     });
     return cudaGetLastError();

@@ -60,6 +60,19 @@ __device__ __forceinline__ void load_state(const MergeStateView &state, int64_t 
   }
 }
 
+// A row's (sequence, query token, head), rows being [batch, q_len, heads]
+// in order: two 64-bit divisions (each a subroutine of dozens of
+// instructions, issued before the row's loads can go out).
+struct MergeRow {
+  int64_t b, t, h;
+  __device__ MergeRow(int64_t row, int64_t heads, int64_t q_len) {
+    const int64_t token_row = row / heads;
+    h = row - token_row * heads;
+    b = token_row / q_len;
+    t = token_row - b * q_len;
+  }
+};
+
 __device__ __forceinline__ float state_lse(const MergeStateView &state, int64_t b, int64_t t, int64_t h) {
   return state.lse[b * state.lse_strides[0] + t * state.lse_strides[1] + h * state.lse_strides[2]];
 }
@@ -79,9 +92,8 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
   // blockIdx.x widened first: past 2^32 rows a 32-bit product wraps.
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * (kMergeStatesThreads / 32) + threadIdx.x / 32;
   for (int64_t row = first_row; row < p.rows; row += warps) {
-    const int64_t h = row % p.heads;
-    const int64_t t = (row / p.heads) % p.q_len;
-    const int64_t b = row / (p.heads * p.q_len);
+    const MergeRow at(row, p.heads, p.q_len);
+    const int64_t b = at.b, t = at.t, h = at.h;
     float m = negative_infinity();
     for (int first = 0; first < p.num_states; first += kMergeStatesBatch) {
       float lse[kMergeStatesBatch];
@@ -154,7 +166,11 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
 // loads cost a second round trip to memory.
 // Resident blocks asked of the register allocator: 4 for 16-bit states
 // (64 registers, which their loads fit), 2 for f32 (twice the raw words).
-template <class OutT, class StateT>
+// kOneLayout: every state has state 0's out strides and LSE strides (states
+// cut from one tensor, or alike tensors), so a row's two offsets serve all
+// of them: the per-state 64-bit offset arithmetic was most of the
+// instructions a thread issued before its loads.
+template <class OutT, class StateT, bool kOneLayout>
 __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 : 2)
     merge_aligned_states_kernel(const __grid_constant__ MergeStatesParamsFor<kMergeStatesBatch> p, int row_lanes_log2,
                                 bool vector_out) {
@@ -169,22 +185,30 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
   for (int64_t first_row = warp * rows_per_warp; first_row < p.rows; first_row += warps * rows_per_warp) {
     const int64_t row = first_row + (lane >> row_lanes_log2);  // the loop is warp-uniform: __syncwarp below
     const bool active = row < p.rows;
-    const int64_t h = row % p.heads;
-    const int64_t t = (row / p.heads) % p.q_len;
-    const int64_t b = row / (p.heads * p.q_len);
+    const MergeRow at(row, p.heads, p.q_len);
+    const int64_t b = at.b, t = at.t, h = at.h;
     // The LSEs and the states' elements load together, one round trip: an
     // empty state's elements are read but never used (selected away below,
     // so neither its NaN nor its infinity reaches the result).
     float lse[kMergeStatesBatch];
     uint4 raw[kMergeStatesBatch][kLoads];
+    int64_t shared_out_offset = 0, shared_lse_offset = 0;
+    if constexpr (kOneLayout) {
+      const MergeStateView &first = p.states[0];
+      shared_out_offset = b * first.out_strides[0] + t * first.out_strides[1] + h * first.out_strides[2] + d0;
+      shared_lse_offset = b * first.lse_strides[0] + t * first.lse_strides[1] + h * first.lse_strides[2];
+    }
 #pragma unroll
     for (int s = 0; s < kMergeStatesBatch; ++s) {
       const MergeStateView &state = p.states[s];
       const bool present = active && s < p.num_states;
-      lse[s] = present ? state_lse(state, b, t, h) : negative_infinity();
-      const uint4 *src =
-          reinterpret_cast<const uint4 *>(static_cast<const StateT *>(state.out) + b * state.out_strides[0] +
-                                          t * state.out_strides[1] + h * state.out_strides[2] + d0);
+      int64_t out_offset = shared_out_offset, lse_offset = shared_lse_offset;
+      if constexpr (!kOneLayout) {
+        out_offset = b * state.out_strides[0] + t * state.out_strides[1] + h * state.out_strides[2] + d0;
+        lse_offset = b * state.lse_strides[0] + t * state.lse_strides[1] + h * state.lse_strides[2];
+      }
+      lse[s] = present ? state.lse[lse_offset] : negative_infinity();
+      const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const StateT *>(state.out) + out_offset);
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) raw[s][k] = present && has_elements ? src[k] : make_uint4(0, 0, 0, 0);
     }
