@@ -14,9 +14,10 @@ namespace fd {
 namespace cuda {
 
 // Throws fd::Error(FD_ERROR_CUDA) naming `what`, clearing the runtime's
-// pending error first. The CUDA runtime is linked statically and hidden, so
-// its "last error" state is this library's own: reading it cannot eat a
-// caller's error.
+// pending error first. In the shared library the CUDA runtime is linked
+// statically and hidden, so its "last error" state is the library's own; a
+// program linking the static library shares it, so no launch learns its
+// status from cudaGetLastError (dispatch.cu, launch_on).
 [[noreturn]] void fail_cuda(const char *what, cudaError_t err);
 void check_cuda(cudaError_t err, const char *what);
 

@@ -8,6 +8,7 @@
 #include "backend/cuda/dispatch.h"
 
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/kernels/append_kv.cuh"
 #include "backend/cuda/kernels/check_contents.cuh"
@@ -219,6 +220,20 @@ bool states_share_layout(const MergeStatesParams &merge) {
   return true;
 }
 
+// Queues kernel and returns that launch's own status. A <<<>>> launch
+// reports only through cudaGetLastError, which a program linking the static
+// library shares with it: a pending error of the program's would read as a
+// failed launch after the kernel was queued (outputs written, an error
+// returned).
+template <class... Params, class... Args>
+cudaError_t launch_on(cudaStream_t stream, dim3 grid, int threads, void (*kernel)(Params...), Args &&...args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Calls body(T{}) with the storage type of a float dtype; fails closed.
 template <class Body>
 void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
@@ -263,30 +278,31 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     while ((kVector << row_lanes_log2) < merge.head_dim) ++row_lanes_log2;  // head_dim <= 32 * kVector
     const dim3 grid = grid_for((kMergeStatesThreads / 32) * (32 >> row_lanes_log2));
     const bool one_layout = states_share_layout(merge);
+    cudaError_t err = cudaSuccess;
     with_storage_type(out_dtype, "output", [&](auto out_type) {
       with_storage_type(static_cast<fd_dtype>(merge.states[0].dtype), "state", [&](auto state_type) {
         using OutT = decltype(out_type);
         using StateT = decltype(state_type);
-        if (one_layout) {
-          merge_aligned_states_kernel<OutT, StateT, true>
-              <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
-        } else {
-          merge_aligned_states_kernel<OutT, StateT, false>
-              <<<grid, kMergeStatesThreads, 0, stream>>>(few, row_lanes_log2, out_aligned);
-        }
+        err = one_layout
+                  ? launch_on(stream, grid, kMergeStatesThreads, merge_aligned_states_kernel<OutT, StateT, true>, few,
+                              row_lanes_log2, out_aligned)
+                  : launch_on(stream, grid, kMergeStatesThreads, merge_aligned_states_kernel<OutT, StateT, false>, few,
+                              row_lanes_log2, out_aligned);
       });
     });
-    return cudaGetLastError();
+    return err;
   }
   const dim3 grid = grid_for(kMergeStatesThreads / 32);
+  cudaError_t err = cudaSuccess;
   with_storage_type(out_dtype, "output", [&](auto out_type) {
     using OutT = decltype(out_type);
     const auto with_states = [&](auto per_lane) {
       constexpr int kPerLane = decltype(per_lane)::value;
       if (use_few) {
-        merge_states_kernel<OutT, kPerLane, kMergeStatesBatch><<<grid, kMergeStatesThreads, 0, stream>>>(few);
+        err = launch_on(stream, grid, kMergeStatesThreads, merge_states_kernel<OutT, kPerLane, kMergeStatesBatch>, few);
       } else {
-        merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES><<<grid, kMergeStatesThreads, 0, stream>>>(merge);
+        err = launch_on(stream, grid, kMergeStatesThreads, merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES>,
+                        merge);
       }
     };
     switch (merge_states_per_lane(merge.head_dim)) {
@@ -298,7 +314,7 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     }
     fail(FD_ERROR_INTERNAL, "CUDA backend: no merge-states kernel for head_dim %d", merge.head_dim);
   });
-  return cudaGetLastError();
+  return err;
 }
 
 cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cudaStream_t stream) {
@@ -341,8 +357,7 @@ cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cuda
 }
 
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {
-  check_contents_kernel<<<1, kCheckThreads, 0, stream>>>(check);
-  return cudaGetLastError();
+  return launch_on(stream, dim3(1), kCheckThreads, check_contents_kernel, check);
 }
 
 cudaError_t launch_decode(SplitVariant variant, fd_dtype q_dtype, fd_dtype kv_dtype, fd_dtype out_dtype,
