@@ -2774,6 +2774,39 @@ static void test_merge_states_nan_rules(void **state) {
   }
 }
 
+/* Zeroing a new workspace's counters stays off the legacy default stream,
+ * which CUDA forbids while any blocking stream captures: a handle sizes its
+ * workspace (fd_reserve_workspace, fd_set_workspace) beside another stream's
+ * capture in relaxed mode, and the capture survives it. */
+static void test_workspace_setup_beside_a_capture(void **state) {
+  (void)state;
+  /* Fresh handles: neither frees a workspace (cudaFree) inside the capture. */
+  fd_handle *h = make_handle(FD_BACKEND_CUDA), *h2 = make_handle(FD_BACKEND_CUDA);
+  cudaStream_t capturing;
+  CUDA_CHECK(cudaStreamCreate(&capturing)); /* a blocking stream */
+  void *caller_workspace = NULL;
+  CUDA_CHECK(cudaMalloc(&caller_workspace, (size_t)1 << 20));
+  CUDA_CHECK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed));
+  const fd_status reserved = fd_reserve_workspace(h, (size_t)4 << 20);
+  char reserve_message[512];
+  snprintf(reserve_message, sizeof reserve_message, "%s", last_message());
+  const fd_status set = fd_set_workspace(h2, caller_workspace, (size_t)1 << 20);
+  char set_message[512];
+  snprintf(set_message, sizeof set_message, "%s", last_message());
+  cudaGraph_t graph = NULL;
+  const cudaError_t ended = cudaStreamEndCapture(capturing, &graph);
+  if (graph != NULL) CUDA_CHECK(cudaGraphDestroy(graph));
+  fd_destroy(h);
+  fd_destroy(h2);
+  CUDA_CHECK(cudaFree(caller_workspace));
+  CUDA_CHECK(cudaStreamDestroy(capturing));
+  print_message("beside a capture: reserve %d, set %d, capture %s\n", (int)reserved, (int)set,
+                cudaGetErrorString(ended));
+  if (reserved != FD_SUCCESS) fail_msg("fd_reserve_workspace beside a capture: %s", reserve_message);
+  if (set != FD_SUCCESS) fail_msg("fd_set_workspace beside a capture: %s", set_message);
+  if (ended != cudaSuccess) fail_msg("the capture beside them: %s", cudaGetErrorString(ended));
+}
+
 /* fd_merge_states over more than 2^32 rows (head_dim 1, one broadcast f32
  * state: the general kernel): rows past 2^32 are written too (a 32-bit row
  * index once wrapped there and left them). 8 GiB of output, poisoned with
@@ -3267,6 +3300,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states_nan_rules);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_states_many_rows);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_setup_beside_a_capture);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rows_kernel);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_query_lengths);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_compact_tiles);

@@ -236,15 +236,23 @@ class CudaBackend final : public Backend {
       }
       device_report_ = static_cast<cuda::ContentReport *>(device_view);
     }
+    // Zeroing a new workspace's counters runs on a stream of the handle's
+    // own: the legacy default stream cannot be used while another thread
+    // captures a blocking stream, even in cudaStreamCaptureModeThreadLocal.
+    const cudaError_t stream = cudaStreamCreateWithFlags(&setup_stream_, cudaStreamNonBlocking);
+    if (stream != cudaSuccess) {
+      if (report_ != nullptr) cudaFreeHost(report_);
+      cuda::fail_cuda("options: creating the handle's setup stream", stream);
+    }
     // The device's primary context, current now: later guards skip the
     // switch when the caller has it current (DeviceGuard).
     primary_context_ = cuda::current_context();
   }
 
   ~CudaBackend() override {
-    if (report_ == nullptr) return;
     DeviceGuard guard(device_, primary_context_, std::nothrow);
-    cudaFreeHost(report_);
+    if (report_ != nullptr) cudaFreeHost(report_);
+    cudaStreamDestroy(setup_stream_);
     cudaGetLastError();  // nothing to report from a destructor
   }
   CudaBackend(const CudaBackend &) = delete;
@@ -320,8 +328,9 @@ class CudaBackend final : public Backend {
   // Waits for the memset: the decode that follows may run on any stream.
   void prepare_workspace(void *workspace, size_t bytes) override {
     DeviceGuard guard(device_, primary_context_);
-    check_cuda(cudaMemset(workspace, 0, std::min(bytes, cuda::kMergeCounterBytes)), "workspace: clearing the counters");
-    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "workspace: clearing the counters");
+    check_cuda(cudaMemsetAsync(workspace, 0, std::min(bytes, cuda::kMergeCounterBytes), setup_stream_),
+               "workspace: clearing the counters");
+    check_cuda(cudaStreamSynchronize(setup_stream_), "workspace: clearing the counters");
   }
 
   void decode(const Problem &p, const Plan &plan, void *workspace, fd_cuda_stream stream) override {
@@ -436,7 +445,8 @@ class CudaBackend final : public Backend {
   int device_;
   CUcontext primary_context_ = nullptr;  // set at creation; compared, never used to switch
   cuda::DeviceProfile profile_;
-  bool programmatic_ = false;  // compute capability 9.0+ with sm_90+ merge code: overlap the next launch
+  bool programmatic_ = false;            // compute capability 9.0+ with sm_90+ merge code: overlap the next launch
+  cudaStream_t setup_stream_ = nullptr;  // non-blocking, for prepare_workspace's memset
   // FD_CHECK_CONTENTS: the check kernel's report (null: the handle checks nothing).
   cuda::ContentReport *report_ = nullptr;
   cuda::ContentReport *device_report_ = nullptr;
