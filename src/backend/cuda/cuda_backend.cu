@@ -430,9 +430,9 @@ class CudaBackend final : public Backend {
     if (m.rows == 0) return;
     DeviceGuard guard(device_, primary_context_);
     const bool out_aligned = cuda::rows_aligned(p.out, dtype_bytes(p.out_dtype));
-    check_cuda(
-        cuda::launch_merge_states(p.out_dtype, m, states_aligned, out_aligned, reinterpret_cast<cudaStream_t>(stream)),
-        "fd_merge_states: kernel launch");
+    check_cuda(cuda::launch_merge_states(p.out_dtype, m, states_aligned, out_aligned, programmatic_,
+                                         reinterpret_cast<cudaStream_t>(stream)),
+               "fd_merge_states: kernel launch");
   }
 
   LaunchSummary describe(const Problem &p, const Plan &plan) const override {

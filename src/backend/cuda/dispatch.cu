@@ -225,12 +225,17 @@ bool states_share_layout(const MergeStatesParams &merge) {
 // library shares with it: a pending error of the program's would read as a
 // failed launch after the kernel was queued (outputs written, an error
 // returned).
+// programmatic: the kernel begins with grid_dependency_wait (sm_90+, see
+// allow_programmatic_launch).
 template <class... Params, class... Args>
-cudaError_t launch_on(cudaStream_t stream, dim3 grid, int threads, void (*kernel)(Params...), Args &&...args) {
+cudaError_t launch_on(cudaStream_t stream, bool programmatic, dim3 grid, int threads, void (*kernel)(Params...),
+                      Args &&...args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.stream = stream;
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
@@ -249,7 +254,7 @@ void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
 }  // namespace
 
 cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, bool states_aligned,
-                                bool out_aligned, cudaStream_t stream) {
+                                bool out_aligned, bool programmatic, cudaStream_t stream) {
   // Up to 8 states (the common case) launch with an 8-state parameter struct:
   // a launch's parameters are copied with it, 4.7 KiB of them for 64 states.
   static_assert(kMergeStatesBatch == 8, "the small parameter struct holds one batch of states");
@@ -284,10 +289,10 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
         using OutT = decltype(out_type);
         using StateT = decltype(state_type);
         err = one_layout
-                  ? launch_on(stream, grid, kMergeStatesThreads, merge_aligned_states_kernel<OutT, StateT, true>, few,
-                              row_lanes_log2, out_aligned)
-                  : launch_on(stream, grid, kMergeStatesThreads, merge_aligned_states_kernel<OutT, StateT, false>, few,
-                              row_lanes_log2, out_aligned);
+                  ? launch_on(stream, programmatic, grid, kMergeStatesThreads,
+                              merge_aligned_states_kernel<OutT, StateT, true>, few, row_lanes_log2, out_aligned)
+                  : launch_on(stream, programmatic, grid, kMergeStatesThreads,
+                              merge_aligned_states_kernel<OutT, StateT, false>, few, row_lanes_log2, out_aligned);
       });
     });
     return err;
@@ -299,10 +304,11 @@ cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &mer
     const auto with_states = [&](auto per_lane) {
       constexpr int kPerLane = decltype(per_lane)::value;
       if (use_few) {
-        err = launch_on(stream, grid, kMergeStatesThreads, merge_states_kernel<OutT, kPerLane, kMergeStatesBatch>, few);
+        err = launch_on(stream, programmatic, grid, kMergeStatesThreads,
+                        merge_states_kernel<OutT, kPerLane, kMergeStatesBatch>, few);
       } else {
-        err = launch_on(stream, grid, kMergeStatesThreads, merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES>,
-                        merge);
+        err = launch_on(stream, programmatic, grid, kMergeStatesThreads,
+                        merge_states_kernel<OutT, kPerLane, FD_MAX_MERGE_STATES>, merge);
       }
     };
     switch (merge_states_per_lane(merge.head_dim)) {
@@ -357,7 +363,7 @@ cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cuda
 }
 
 cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream) {
-  return launch_on(stream, dim3(1), kCheckThreads, check_contents_kernel, check);
+  return launch_on(stream, false, dim3(1), kCheckThreads, check_contents_kernel, check);
 }
 
 cudaError_t launch_decode(SplitVariant variant, fd_dtype q_dtype, fd_dtype kv_dtype, fd_dtype out_dtype,

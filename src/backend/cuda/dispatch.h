@@ -36,9 +36,10 @@ cudaError_t merge_supports_programmatic_launch(bool *supported);
 // no kernel was built for.
 // fd_merge_states: one kernel for the output dtype (fails closed on another);
 // the vector kernel where states_aligned (every state's rows on 16 bytes)
-// and the states allow it, with vector stores where out_aligned.
+// and the states allow it, with vector stores where out_aligned;
+// programmatic as for launch_decode.
 cudaError_t launch_merge_states(fd_dtype out_dtype, const MergeStatesParams &merge, bool states_aligned,
-                                bool out_aligned, cudaStream_t stream);
+                                bool out_aligned, bool programmatic, cudaStream_t stream);
 
 // fd_append_kv: one kernel for every dtype (they are runtime values);
 // programmatic as for launch_decode.

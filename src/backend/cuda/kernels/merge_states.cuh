@@ -16,6 +16,7 @@
 
 #include "backend/cuda/params.h"
 #include "backend/cuda/prims/element.cuh"
+#include "backend/cuda/prims/grid_dependency.cuh"
 #include "backend/cuda/prims/softmax.cuh"
 
 namespace fd {
@@ -87,6 +88,10 @@ __device__ __forceinline__ float state_lse(const MergeStateView &state, int64_t 
 template <class OutT, int kPerLane, int kStates>
 __global__ void __launch_bounds__(kMergeStatesThreads)
     merge_states_kernel(const __grid_constant__ MergeStatesParamsFor<kStates> p) {
+  // Launched programmatically (sm_90+): scheduled while the kernel before it
+  // (the decodes of the parts) finishes, it waits for it before any access.
+  grid_dependency_wait();
+  grid_dependency_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kMergeStatesThreads / 32);
   // blockIdx.x widened first: past 2^32 rows a 32-bit product wraps.
@@ -174,6 +179,8 @@ template <class OutT, class StateT, bool kOneLayout>
 __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 : 2)
     merge_aligned_states_kernel(const __grid_constant__ MergeStatesParamsFor<kMergeStatesBatch> p, int row_lanes_log2,
                                 bool vector_out) {
+  grid_dependency_wait();  // as in merge_states_kernel
+  grid_dependency_launch_dependents();
   constexpr int kLoads = kVector * static_cast<int>(sizeof(StateT)) / 16;
   static_assert(kLoads >= 1, "a lane's elements are whole 16-byte loads");
   const int lane = threadIdx.x % 32;
