@@ -2507,6 +2507,7 @@ static void decode_parts_on_device(gpu_case *t, int parts, const int *slot, devi
  * strides differ: out rows padded by 8 elements (still 16-byte aligned) and
  * the LSE at every third float; the old buffers are freed. */
 static void repack_device_state(device_states *ds, int i, int64_t B, int64_t H, int64_t D, int pad_out, int pad_lse) {
+  CUDA_CHECK(cudaStreamSynchronize(g_stream)); /* the decodes that wrote the state (a non-blocking stream) */
   if (pad_out) {
     const size_t elem = fdt_dtype_size(ds->dtype[i]), pitch = (size_t)(D + 8) * elem;
     void *padded = NULL;

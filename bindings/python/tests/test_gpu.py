@@ -311,6 +311,7 @@ def test_torch_op_in_a_captured_graph() -> None:
     with torch.cuda.graph(graph, stream=side):
         out, lse = op(q, k, v, None, None, None, None, "HND")
     larger = hnd_problem(torch, 16, 64, 8, 8192, 128, 5)
+    side.wait_stream(torch.cuda.current_stream())  # larger was made on the current stream
     with torch.cuda.stream(side):
         expect_hnd(torch, op(*larger, None, None, None, None, "HND")[0], *larger)
     torch.cuda.synchronize()
