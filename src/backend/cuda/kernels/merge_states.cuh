@@ -61,19 +61,6 @@ __device__ __forceinline__ void load_state(const MergeStateView &state, int64_t 
   }
 }
 
-// A row's (sequence, query token, head), rows being [batch, q_len, heads]
-// in order: two 64-bit divisions (each a subroutine of dozens of
-// instructions, issued before the row's loads can go out).
-struct MergeRow {
-  int64_t b, t, h;
-  __device__ MergeRow(int64_t row, int64_t heads, int64_t q_len) {
-    const int64_t token_row = row / heads;
-    h = row - token_row * heads;
-    b = token_row / q_len;
-    t = token_row - b * q_len;
-  }
-};
-
 __device__ __forceinline__ float state_lse(const MergeStateView &state, int64_t b, int64_t t, int64_t h) {
   return state.lse[b * state.lse_strides[0] + t * state.lse_strides[1] + h * state.lse_strides[2]];
 }
@@ -97,8 +84,9 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
   // blockIdx.x widened first: past 2^32 rows a 32-bit product wraps.
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * (kMergeStatesThreads / 32) + threadIdx.x / 32;
   for (int64_t row = first_row; row < p.rows; row += warps) {
-    const MergeRow at(row, p.heads, p.q_len);
-    const int64_t b = at.b, t = at.t, h = at.h;
+    const int64_t h = row % p.heads;
+    const int64_t t = (row / p.heads) % p.q_len;
+    const int64_t b = row / (p.heads * p.q_len);
     float m = negative_infinity();
     for (int first = 0; first < p.num_states; first += kMergeStatesBatch) {
       float lse[kMergeStatesBatch];
@@ -192,8 +180,9 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
   for (int64_t first_row = warp * rows_per_warp; first_row < p.rows; first_row += warps * rows_per_warp) {
     const int64_t row = first_row + (lane >> row_lanes_log2);  // the loop is warp-uniform: __syncwarp below
     const bool active = row < p.rows;
-    const MergeRow at(row, p.heads, p.q_len);
-    const int64_t b = at.b, t = at.t, h = at.h;
+    const int64_t h = row % p.heads;
+    const int64_t t = (row / p.heads) % p.q_len;
+    const int64_t b = row / (p.heads * p.q_len);
     // The LSEs and the states' elements load together, one round trip: an
     // empty state's elements are read but never used (selected away below,
     // so neither its NaN nor its infinity reaches the result).
