@@ -73,6 +73,25 @@ const SplitVariantRow &row_of(SplitVariant variant) {
 // One K/V dtype per table slot (dtype_slot): the 8-bit formats share one.
 constexpr fd_dtype kCacheDtypes[kDtypeSlotCount] = {FD_DTYPE_F32, FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_E4M3};
 
+// Queues kernel and returns that launch's own status. A <<<>>> launch
+// reports only through cudaGetLastError, which a program linking the static
+// library shares with it: a pending error of the program's would read as a
+// failed launch after the kernel was queued (outputs written, an error
+// returned).
+// programmatic: the kernel begins with grid_dependency_wait (sm_90+, see
+// allow_programmatic_launch).
+template <class... Params, class... Args>
+cudaError_t launch_on(cudaStream_t stream, bool programmatic, dim3 grid, int threads, void (*kernel)(Params...),
+                      Args &&...args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  if (programmatic) allow_programmatic_launch(config, attribute);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 template <class OutT>
 struct MergeKernel;
 
@@ -80,17 +99,11 @@ template <class OutT>
 cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
   MergeParams p = merge;
   p.groups = merge_groups(p.num_splits, p.head_dim);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
-  config.blockDim = dim3(static_cast<unsigned>(merge_threads(p.num_splits, p.head_dim)));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
+  const dim3 grid(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
   // Programmatic dependent launch: the merge's CTAs may be scheduled once
   // every split CTA has started, and wait in grid_dependency_wait for the
   // split grid to finish; this takes the launch gap off the critical path.
-  cudaLaunchAttribute attribute;
-  if (programmatic) allow_programmatic_launch(config, attribute);
-  return cudaLaunchKernelEx(&config, MergeKernel<OutT>::function, p);
+  return launch_on(stream, programmatic, grid, merge_threads(p.num_splits, p.head_dim), MergeKernel<OutT>::function, p);
 }
 
 // The merge kernel for one output type, as a value.
@@ -220,25 +233,6 @@ bool states_share_layout(const MergeStatesParams &merge) {
   return true;
 }
 
-// Queues kernel and returns that launch's own status. A <<<>>> launch
-// reports only through cudaGetLastError, which a program linking the static
-// library shares with it: a pending error of the program's would read as a
-// failed launch after the kernel was queued (outputs written, an error
-// returned).
-// programmatic: the kernel begins with grid_dependency_wait (sm_90+, see
-// allow_programmatic_launch).
-template <class... Params, class... Args>
-cudaError_t launch_on(cudaStream_t stream, bool programmatic, dim3 grid, int threads, void (*kernel)(Params...),
-                      Args &&...args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  if (programmatic) allow_programmatic_launch(config, attribute);
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 // Calls body(T{}) with the storage type of a float dtype; fails closed.
 template <class Body>
 void with_storage_type(fd_dtype dtype, const char *what, Body &&body) {
@@ -328,18 +322,14 @@ cudaError_t launch_append_kv(const AppendParams &append, bool programmatic, cuda
   const int64_t tokens = append.batch * landing;
   const int64_t items =
       static_cast<int64_t>(append.kv_heads) * ((append.head_dim + kAppendElements - 1) / kAppendElements);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((items + kAppendThreads - 1) / kAppendThreads),
-                        static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
-  config.blockDim = dim3(kAppendThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  if (programmatic) allow_programmatic_launch(config, attribute);
+  const dim3 grid(static_cast<unsigned>((items + kAppendThreads - 1) / kAppendThreads),
+                  static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
   const auto launch = [&](auto new_type, auto cache_dtype) {
     using NewT = decltype(new_type);
     constexpr int kCache = decltype(cache_dtype)::value;
-    return append.vector ? cudaLaunchKernelEx(&config, append_kv_kernel<NewT, kCache, true>, append)
-                         : cudaLaunchKernelEx(&config, append_kv_kernel<NewT, kCache, false>, append);
+    return append.vector
+               ? launch_on(stream, programmatic, grid, kAppendThreads, append_kv_kernel<NewT, kCache, true>, append)
+               : launch_on(stream, programmatic, grid, kAppendThreads, append_kv_kernel<NewT, kCache, false>, append);
   };
   const auto with_cache = [&](auto new_type) {
     switch (append.cache_dtype) {
