@@ -7,7 +7,7 @@ import ctypes
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Optional, Sequence, Tuple, TypeVar, Union, overload
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar, Union, overload
 
 import numpy as np
 
@@ -1040,15 +1040,7 @@ class Handle:
         call = _PreparedAppend(args=_library.new_append_args(), stream=stream_value)
 
         def view(obj: Any, name: str, kind: str = "float", writable: bool = False) -> ArrayView:
-            if kind == "int32" and isinstance(obj, (list, tuple)):
-                if on_cuda:
-                    raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass an int32 GPU array")
-                obj = np.asarray(obj, dtype=np.int32)
-            self._check_location(name, obj, *locate(obj))
-            found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
-            self._check_location(name, found.array, found.location, found.device)
-            call.views.append(found)
-            return found
+            return self._view(call.views, obj, name, kind, writable, stream_value)
 
         k_new_view, v_new_view = view(k_new, "k_new"), view(v_new, "v_new")
         k_view, v_view = view(k, "k", "cache", writable=True), view(v, "v", "cache", writable=True)
@@ -1165,6 +1157,21 @@ class Handle:
                     f"{name}: is on CUDA device {device}, but this handle runs on device {self._device}",
                 )
 
+    def _view(self, keep: List[ArrayView], obj: Any, name: str, kind: str, writable: bool, stream: int) -> ArrayView:
+        """One argument of a call as the C API takes it, checked to be where this handle
+        runs and kept alive in ``keep``. An int32 argument may be a list (host memory)."""
+        on_cuda = self._backend is Backend.CUDA
+        if kind == "int32" and isinstance(obj, (list, tuple)):
+            if on_cuda:
+                raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass an int32 GPU array")
+            obj = np.asarray(obj, dtype=np.int32)
+        # Checked before viewing: exporting through DLPack may already order work on a stream.
+        self._check_location(name, obj, *locate(obj))
+        found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream if on_cuda else None)
+        self._check_location(name, found.array, found.location, found.device)
+        keep.append(found)
+        return found
+
     def _prepare(
         self,
         q: Any,
@@ -1200,15 +1207,7 @@ class Handle:
         call = _PreparedCall(args=_library.new_decode_args(), stream=stream_value)
 
         def view(obj: Any, name: str, kind: str = "float", writable: bool = False) -> ArrayView:
-            if kind == "int32" and isinstance(obj, (list, tuple)):
-                if on_cuda:
-                    raise refuse(InvalidArgumentError, f"{name}: a list is host memory; pass an int32 GPU array")
-                obj = np.asarray(obj, dtype=np.int32)
-            # Checked before viewing: exporting through DLPack may already order work on a stream.
-            self._check_location(name, obj, *locate(obj))
-            found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
-            self._check_location(name, found.array, found.location, found.device)
-            call.views.append(found)
+            found = self._view(call.views, obj, name, kind, writable, stream_value)
             call.named[name] = found
             return found
 
@@ -1318,13 +1317,8 @@ class Handle:
             states_lse=(FdTensor * count)(),
         )
 
-        def view(obj: Any, name: str, writable: bool = False, kind: str = "float") -> ArrayView:
-            # As in _prepare: checked before viewing, since a DLPack export may order work on a stream.
-            self._check_location(name, obj, *locate(obj))
-            found = view_array(obj, name, kind=kind, writable=writable, cuda_stream=stream_value if on_cuda else None)
-            self._check_location(name, found.array, found.location, found.device)
-            call.views.append(found)
-            return found
+        def view(obj: Any, name: str, kind: str = "float", writable: bool = False) -> ArrayView:
+            return self._view(call.views, obj, name, kind, writable, stream_value)
 
         def float_dtype(found: ArrayView, name: str) -> None:
             """Names the float type of 16-bit integer storage, from ``dtype=``."""
