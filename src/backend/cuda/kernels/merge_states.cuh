@@ -61,8 +61,24 @@ __device__ __forceinline__ void load_state(const MergeStateView &state, int64_t 
   }
 }
 
-__device__ __forceinline__ float state_lse(const MergeStateView &state, int64_t b, int64_t t, int64_t h) {
-  return state.lse[b * state.lse_strides[0] + t * state.lse_strides[1] + h * state.lse_strides[2]];
+// A row's (sequence, query token, head), rows being [batch, q_len, heads]
+// in order, and its element offset in a tensor of those three strides.
+// Three divisions: a form with two made the vector kernel's per-state path
+// spill on 16-bit states, at their 64-register bound.
+struct MergeRow {
+  int64_t b, t, h;
+  __device__ __forceinline__ MergeRow(int64_t row, int64_t heads, int64_t q_len) {
+    h = row % heads;
+    t = (row / heads) % q_len;
+    b = row / (heads * q_len);
+  }
+  __device__ __forceinline__ int64_t offset(const int64_t (&strides)[3]) const {
+    return b * strides[0] + t * strides[1] + h * strides[2];
+  }
+};
+
+__device__ __forceinline__ float state_lse(const MergeStateView &state, const MergeRow &at) {
+  return state.lse[at.offset(state.lse_strides)];
 }
 
 // kPerLane: a lane's consecutive elements of a row (head_dim / 32 rounded
@@ -84,15 +100,13 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
   // blockIdx.x widened first: past 2^32 rows a 32-bit product wraps.
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * (kMergeStatesThreads / 32) + threadIdx.x / 32;
   for (int64_t row = first_row; row < p.rows; row += warps) {
-    const int64_t h = row % p.heads;
-    const int64_t t = (row / p.heads) % p.q_len;
-    const int64_t b = row / (p.heads * p.q_len);
+    const MergeRow at(row, p.heads, p.q_len);
     float m = negative_infinity();
     for (int first = 0; first < p.num_states; first += kMergeStatesBatch) {
       float lse[kMergeStatesBatch];
 #pragma unroll
       for (int j = 0; j < kMergeStatesBatch; ++j) {
-        lse[j] = first + j < p.num_states ? state_lse(p.states[first + j], b, t, h) : negative_infinity();
+        lse[j] = first + j < p.num_states ? state_lse(p.states[first + j], at) : negative_infinity();
       }
 #pragma unroll
       for (int j = 0; j < kMergeStatesBatch; ++j) m = max_nan(m, lse[j]);
@@ -113,10 +127,10 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
           for (int i = 0; i < kPerLane; ++i) x[j][i] = 0.0f;
           if (first + j >= p.num_states) continue;
           const MergeStateView &state = p.states[first + j];
-          const float lse = state_lse(state, b, t, h);
+          const float lse = state_lse(state, at);
           if (lse == negative_infinity()) continue;  // empty: its output is not read
           w[j] = expf(lse - m);
-          const int64_t base = b * state.out_strides[0] + t * state.out_strides[1] + h * state.out_strides[2];
+          const int64_t base = at.offset(state.out_strides);
           load_state(state, base + lane * kPerLane, p.head_dim - lane * kPerLane, x[j]);
         }
 #pragma unroll
@@ -130,7 +144,7 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
     __syncwarp();  // every lane has read the states before any output of this row is written
     const float nan = __int_as_float(0x7fffffff);
     const float inv_l = finite ? 1.0f / l : 0.0f;
-    OutT *out = static_cast<OutT *>(p.out) + b * p.out_strides[0] + t * p.out_strides[1] + h * p.out_strides[2];
+    OutT *out = static_cast<OutT *>(p.out) + at.offset(p.out_strides);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane * kPerLane + i;
@@ -141,7 +155,7 @@ __global__ void __launch_bounds__(kMergeStatesThreads)
     }
     if (lane == 0 && p.lse != nullptr) {
       const float merged = finite ? m + logf(l) : (m == negative_infinity() ? m : nan);
-      p.lse[b * p.lse_strides[0] + t * p.lse_strides[1] + h * p.lse_strides[2]] = merged;
+      p.lse[at.offset(p.lse_strides)] = merged;
     }
   }
 }
@@ -180,9 +194,7 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
   for (int64_t first_row = warp * rows_per_warp; first_row < p.rows; first_row += warps * rows_per_warp) {
     const int64_t row = first_row + (lane >> row_lanes_log2);  // the loop is warp-uniform: __syncwarp below
     const bool active = row < p.rows;
-    const int64_t h = row % p.heads;
-    const int64_t t = (row / p.heads) % p.q_len;
-    const int64_t b = row / (p.heads * p.q_len);
+    const MergeRow at(row, p.heads, p.q_len);
     // The LSEs and the states' elements load together, one round trip: an
     // empty state's elements are read but never used (selected away below,
     // so neither its NaN nor its infinity reaches the result).
@@ -191,8 +203,8 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
     int64_t shared_out_offset = 0, shared_lse_offset = 0;
     if constexpr (kOneLayout) {
       const MergeStateView &first = p.states[0];
-      shared_out_offset = b * first.out_strides[0] + t * first.out_strides[1] + h * first.out_strides[2] + d0;
-      shared_lse_offset = b * first.lse_strides[0] + t * first.lse_strides[1] + h * first.lse_strides[2];
+      shared_out_offset = at.offset(first.out_strides) + d0;
+      shared_lse_offset = at.offset(first.lse_strides);
     }
 #pragma unroll
     for (int s = 0; s < kMergeStatesBatch; ++s) {
@@ -200,8 +212,8 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
       const bool present = active && s < p.num_states;
       int64_t out_offset = shared_out_offset, lse_offset = shared_lse_offset;
       if constexpr (!kOneLayout) {
-        out_offset = b * state.out_strides[0] + t * state.out_strides[1] + h * state.out_strides[2] + d0;
-        lse_offset = b * state.lse_strides[0] + t * state.lse_strides[1] + h * state.lse_strides[2];
+        out_offset = at.offset(state.out_strides) + d0;
+        lse_offset = at.offset(state.lse_strides);
       }
       lse[s] = present ? state.lse[lse_offset] : negative_infinity();
       const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const StateT *>(state.out) + out_offset);
@@ -232,7 +244,7 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
     const float inv_l = finite ? 1.0f / l : 0.0f;
     const float fill = m == negative_infinity() ? 0.0f : nan;
     if (has_elements) {
-      OutT *out = static_cast<OutT *>(p.out) + b * p.out_strides[0] + t * p.out_strides[1] + h * p.out_strides[2] + d0;
+      OutT *out = static_cast<OutT *>(p.out) + at.offset(p.out_strides) + d0;
       float values[kVector];
 #pragma unroll
       for (int i = 0; i < kVector; ++i) values[i] = finite ? acc[i] * inv_l : fill;
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(kMergeStatesThreads, sizeof(StateT) == 2 ? 4 :
     }
     if (d0 == 0 && p.lse != nullptr) {
       const float merged = finite ? m + logf(l) : (m == negative_infinity() ? m : nan);
-      p.lse[b * p.lse_strides[0] + t * p.lse_strides[1] + h * p.lse_strides[2]] = merged;
+      p.lse[at.offset(p.lse_strides)] = merged;
     }
   }
 }
