@@ -228,6 +228,16 @@ void test_serving_batches(void **) {
               "serving 7 (pages of 1: no compact tiles)");
   expect_plan(serving(48, 32, 8, 12288, 128, 0), "tensor-core-wide-128 2x6144 fused",
               "serving 8 (dense: the fixed schedule)");
+  // Its workers take runs in groups as wide as a sequence's KV heads where both divide evenly.
+  const auto group_of = [](const Shape &s) {
+    const fd_decode_args args = args_of(s);
+    const fd::Problem p = fd::validate_decode_args(&args);
+    return fd::cuda::choose_launch(p, fd::cuda::plan_decode(p, h200()), h200()).balanced_group;
+  };
+  assert_int_equal(group_of(serving(48, 32, 8, 12288, 128, 16)), 8);
+  assert_int_equal(group_of(serving(6, 32, 8, 98304, 128, 32)), 8);
+  assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);  // 528 compact workers
+  assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 1);   // 5 KV heads: 528 workers are not fives
 }
 
 // Several query rows a KV head: the tensor-core kernel up to 16, the rows
@@ -416,7 +426,7 @@ void test_random_problems(void **) {
   const int64_t pages[] = {0, 0, 1, 16, 32};
   const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
   const fd_dtype kv_dtypes[] = {FD_DTYPE_F16, FD_DTYPE_E4M3, FD_DTYPE_I8};
-  int planned = 0, rows_kernels = 0, wide_rows = 0, invariant = 0;
+  int planned = 0, rows_kernels = 0, wide_rows = 0, invariant = 0, balanced = 0;
   for (int i = 0; i < 3000; ++i) {
     Shape s;
     s.kv_heads = draw(1, 16);
@@ -457,6 +467,16 @@ void test_random_problems(void **) {
         static_cast<int64_t>(launch.heads.chunks) * launch.heads.heads_per_chunk < p.rows_per_kv_head()) {
       fail_msg("%s: chunks of %d rows for %lld", what.c_str(), launch.heads.heads_per_chunk,
                static_cast<long long>(p.rows_per_kv_head()));
+    }
+    if (launch.balanced_workers > 0) {  // groups of workers share a run: they must split both evenly
+      const int64_t units_per_sequence = p.kv_heads * launch.heads.chunks;
+      if (launch.balanced_group < 1 || launch.balanced_workers % launch.balanced_group != 0 ||
+          units_per_sequence % launch.balanced_group != 0 ||
+          (launch.balanced_group == 1 && units_per_sequence % 2 == 0 && launch.balanced_workers % 2 == 0)) {
+        fail_msg("%s: groups of %d of %d workers, %lld units a sequence", what.c_str(), launch.balanced_group,
+                 launch.balanced_workers, static_cast<long long>(units_per_sequence));
+      }
+      ++balanced;
     }
     const std::string kernel = summary.kernel;
     const bool rows_kernel = kernel.rfind("tensor-core-rows", 0) == 0;
@@ -499,9 +519,9 @@ void test_random_problems(void **) {
   }
   print_message(
       "%d random problems planned: %d on rows kernels (%d of 17-32 rows on the wide one), %d batch "
-      "invariant\n",
-      planned, rows_kernels, wide_rows, invariant);
-  assert_true(rows_kernels > 100 && wide_rows > 0 && invariant > 100);
+      "invariant, %d balanced\n",
+      planned, rows_kernels, wide_rows, invariant, balanced);
+  assert_true(rows_kernels > 100 && wide_rows > 0 && invariant > 100 && balanced > 100);
 }
 
 }  // namespace

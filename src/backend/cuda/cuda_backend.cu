@@ -123,6 +123,7 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   s.num_splits = plan.num_splits;
   s.split_tokens = plan.split_tokens;
   s.balanced_workers = launch.balanced_workers;
+  s.balanced_group = launch.balanced_group;
   s.piece_overhead_tiles = launch.piece_overhead_tiles;
   s.m = reinterpret_cast<float *>(workspace + plan.m_offset);
   s.l = reinterpret_cast<float *>(workspace + plan.l_offset);

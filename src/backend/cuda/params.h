@@ -99,6 +99,10 @@ struct SplitParams {
   // in 2 slots of heads_per_chunk rows per worker, and cut units merge in
   // the split kernel (merge_counters). num_splits and split_tokens are unused.
   int32_t balanced_workers = 0;
+  // Workers take runs in groups of this many, member j attending unit j of
+  // each set of this many neighbouring units of a sequence; divides both
+  // balanced_workers and kv_heads * head_chunks.
+  int32_t balanced_group = 1;
   int32_t piece_overhead_tiles = 1;
 
   // Partial results (num_splits > 1).

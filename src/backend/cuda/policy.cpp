@@ -61,6 +61,14 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 #define FD_BALANCED_WAVES 1
 #endif
 
+// Its groups: at most this many workers take one run, each attending its own
+// of as many neighbouring units (KV heads) of a sequence, so that a token's
+// heads are read side by side; 1 at build time gives every worker its own
+// run, for A/B measurements ("Balanced schedule").
+#ifndef FD_BALANCED_MAX_GROUP
+#define FD_BALANCED_MAX_GROUP 64
+#endif
+
 // Batches of at least this many waves of units keep the fixed schedule: one
 // CTA a unit, which the hardware already balances, measured faster there
 // than workers walking a dozen pieces each ("Balanced schedule"). Compact
@@ -415,6 +423,16 @@ int64_t balanced_workers(const Problem &p, SplitVariant variant, const DevicePro
   return int64_t{FD_BALANCED_WAVES} * device.sm_count * resident_ctas(p, variant, device);
 }
 
+// Its group size: the most workers, up to FD_BALANCED_MAX_GROUP, that divide
+// both the workers and a sequence's units.
+int32_t balanced_group(int64_t units_per_sequence, int64_t workers) {
+  int64_t group = 1;
+  for (int64_t g = 2; g <= std::min<int64_t>(FD_BALANCED_MAX_GROUP, units_per_sequence); ++g) {
+    if (units_per_sequence % g == 0 && workers % g == 0) group = g;
+  }
+  return static_cast<int32_t>(group);
+}
+
 // The partial states it needs on `variant`: two slots a worker of a chunk's rows.
 int64_t balanced_states(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
   const HeadTiling heads = tile_heads(p.rows_per_kv_head(), shape_of(p, variant).rows);
@@ -459,6 +477,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
       launch.variant == SplitVariant::tensor_core_compact ? kCompactBalancedMaxUnitWaves : kBalancedMaxUnitWaves;
   if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots && launch.units < max_unit_waves * workers) {
     launch.balanced_workers = static_cast<int32_t>(workers);
+    launch.balanced_group = balanced_group(p.kv_heads * launch.heads.chunks, workers);
     launch.piece_overhead_tiles = static_cast<int32_t>(ceil_div(kPieceOverheadTokens, shape.tile_tokens));
     launch.merge = FD_MERGE_FUSED;
     return launch;

@@ -45,6 +45,7 @@ struct LaunchChoice {
   bool variant_scores = false;  // SplitParams::variant_scores (needs_variant_scores)
   // > 0: the balanced schedule with this many worker CTAs (SplitParams::balanced_workers).
   int32_t balanced_workers = 0;
+  int32_t balanced_group = 1;  // SplitParams::balanced_group
   int32_t piece_overhead_tiles = 1;
 };
 

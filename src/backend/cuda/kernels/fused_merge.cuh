@@ -143,7 +143,7 @@ __device__ bool fused_merge_if_last(const SplitParams &p, int64_t b, int kv_head
 
 // The balanced schedule's merge (prims/schedule.cuh): the last of a cut
 // unit's pieces to finish merges their partial states, read from the
-// workspace slots through L2, in worker order, one (row, float4 column) per
+// workspace slots through L2, in run order, one (row, float4 column) per
 // thread. Every thread of the CTA calls it; returns whether this CTA merged.
 template <class T, int kThreads, bool kFloatOut>
 __device__ bool merge_pieces_if_last(const SplitParams &p, const Piece &piece) {
@@ -153,18 +153,18 @@ __device__ bool merge_pieces_if_last(const SplitParams &p, const Piece &piece) {
   const int first_row = piece.chunk * p.heads_per_chunk;  // within the KV head's rows
   const int rows = min(p.heads_per_chunk, p.kv_rows - first_row);
   const int vectors = p.head_dim / 4;
-  const auto slot_of = [&](int i) { return i == 0 ? 2 * piece.first_worker + 1 : 2 * (piece.first_worker + i); };
   for (int item = threadIdx.x; item < rows * vectors; item += kThreads) {
     const int row = item / vectors;
     const int column = item % vectors;
     float m_max = negative_infinity();
     for (int i = 0; i < piece.pieces; ++i) {
-      m_max = max_nan(m_max, __ldcg(p.m + static_cast<int64_t>(slot_of(i)) * p.heads_per_chunk + row));
+      m_max = max_nan(
+          m_max, __ldcg(p.m + static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row));
     }
     float l_sum = 0.0f;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = 0; i < piece.pieces; ++i) {
-      const int64_t index = static_cast<int64_t>(slot_of(i)) * p.heads_per_chunk + row;
+      const int64_t index = static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row;
       const float w = merge_weight(__ldcg(p.m + index), m_max);  // 0 for an empty piece (and when all are)
       l_sum = fmaf(w, __ldcg(p.l + index), l_sum);
       add_weighted(sum, w, __ldcg(reinterpret_cast<const float4 *>(p.acc + index * p.head_dim) + column));

@@ -11,21 +11,25 @@
 // Balanced (balanced_workers > 0; policy.cpp, "Balanced schedule"): the
 // kernel is launched with one CTA per worker (every resident CTA of the
 // device). Each unit (sequence, KV head, chunk) costs its tiles of real keys
-// plus a fixed overhead in tile equivalents; the batch's units are laid end
-// to end in (sequence, KV head, chunk) order and every worker takes an equal
-// run of that line. A unit inside one run is a whole piece and writes the
-// output; a unit cut by run boundaries becomes one piece per worker that
-// touches it, each storing a partial state in its worker's slot, and the
-// last of them to finish merges them in worker order (deterministic: the
-// cut depends only on the lengths). The workers compute the cut from the
-// device-resident lengths at the start of the kernel, so a captured graph
-// rebalances every replay without the host.
+// plus a fixed overhead in tile equivalents. The units of a sequence form
+// sets of balanced_group neighbours, and so do the workers: the batch's
+// sets are laid end to end in (sequence, set) order, every group of workers
+// takes an equal run of that line, and member j of a group attends unit j
+// of each set in its run. The workers of a group stream the same tokens of
+// neighbouring KV heads side by side, so a DRAM row that holds a token's
+// heads is read by all of them at once. A unit inside one run is a whole
+// piece and writes the output; a unit cut by run boundaries becomes one
+// piece per group that touches it, each storing a partial state in its
+// worker's slot, and the last of them to finish merges them in run order
+// (deterministic: the cut depends only on the lengths). The workers compute
+// the cut from the device-resident lengths at the start of the kernel, so a
+// captured graph rebalances every replay without the host.
 //
 // Slots: worker w owns partial-state slots 2w and 2w + 1. A piece of a unit
 // that began in an earlier run continues it and takes slot 2w; the one piece
 // of w that continues into a later run and did not begin earlier takes
 // 2w + 1. A unit's pieces are therefore slot 2 w_first + 1, then 2 w for
-// w_first < w <= w_last.
+// w = w_first + i * balanced_group, 0 < i < pieces (balanced_slot).
 #pragma once
 
 #include <cstdint>
@@ -82,6 +86,12 @@ __device__ __forceinline__ int64_t unit_cost(const SplitParams &p, int64_t b) {
 
 }  // namespace schedule_detail
 
+// The workspace slot of piece i of a cut unit whose first piece ran on
+// first_worker (the balanced schedule's slots, above).
+__device__ __forceinline__ int balanced_slot(const SplitParams &p, int first_worker, int i) {
+  return i == 0 ? 2 * first_worker + 1 : 2 * (first_worker + i * p.balanced_group);
+}
+
 // Pieces are handed out in batches through shared memory: warp 0 walks the
 // schedule and writes up to kPieceBatch pieces and where it stopped, then
 // every warp runs them. Nothing of the walk stays in registers while the
@@ -94,33 +104,35 @@ struct alignas(128) PieceBatch {
   Piece pieces[kPieceBatch];
   int count;
   // Where the walk stands: the next sequence (fixed schedule: the next of
-  // blockIdx.y, gridDim.y, ...); balanced: its next unit (-1: the run's
-  // first, still to be found), where its units start on the line, and this
-  // worker's run [run_begin, run_end) of a line cut in runs of `run`.
+  // blockIdx.y, gridDim.y, ...); balanced: its next set of units (-1: the
+  // run's first, still to be found), where its sets start on the line, and
+  // this worker's group's run [run_begin, run_end) of a line cut in runs of
+  // `run`.
   int64_t b;
-  int unit;
+  int set;
   int64_t sequence_start, run, run_begin, run_end;
 };
 
 namespace schedule_detail {
 
-// The balanced schedule's start (warp 0, all lanes): this worker's run and
-// the sequence whose units hold its beginning.
+// The balanced schedule's start (warp 0, all lanes): this worker's group's
+// run and the sequence whose sets hold its beginning.
 template <int kTileTokens>
 __device__ void start_balanced_walk(const SplitParams &p, PieceBatch &batch) {
   const int lane = threadIdx.x % 32;
-  const int64_t units_per_sequence = static_cast<int64_t>(p.head_chunks) * p.kv_heads;
+  const int64_t sets_per_sequence = static_cast<int64_t>(p.head_chunks) * p.kv_heads / p.balanced_group;
+  const int64_t groups = p.balanced_workers / p.balanced_group;
   int64_t lane_total = 0;
   for (int64_t b = lane; b < p.batch; b += 32) lane_total += unit_cost<kTileTokens>(p, b);
-  const int64_t total = warp_sum(lane_total) * units_per_sequence;
-  const int64_t run = (total + p.balanced_workers - 1) / p.balanced_workers;
-  const int64_t run_begin = static_cast<int64_t>(blockIdx.x) * run;
+  const int64_t total = warp_sum(lane_total) * sets_per_sequence;
+  const int64_t run = (total + groups - 1) / groups;
+  const int64_t run_begin = static_cast<int64_t>(blockIdx.x / p.balanced_group) * run;
   const int64_t run_end = min(total, run_begin + run);
   int64_t b = p.batch;  // none: an empty run
   int64_t sequence_start = 0;
   if (run_begin < run_end) {
     for (int64_t base = 0; base < p.batch; base += 32) {
-      const int64_t mine = base + lane < p.batch ? unit_cost<kTileTokens>(p, base + lane) * units_per_sequence : 0;
+      const int64_t mine = base + lane < p.batch ? unit_cost<kTileTokens>(p, base + lane) * sets_per_sequence : 0;
       const int64_t inclusive = warp_inclusive_scan(mine, lane);
       const unsigned past = __ballot_sync(0xffffffffu, sequence_start + inclusive > run_begin);
       if (past != 0) {
@@ -134,7 +146,7 @@ __device__ void start_balanced_walk(const SplitParams &p, PieceBatch &batch) {
   }
   if (lane == 0) {
     batch.b = b;
-    batch.unit = -1;
+    batch.set = -1;
     batch.sequence_start = sequence_start;
     batch.run = run;
     batch.run_begin = run_begin;
@@ -143,13 +155,15 @@ __device__ void start_balanced_walk(const SplitParams &p, PieceBatch &batch) {
 }
 
 // The next pieces of the balanced schedule (warp 0; lane 0 writes). A
-// sequence's length is read once for all its units, and only a unit cut by
+// sequence's length is read once for all its sets, and only a unit cut by
 // a run boundary pays the divisions that find its workers.
 template <int kTileTokens>
 __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
-  const int units_per_sequence = p.head_chunks * p.kv_heads;
+  const int sets_per_sequence = p.head_chunks * p.kv_heads / p.balanced_group;
+  const int group = static_cast<int>(blockIdx.x) / p.balanced_group;
+  const int member = static_cast<int>(blockIdx.x) - group * p.balanced_group;
   int64_t b = batch.b;
-  int unit = batch.unit;
+  int set = batch.set;
   int64_t sequence_start = batch.sequence_start;
   const int64_t run = batch.run, run_begin = batch.run_begin, run_end = batch.run_end;
   int count = 0;
@@ -157,49 +171,50 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
     int64_t len, first;
     const int64_t tiles = sequence_tiles<kTileTokens>(p, b, len, first);
     const int64_t cost = tiles + p.piece_overhead_tiles;
-    if (unit < 0) unit = static_cast<int>(max(int64_t{0}, run_begin - sequence_start) / cost);
-    for (; unit < units_per_sequence && count < kPieceBatch; ++unit) {
-      const int64_t unit_start = sequence_start + unit * cost;  // its overhead; its tiles follow
-      if (unit_start >= run_end) break;
-      const int64_t tiles_start = unit_start + p.piece_overhead_tiles;
+    if (set < 0) set = static_cast<int>(max(int64_t{0}, run_begin - sequence_start) / cost);
+    for (; set < sets_per_sequence && count < kPieceBatch; ++set) {
+      const int64_t set_start = sequence_start + set * cost;  // its overhead; its tiles follow
+      if (set_start >= run_end) break;
+      const int64_t tiles_start = set_start + p.piece_overhead_tiles;
       const int64_t tiles_end = tiles_start + tiles;
+      const int unit = set * p.balanced_group + member;
       Piece piece;
       piece.b = b;
       piece.kv_head = unit / p.head_chunks;
       piece.chunk = unit - piece.kv_head * p.head_chunks;
       bool mine;
       if (tiles == 0) {
-        // No keys: the worker whose run holds the unit's start writes it.
-        mine = unit_start >= run_begin;
+        // No keys: the group whose run holds the set's start writes it.
+        mine = set_start >= run_begin;
         piece.range = {first, first, len};
       } else {
         const int64_t t0 = max(run_begin, tiles_start) - tiles_start;
         const int64_t t1 = min(run_end, tiles_end) - tiles_start;
         mine = t0 < t1;  // else the run holds only the unit's overhead
         piece.range = {first + t0 * kTileTokens, min(len, first + t1 * kTileTokens), len};
-        if (mine && (tiles_start < run_begin || tiles_end > run_end)) {  // cut: which workers share it
-          const int64_t first_worker = tiles_start / run;
-          piece.first_worker = static_cast<int>(first_worker);
-          piece.pieces = static_cast<int>((tiles_end - 1) / run - first_worker + 1);
-          piece.slot = static_cast<int>(2 * blockIdx.x + (blockIdx.x == first_worker ? 1 : 0));
+        if (mine && (tiles_start < run_begin || tiles_end > run_end)) {  // cut: which groups share it
+          const int64_t first_group = tiles_start / run;
+          piece.first_worker = static_cast<int>(first_group) * p.balanced_group + member;
+          piece.pieces = static_cast<int>((tiles_end - 1) / run - first_group + 1);
+          piece.slot = static_cast<int>(2 * blockIdx.x + (group == first_group ? 1 : 0));
         }
       }
       if (mine && threadIdx.x == 0) batch.pieces[count] = piece;
       count += mine ? 1 : 0;
     }
-    if (unit < units_per_sequence) {
+    if (set < sets_per_sequence) {
       if (count < kPieceBatch) b = p.batch;  // the run is done
       break;
     }
-    sequence_start += cost * units_per_sequence;
+    sequence_start += cost * sets_per_sequence;
     ++b;
-    unit = 0;
+    set = 0;
   }
   __syncwarp();  // every lane has read the walk's state before lane 0 moves it on
   if (threadIdx.x == 0) {
     batch.count = count;
     batch.b = b;
-    batch.unit = unit;
+    batch.set = set;
     batch.sequence_start = sequence_start;
   }
 }
