@@ -236,8 +236,9 @@ void test_serving_batches(void **) {
   };
   assert_int_equal(group_of(serving(48, 32, 8, 12288, 128, 16)), 8);
   assert_int_equal(group_of(serving(6, 32, 8, 98304, 128, 32)), 8);
-  assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);  // 528 compact workers
-  assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 1);   // 5 KV heads: 528 workers are not fives
+  assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);   // 528 compact workers
+  assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 5);    // 5 KV heads: 525 of the 528 workers
+  assert_int_equal(group_of(serving(32, 32, 32, 3000, 128, 16)), 16);  // groups of 32 would idle 16 of 528
 }
 
 // Several query rows a KV head: the tensor-core kernel up to 16, the rows
@@ -470,9 +471,12 @@ void test_random_problems(void **) {
     }
     if (launch.balanced_workers > 0) {  // groups of workers share a run: they must split both evenly
       const int64_t units_per_sequence = p.kv_heads * launch.heads.chunks;
+      const int64_t slots = static_cast<int64_t>(device.sm_count) *
+                            device.occupancy.ctas(launch.variant, p.kv_dtype, shape.head_dim_bucket);
       if (launch.balanced_group < 1 || launch.balanced_workers % launch.balanced_group != 0 ||
-          units_per_sequence % launch.balanced_group != 0 ||
-          (launch.balanced_group == 1 && units_per_sequence % 2 == 0 && launch.balanced_workers % 2 == 0)) {
+          units_per_sequence % launch.balanced_group != 0 || launch.balanced_workers > slots ||
+          launch.balanced_workers * 64 < slots * 63 ||
+          (launch.balanced_group == 1 && units_per_sequence % 2 == 0 && slots % 2 == 0)) {
         fail_msg("%s: groups of %d of %d workers, %lld units a sequence", what.c_str(), launch.balanced_group,
                  launch.balanced_workers, static_cast<long long>(units_per_sequence));
       }

@@ -101,7 +101,8 @@ struct SplitParams {
   int32_t balanced_workers = 0;
   // Workers take runs in groups of this many, member j attending unit j of
   // each set of this many neighbouring units of a sequence; divides both
-  // balanced_workers and kv_heads * head_chunks.
+  // balanced_workers (which may leave a few resident slots idle for it) and
+  // kv_heads * head_chunks.
   int32_t balanced_group = 1;
   int32_t piece_overhead_tiles = 1;
 

@@ -423,14 +423,15 @@ int64_t balanced_workers(const Problem &p, SplitVariant variant, const DevicePro
   return int64_t{FD_BALANCED_WAVES} * device.sm_count * resident_ctas(p, variant, device);
 }
 
-// Its group size: the most workers, up to FD_BALANCED_MAX_GROUP, that divide
-// both the workers and a sequence's units.
+// Its group size: the largest divisor of a sequence's units, up to
+// FD_BALANCED_MAX_GROUP, whose whole groups keep all but 1/64 of the
+// workers (5 KV heads on 528 workers: groups of 5, 525 workers; 32 units:
+// 16, since groups of 32 would idle 16 of 528).
 int32_t balanced_group(int64_t units_per_sequence, int64_t workers) {
-  int64_t group = 1;
-  for (int64_t g = 2; g <= std::min<int64_t>(FD_BALANCED_MAX_GROUP, units_per_sequence); ++g) {
-    if (units_per_sequence % g == 0 && workers % g == 0) group = g;
+  for (int64_t g = std::min<int64_t>(FD_BALANCED_MAX_GROUP, units_per_sequence); g > 1; --g) {
+    if (units_per_sequence % g == 0 && (workers / g) * g * 64 >= workers * 63) return static_cast<int32_t>(g);
   }
-  return static_cast<int32_t>(group);
+  return 1;
 }
 
 // The partial states it needs on `variant`: two slots a worker of a chunk's rows.
@@ -476,8 +477,8 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   const int64_t max_unit_waves =
       launch.variant == SplitVariant::tensor_core_compact ? kCompactBalancedMaxUnitWaves : kBalancedMaxUnitWaves;
   if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots && launch.units < max_unit_waves * workers) {
-    launch.balanced_workers = static_cast<int32_t>(workers);
     launch.balanced_group = balanced_group(p.kv_heads * launch.heads.chunks, workers);
+    launch.balanced_workers = static_cast<int32_t>(workers / launch.balanced_group * launch.balanced_group);
     launch.piece_overhead_tiles = static_cast<int32_t>(ceil_div(kPieceOverheadTokens, shape.tile_tokens));
     launch.merge = FD_MERGE_FUSED;
     return launch;
