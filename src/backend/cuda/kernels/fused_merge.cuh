@@ -156,15 +156,16 @@ __device__ bool merge_pieces_if_last(const SplitParams &p, const Piece &piece) {
   for (int item = threadIdx.x; item < rows * vectors; item += kThreads) {
     const int row = item / vectors;
     const int column = item % vectors;
+    // The row's partial state of piece i.
+    const auto index_of = [&](int i) {
+      return static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row;
+    };
     float m_max = negative_infinity();
-    for (int i = 0; i < piece.pieces; ++i) {
-      m_max = max_nan(
-          m_max, __ldcg(p.m + static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row));
-    }
+    for (int i = 0; i < piece.pieces; ++i) m_max = max_nan(m_max, __ldcg(p.m + index_of(i)));
     float l_sum = 0.0f;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = 0; i < piece.pieces; ++i) {
-      const int64_t index = static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row;
+      const int64_t index = index_of(i);
       const float w = merge_weight(__ldcg(p.m + index), m_max);  // 0 for an empty piece (and when all are)
       l_sum = fmaf(w, __ldcg(p.l + index), l_sum);
       add_weighted(sum, w, __ldcg(reinterpret_cast<const float4 *>(p.acc + index * p.head_dim) + column));
