@@ -1267,7 +1267,7 @@ typedef struct {
 /* Whether the CUDA backend plans compact tiles for spec on this device
  * (policy.cpp, compact_tiles_take): a paged 16-bit cache with per-sequence
  * lengths and automatic splits, pages of 16+ tokens, head_dim up to 128, up
- * to 16 query rows a KV head, at least one unit (sequence, KV head) a
+ * to 16 query rows a KV head, at least two units (sequence, KV head) a
  * multiprocessor, on a device that holds four compact CTAs a multiprocessor
  * against two standard ones (sm_90, sm_100). */
 static int compact_tiles_planned(const kernel_spec *spec) {
@@ -1278,7 +1278,7 @@ static int compact_tiles_planned(const kernel_spec *spec) {
   const int sixteen_bit = (spec->dtype == FD_DTYPE_F16 || spec->dtype == FD_DTYPE_BF16) && spec->kv_dtype == 0;
   const int64_t rows = spec->q_len * (spec->q_heads / spec->kv_heads);
   return (cc_major == 9 || cc_major == 10) && paged && sixteen_bit && spec->ragged && spec->splits == 0 &&
-         spec->page_size >= 16 && spec->head_dim <= 128 && rows <= 16 && spec->batch * spec->kv_heads >= sms;
+         spec->page_size >= 16 && spec->head_dim <= 128 && rows <= 16 && spec->batch * spec->kv_heads >= 2 * sms;
 }
 
 /* Whether this device and build plan the wide 64-row rows kernel (sm_90 in
@@ -1744,7 +1744,7 @@ static void test_window_edges(void **state) {
 }
 
 /* ---- compact tensor-core tiles ------------------------------------------------ */
-/* Paged batches with per-sequence lengths of at least one unit (sequence,
+/* Paged batches with per-sequence lengths of at least two units (sequence,
  * KV head, chunk of 16 rows) a multiprocessor, in pages of 16 tokens or
  * more, run the compact tiles (4 warps, 32- or 64-token tiles, three
  * stages): on the balanced schedule, on the fixed one past 4 waves of units,
@@ -1759,9 +1759,9 @@ static void test_compact_tiles(void **state) {
        0, 1, 0, 0, "tensor-core-compact-128"},
       {"balanced, group 2", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0, 0, 0, 1, 0, 0,
        "tensor-core-compact-128"},
-      {"MHA, head_dim 64", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 20, 8, 8, 64, 4000, 16, 1, 0, 0.0, 0, 1, 1, 0, 0,
+      {"MHA, head_dim 64", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 8, 8, 64, 4000, 16, 1, 0, 0.0, 0, 1, 1, 0, 0,
        "tensor-core-compact-64"},
-      {"head_dim 96, softcap, ALiBi, sinks", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 24, 32, 8, 96, 3000, 64, 1, 0, 30.0, 1, 1,
+      {"head_dim 96, softcap, ALiBi, sinks", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 8, 96, 3000, 64, 1, 0, 30.0, 1, 1,
        1, 0, 0, "tensor-core-compact-128"},
       {"q_len 4 x group 4, window, ragged q_lens", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 32, 8, 128, 3000, 16, 4, 500,
        0.0, 0, 0, 1, 1, 0, "tensor-core-compact-128"},

@@ -206,7 +206,7 @@ void test_dense_shapes(void **) {
 }
 
 // "Serving batches": paged caches with device lengths run the balanced
-// schedule (compact tiles from a unit a multiprocessor), many waves of units
+// schedule (compact tiles from two units a multiprocessor), many waves of units
 // the fixed one.
 void test_serving_batches(void **) {
   // A serving batch: lengths on the device, pages of `page_size` (0: dense).
@@ -218,11 +218,15 @@ void test_serving_batches(void **) {
     return s;
   };
   expect_plan(serving(48, 32, 8, 12288, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 1");
-  expect_plan(serving(24, 64, 8, 24576, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 2");
+  expect_plan(serving(24, 64, 8, 24576, 128, 16), "tensor-core-128 0x64 fused",
+              "serving 2 (192 units, under two a multiprocessor: standard tiles)");
   expect_plan(serving(384, 32, 8, 1536, 128, 16), "tensor-core-compact-128 1x1536 direct",
               "serving 3 (many waves of units: fixed)");
   expect_plan(serving(32, 16, 16, 3000, 64, 16), "tensor-core-compact-64 0x64 fused", "serving 4 (MHA head_dim 64)");
   expect_plan(serving(6, 32, 8, 98304, 128, 32), "tensor-core-128 0x64 fused", "serving 5 (48 units: standard tiles)");
+  expect_plan(serving(66, 32, 4, 8192, 128, 16), "tensor-core-compact-128 0x32 fused",
+              "264 units, two a multiprocessor: compact tiles");
+  expect_plan(serving(65, 32, 4, 8192, 128, 16), "tensor-core-128 0x64 fused", "260 units: standard tiles");
   expect_plan(serving(128, 32, 8, 32768, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 6");
   expect_plan(serving(48, 32, 8, 12288, 128, 1), "tensor-core-128 0x64 fused",
               "serving 7 (pages of 1: no compact tiles)");
