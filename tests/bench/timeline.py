@@ -6,6 +6,7 @@
         -DFLASHDECODE_CUDA_ARCHS=90a-real && cmake --build build-timeline --target flashdecode
     python3 tests/bench/timeline.py --lib build-timeline/src/libflashdecode.so.0 [--shapes 1,5,7] \
         [--dtype float16] [--kv 16bit|e4m3|e5m2|int8|e4m3-tok] [--q-len 1] [--replays 3] [--raw out.txt]
+    python3 tests/bench/timeline.py --lib ... --shapes "" --serving-shape 16x16/2x1..32768x256p64
 
 In a build with FLASHDECODE_TIMELINE=ON every CTA of the CUDA kernels prints
 its %globaltimer at fixed points (src/backend/cuda/timeline.cuh). For each
@@ -15,7 +16,8 @@ of one call per set, replays it, catches what the kernels print, and prints
 per launch, in microseconds from the first CTA's start (--kv: the cache in
 q's dtype, or 8-bit with compare_quantized.py's inputs, per-tensor scales
 or per-token with -tok; --q-len: that many query tokens a sequence, causal,
-on a 16-bit cache):
+on a 16-bit cache; --serving-shape: a ragged batch of compare_serving.py's
+--shape syntax, its inputs as that script makes them, seed 0):
 
   first tile   median time from a CTA's wait for the previous grid to its
                first tile in shared memory
@@ -43,6 +45,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_quantized as cq  # noqa: E402
 import compare_sdpa as cs  # noqa: E402
+import compare_serving as cv  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -132,14 +135,23 @@ def main():
     parser.add_argument("--replays", type=int, default=3, help="graph replays; the last one is shown")
     parser.add_argument("--rotation-mib", type=int, default=400)
     parser.add_argument("--raw", help="also write every FDTL line here")
+    parser.add_argument("--serving-shape", action="append", default=[],
+                        help="a ragged batch, compare_serving.py's --shape syntax (repeatable; 16-bit caches)")
     args = parser.parse_args()
+    serving = [cv.custom_shape(spec, cv.CUSTOM_FIRST_ID + i) for i, spec in enumerate(args.serving_shape)]
+    if None in serving or (serving and (args.kv != "16bit" or args.q_len != 1)):
+        parser.error("--serving-shape: BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense], 16-bit, q_len 1")
 
     fd = cs.FlashDecode(os.path.abspath(args.lib))
     handle = fd.create_cuda_handle(0)
     dtype = getattr(torch, args.dtype)
     raw = open(args.raw, "w") if args.raw else None
-    for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")]:
-        if args.kv == "16bit":
+    for shape in [s for s in cs.SHAPES if str(s[0]) in args.shapes.split(",")] + serving:
+        label = cs.shape_label(shape) if shape not in serving else cv.shape_label(shape)
+        if shape in serving:
+            data = cv.make_inputs(shape, dtype, args.rotation_mib << 20, seed=0)
+            fd_args = cv.fd_args_per_set(fd, data)
+        elif args.kv == "16bit":
             data = cs.make_inputs(shape, dtype, args.rotation_mib << 20, keep_dense=False)
             if args.q_len > 1:  # the default mask is causal: token i sees keys up to n - q_len + i
                 data["qs"] = [torch.randn(q.shape[0], q.shape[1], args.q_len, q.shape[3], device="cuda", dtype=dtype)
@@ -168,7 +180,7 @@ def main():
         launches = parse(text)
         if raw:
             raw.write(f"# shape {shape[0]}\n{text}")
-        print(f"== {cs.shape_label(shape)} {args.dtype} {args.kv} q_len {args.q_len}: {data['sets']} calls in the graph (last replay)")
+        print(f"== {label} {args.dtype} {args.kv} q_len {args.q_len}: {data['sets']} calls in the graph (last replay)")
         if not launches:
             print("   no FDTL lines: is this a FLASHDECODE_TIMELINE=ON build?")
         for (kernel, _), records in launches:
