@@ -141,12 +141,24 @@ __device__ bool fused_merge_if_last(const SplitParams &p, int64_t b, int kv_head
   return true;
 }
 
+// Pieces whose partial states a thread of the balanced merge loads at once,
+// at most (16 bytes of shared memory a piece and thread), for kernels of
+// kThreads threads and kSmemBytes of shared memory.
+template <int kThreads, int kSmemBytes>
+constexpr int kMergeLoadBatch = kSmemBytes / (kThreads * 16) < 8 ? kSmemBytes / (kThreads * 16) : 8;
+
 // The balanced schedule's merge (prims/schedule.cuh): the last of a cut
 // unit's pieces to finish merges their partial states, read from the
 // workspace slots through L2, in run order, one (row, float4 column) per
-// thread. Every thread of the CTA calls it; returns whether this CTA merged.
-template <class T, int kThreads, bool kFloatOut>
+// thread. With kBatch > 1 a thread's loads of kBatch pieces are all in
+// flight before it uses any (m and l in registers, acc through its own
+// shared-memory slots): one L2 round trip a piece left the merging CTA
+// finishing long after the others. Kernels near their register limit take
+// kBatch 1, which keeps their main loops from spilling (mma_split_kernel).
+// Every thread of the CTA calls it; returns whether this CTA merged.
+template <class T, int kThreads, bool kFloatOut, int kBatch>
 __device__ bool merge_pieces_if_last(const SplitParams &p, const Piece &piece) {
+  static_assert(kBatch >= 1, "the balanced merge loads at least a piece at a time");
   if (piece.slot < 0) return false;
   const int64_t unit = (piece.b * p.kv_heads + piece.kv_head) * p.head_chunks + piece.chunk;
   if (!last_of_unit(p.merge_counters + unit, piece.pieces)) return false;
@@ -161,14 +173,53 @@ __device__ bool merge_pieces_if_last(const SplitParams &p, const Piece &piece) {
       return static_cast<int64_t>(balanced_slot(p, piece.first_worker, i)) * p.heads_per_chunk + row;
     };
     float m_max = negative_infinity();
-    for (int i = 0; i < piece.pieces; ++i) m_max = max_nan(m_max, __ldcg(p.m + index_of(i)));
     float l_sum = 0.0f;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = 0; i < piece.pieces; ++i) {
-      const int64_t index = index_of(i);
-      const float w = merge_weight(__ldcg(p.m + index), m_max);  // 0 for an empty piece (and when all are)
-      l_sum = fmaf(w, __ldcg(p.l + index), l_sum);
-      add_weighted(sum, w, __ldcg(reinterpret_cast<const float4 *>(p.acc + index * p.head_dim) + column));
+    if constexpr (kBatch == 1) {
+      for (int i = 0; i < piece.pieces; ++i) m_max = max_nan(m_max, __ldcg(p.m + index_of(i)));
+      for (int i = 0; i < piece.pieces; ++i) {
+        const int64_t index = index_of(i);
+        const float w = merge_weight(__ldcg(p.m + index), m_max);  // 0 for an empty piece (and when all are)
+        l_sum = fmaf(w, __ldcg(p.l + index), l_sum);
+        add_weighted(sum, w, __ldcg(reinterpret_cast<const float4 *>(p.acc + index * p.head_dim) + column));
+      }
+    } else {
+      for (int first = 0; first < piece.pieces; first += kBatch) {
+        float m_part[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          m_part[j] = first + j < piece.pieces ? __ldcg(p.m + index_of(first + j)) : negative_infinity();
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) m_max = max_nan(m_max, m_part[j]);
+      }
+      // Slot j of this thread: acc_slots[j * kThreads + threadIdx.x] (no
+      // bank conflicts), at the dynamic shared memory's start: a constant
+      // address, where a pointer kept from the kernel's start spilled.
+      extern __shared__ __align__(16) unsigned char merge_smem[];
+      float4 *const acc_slots = reinterpret_cast<float4 *>(merge_smem);
+      for (int first = 0; first < piece.pieces; first += kBatch) {
+        float m_part[kBatch], l_part[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const bool real = first + j < piece.pieces;
+          const int64_t index = index_of(real ? first + j : 0);
+          cp_async_chunk(acc_slots + j * kThreads + threadIdx.x,
+                         reinterpret_cast<const float4 *>(p.acc + index * p.head_dim) + column, real);
+          m_part[j] = real ? __ldcg(p.m + index) : negative_infinity();
+          l_part[j] = real ? __ldcg(p.l + index) : 0.0f;
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (first + j < piece.pieces) {
+            const float w = merge_weight(m_part[j], m_max);  // 0 for an empty piece (and when all are)
+            l_sum = fmaf(w, l_part[j], l_sum);
+            add_weighted(sum, w, acc_slots[j * kThreads + threadIdx.x]);
+          }
+        }
+      }
     }
     const QueryRow query = query_row(first_row + row, p.group_size, piece.kv_head);
     const float merged[4] = {sum.x, sum.y, sum.z, sum.w};

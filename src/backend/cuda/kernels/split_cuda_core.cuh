@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
       }
     }
     FD_TIMELINE_MARK(timeline, 4);
-    if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, true>(p, piece)
+    if (p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, true, 1>(p, piece)
                                : fused_merge_if_last<T, Traits::kThreads, true>(p, b, kv_head, chunk, smem)) {
       FD_TIMELINE_MERGED(timeline);
     }

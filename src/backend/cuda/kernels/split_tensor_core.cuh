@@ -714,9 +714,10 @@ __device__ __forceinline__ void write_token_groups(const SplitParams &p, const P
 }
 
 // After write_token_groups: the unit's splits merged by the cluster
-// (kCluster), the balanced schedule's last piece of a unit, or the fused
-// merge's last CTA of it. Returns whether this CTA merged.
-template <class T, class Traits, bool kCluster>
+// (kCluster), the balanced schedule's last piece of a unit (kMergeBatch
+// pieces' loads at a time: merge_pieces_if_last), or the fused merge's last
+// CTA of it. Returns whether this CTA merged.
+template <class T, class Traits, bool kCluster, int kMergeBatch = 1>
 __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &piece, int64_t b, int kv_head, int chunk,
                                             unsigned char *smem, int first_row, int heads_here) {
   if constexpr (kCluster) {
@@ -725,7 +726,7 @@ __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &p
                                                                           cluster_partial);
     return false;
   } else {
-    return p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false>(p, piece)
+    return p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false, kMergeBatch>(p, piece)
                                   : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem);
   }
 }
@@ -959,7 +960,14 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     __syncthreads();
     write_token_groups<T, Traits, kCluster>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
     FD_TIMELINE_MARK(timeline, 4);
-    if (merge_piece<T, Traits, kCluster>(p, piece, b, kv_head, chunk, smem, first_row, heads_here)) {
+    // Batched merge loads where a unit's pieces are many (few units) and the
+    // kernel's registers leave room; the compact tiles (two units a
+    // multiprocessor or more: a few pieces a unit) and the variants keep one
+    // load a piece, with which their main loops do not spill.
+    constexpr int kMergeBatch = kVariants || kQuantized || Traits::kCompact
+                                    ? 1
+                                    : kMergeLoadBatch<Traits::kThreads, Traits::kSmemBytes - Traits::kSmemSlack>;
+    if (merge_piece<T, Traits, kCluster, kMergeBatch>(p, piece, b, kv_head, chunk, smem, first_row, heads_here)) {
       FD_TIMELINE_MERGED(timeline);
     }
     __syncthreads();  // shared memory is reused by the next piece
