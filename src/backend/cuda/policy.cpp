@@ -77,6 +77,14 @@ constexpr int64_t kMhaCudaCoreMinWaves = 16;
 constexpr int64_t kBalancedMaxUnitWaves = 8;
 constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
 
+// Batches of so few units that the balanced schedule would cut each into
+// more than this many pieces on average keep the fixed schedule too: the
+// last piece of a unit merges all of them alone, where the fixed splits'
+// merge kernel spreads the merge over many CTAs. On the H200, 4 and 8 MQA
+// units (66 and 33 pieces) ran 1.4-1.6x faster fixed, 12 and 16 units
+// 0.5-2% slower ("Balanced schedule").
+constexpr int64_t kBalancedMaxPiecesPerUnit = 24;
+
 // Compact tiles for paged serving batches ("Compact tensor-core tiles"):
 // four CTAs a multiprocessor hide one unit's pipeline fill and epilogue
 // behind the others', where many units each pay them, but stream a long
@@ -473,11 +481,13 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   launch.variant_scores = needs_variant_scores(p) || split_variant_scores_only(launch.variant);
   launch.units = p.batch * p.kv_heads * launch.heads.chunks;
   // Balanced where every unit has a merge counter (plan_decode sized the
-  // slots for this variant) and the units are few waves.
+  // slots for this variant), the units are few waves and not so few that
+  // each is cut into many pieces.
   const int64_t workers = balanced_workers(p, launch.variant, device);
   const int64_t max_unit_waves =
       launch.variant == SplitVariant::tensor_core_compact ? kCompactBalancedMaxUnitWaves : kBalancedMaxUnitWaves;
-  if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots && launch.units < max_unit_waves * workers) {
+  if (balanced_schedule_takes(p) && launch.units <= kMergeCounterSlots && launch.units < max_unit_waves * workers &&
+      launch.units * kBalancedMaxPiecesPerUnit >= workers) {
     launch.balanced_group = balanced_group(p.kv_heads * launch.heads.chunks, workers);
     launch.balanced_workers = static_cast<int32_t>(workers / launch.balanced_group * launch.balanced_group);
     launch.piece_overhead_tiles = static_cast<int32_t>(ceil_div(kPieceOverheadTokens, shape.tile_tokens));
