@@ -81,9 +81,9 @@ constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
 // more than this many pieces on average keep the fixed schedule too: the
 // last piece of a unit merges all of them alone, where the fixed splits'
 // merge kernel spreads the merge over many CTAs. On the H200, 4 and 8 MQA
-// units (66 and 33 pieces) ran 1.4-1.6x faster fixed, 12 and 16 units
-// 0.5-2% slower ("Balanced schedule").
-constexpr int64_t kBalancedMaxPiecesPerUnit = 24;
+// units (66 and 33 pieces) ran 1.4-1.6x faster fixed; 12-16 units ran up to
+// 2% slower fixed there and up to 7% faster on an H100 ("Balanced schedule").
+constexpr int64_t kBalancedMaxPiecesPerUnit = 16;
 
 // Compact tiles for paged serving batches ("Compact tensor-core tiles"):
 // four CTAs a multiprocessor hide one unit's pipeline fill and epilogue
