@@ -1160,7 +1160,8 @@ static void test_ragged_batches(void **state) {
  * twice bitwise equal: a few long sequences among many short and empty
  * ones, one long sequence (too few units to cut: the fixed schedule), 24
  * long ones of about 11 pieces each (two batches of the merge's loads on
- * 264 workers), a batch past one warp's
+ * 264 workers), head_dim 256 (four items a thread reuse its load slots),
+ * a batch past one warp's
  * scan with several query tokens under a window, float outputs on the
  * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
  * hold (the fixed schedule). `long_every`: every long_every-th sequence is
@@ -1178,6 +1179,7 @@ static void test_balanced_schedule(void **state) {
       {"skewed", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 60, 8, 2, 128, 6000, 1, 0, 10, 1},
       {"one sequence: fixed splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 1, 8, 1, 128, 30000, 1, 0, 1, 0},
       {"24 units of many pieces", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 24, 8, 1, 128, 20000, 1, 0, 1, 1},
+      {"head_dim 256, 2 KV heads", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 12, 16, 2, 256, 12000, 1, 0, 1, 1},
       {"q_len 3, window", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 45, 16, 4, 64, 3000, 3, 700, 0, 1},
       {"MHA, head_dim 64", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 16, 16, 64, 3000, 1, 0, 7, 1},
       {"float out", FD_DTYPE_F16, FD_DTYPE_F32, 0, FDT_PAGED_NHD, 50, 8, 2, 96, 2000, 1, 0, 5, 1},
