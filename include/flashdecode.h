@@ -938,7 +938,13 @@ typedef struct fd_plan_info {
                                `blocks` thread blocks takes an equal share of the batch's keys, and a
                                sequence is split where the shares end). */
   int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty); when num_splits
-                               is 0, the tile whose multiples the device cuts at. */
+                               is 0, the tile whose multiples the device cuts at. On CUDA, for a paged
+                               cache with per-sequence lengths, automatic splits and fewer (sequence, KV
+                               head) pairs than the device runs thread blocks at once, the longest a
+                               split may be: the device fits the splits to the lengths (at least 128
+                               tokens each, enough to cover the longest sequence) and skips those past
+                               it, so a block table much wider than the lengths still spreads each
+                               sequence over its splits. */
   size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never

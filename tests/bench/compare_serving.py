@@ -27,8 +27,11 @@ after a serving engine's allocations and frees):
 --page-size N gives every paged shape (1-7) pages of N tokens instead.
 --shape SPEC (repeatable) adds a shape of your own, numbered 101, 102, ...:
 BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM, then pN for pages of N tokens
-(default 16) or "dense", e.g. 64x32/4x1..8192x256p8 (--shapes "" runs only
-those). FlashInfer's bundle holds head_dim 64/128/256 and groups up to 16.
+(default 16) or "dense", then optionally cN for a capacity of N tokens a
+sequence (the block table's width, or the dense cache's length; default the
+largest length), e.g. 64x32/4x1..8192x256p8 or 4x32/8x1..2048x128p16c131072
+(--shapes "" runs only those). FlashInfer's bundle holds head_dim 64/128/256
+and groups up to 16.
 
 Rows, for each shape and dtype (fp16, bf16):
 - fd: flashdecode through ctypes, automatic plan (fd_describe_plan's kernel,
@@ -130,7 +133,7 @@ SHAPES = [
 STARTED = time.monotonic()
 
 
-CUSTOM_SHAPE = re.compile(r"^(\d+)x(\d+)/(\d+)x(\d+)\.\.(\d+)x(\d+)(?:p(\d+)|(dense))?$")
+CUSTOM_SHAPE = re.compile(r"^(\d+)x(\d+)/(\d+)x(\d+)\.\.(\d+)x(\d+)(?:p(\d+)|(dense))?(?:c(\d+))?$")
 CUSTOM_FIRST_ID = 101
 
 
@@ -145,7 +148,10 @@ def custom_shape(spec, sid):
     page = 0 if match.group(8) else int(match.group(7) or 16)
     if not match.group(8) and page < 1:
         return None
-    return (sid, batch, q_heads, kv_heads, head_dim, page, ((1.0, lo, hi),), sid, f"--shape {spec}")
+    cap = int(match.group(9)) if match.group(9) else hi
+    if cap < hi:
+        return None
+    return (sid, batch, q_heads, kv_heads, head_dim, page, ((1.0, lo, hi),), sid, f"--shape {spec}", cap)
 
 
 def log(message):
@@ -160,11 +166,16 @@ def shape_label(shape):
     else:
         lengths = "(" + "|".join(f"{round(f * 100)}% {lo}..{hi}" for f, lo, hi in ranges) + ")"
     cache = f"p{page}" if page else "dense"
+    if capacity(shape) > max(hi for _, _, hi in ranges):
+        cache += f" c{capacity(shape)}"
     return f"{sid}: {batch}x{q_heads}/{kv_heads}x{lengths}x{head_dim} {cache}"
 
 
 def capacity(shape):
-    """Tokens a sequence may hold: the largest length the shape allows."""
+    """Tokens a sequence may hold: the shape's capacity (custom shapes'
+    cN), else the largest length it allows."""
+    if len(shape) > 9:
+        return shape[9]
     return max(hi for _, _, hi in shape[6])
 
 
@@ -202,6 +213,8 @@ def make_inputs(shape, dtype, rotation_bytes, seed):
     real_tokens = int(lens.sum())
     kv_bytes = 2 * real_tokens * kv_heads * head_dim * elem
     sets = max(2, math.ceil(rotation_bytes / kv_bytes))
+    if not page:  # a dense cache holds its capacity: at most 24 GiB of sets beyond two
+        sets = max(2, min(sets, (24 << 30) // (2 * batch * cap * kv_heads * head_dim * elem)))
     data = {"lens": lens.tolist(), "lens_dev": lens.to(torch.int32).to(DEVICE), "sets": sets, "capacity": cap}
     data.update(real_tokens=real_tokens, kv_bytes=kv_bytes, table=None)
     if page:
@@ -937,7 +950,8 @@ def main():
         "--shape",
         action="append",
         default=[],
-        help="a shape of your own, BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense] (repeatable; ids 101, ...)",
+        help="a shape of your own, BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense][cCAPACITY] "
+        "(repeatable; ids 101, ...)",
     )
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
@@ -983,7 +997,10 @@ def main():
     for i, spec in enumerate(args.shape):
         shape = custom_shape(spec, CUSTOM_FIRST_ID + i)
         if shape is None:
-            parser.error(f"--shape {spec}: expected BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense], e.g. 64x32/4x1..8192x256p8")
+            parser.error(
+                f"--shape {spec}: expected BATCHxQ_HEADS/KV_HEADSxLO..HIxHEAD_DIM[pPAGE|dense][cCAPACITY], "
+                "e.g. 64x32/4x1..8192x256p8 or 4x32/8x1..2048x128p16c131072"
+            )
         shapes.append(shape)
         wanted.append(shape[0])
     if args.page_size < 0:

@@ -1166,6 +1166,22 @@ static void test_ragged_batches(void **state) {
  * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
  * hold (the fixed schedule). `long_every`: every long_every-th sequence is
  * kv_len long, the others at most kv_len / 16 (0: the generated lengths). */
+/* A case of the paged schedule tests below: pages of 16 tokens in `layout`
+ * (a paged one), per-sequence lengths, LSE; an 8-bit kv_dtype (0: the cache
+ * is dtype) with `scales`. */
+static fdt_case paged_lengths_case(fd_dtype dtype, fd_dtype kv_dtype, fdt_scale_mode scales, fdt_layout layout,
+                                   int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t kv_len,
+                                   uint64_t seed) {
+  fdt_case c = dense_case(dtype, batch, q_heads, kv_heads, head_dim, kv_len, seed);
+  c.kv_dtype = kv_dtype;
+  if (kv_dtype != 0) c.scale_mode = scales;
+  c.layout = layout;
+  c.page_size = 16;
+  c.ragged = 1;
+  c.with_lse = 1;
+  return c;
+}
+
 static void test_balanced_schedule(void **state) {
   (void)state;
   static const struct {
@@ -1188,15 +1204,10 @@ static void test_balanced_schedule(void **state) {
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     const int64_t kv_len = g_quick && spec[i].kv_len > 1000 ? spec[i].kv_len / 4 : spec[i].kv_len;
-    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len,
-                            g_seed + 1300 + (uint64_t)i);
+    fdt_case c =
+        paged_lengths_case(spec[i].dtype, spec[i].kv_dtype, FDT_SCALE_TENSOR, spec[i].layout, spec[i].batch,
+                           spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, kv_len, g_seed + 1300 + (uint64_t)i);
     c.out_dtype = spec[i].out_dtype;
-    c.kv_dtype = spec[i].kv_dtype;
-    if (c.kv_dtype != 0) c.scale_mode = FDT_SCALE_TENSOR;
-    c.layout = spec[i].layout;
-    c.page_size = 16;
-    c.ragged = 1;
-    c.with_lse = 1;
     c.q_len = spec[i].q_len;
     c.window = spec[i].window;
     int64_t *lens = malloc((size_t)c.batch * sizeof *lens);
@@ -1227,6 +1238,61 @@ static void test_balanced_schedule(void **state) {
     close_case(&t);
     if (bad) fail_msg("balanced schedule, %s: %s", spec[i].what, t.report);
     if (!same) fail_msg("balanced schedule, %s: two runs differ", spec[i].what);
+  }
+}
+
+/* Paged batches of few units (sequence, KV head) with per-sequence lengths
+ * far below the capacity: automatic fixed splits, which the kernels fit to
+ * the lengths instead of the capacity, skipping the splits past the longest
+ * sequence's, and the merge kernel merges only those in use (policy.cpp,
+ * fitted_split_floor). A cut that left a key out or read one twice, or a
+ * merge of a skipped split's stale state, shows in the reference check; the
+ * plan's split_tokens is the upper bound planned over the capacity. */
+static void test_fitted_splits(void **state) {
+  (void)state;
+  static const struct {
+    const char *what;
+    fd_dtype dtype, kv_dtype;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, capacity, longest, q_len, window;
+    int ragged_q;
+  } spec[] = {
+      {"paged, 4 units", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2, 16, 2, 64, 65536, 3000, 1, 0, 0},
+      {"a sequence of length 0", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 3, 12, 3, 64, 32768, 2500, 1, 0, 0},
+      {"q_len 4, wide window, ragged queries", FD_DTYPE_F16, 0, FDT_PAGED_HND, 2, 8, 2, 128, 32768, 4000, 4, 20000, 1},
+      {"e4m3, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 1, 16, 2, 256, 32768, 3001, 1, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t capacity = g_quick ? spec[i].capacity / 4 : spec[i].capacity;
+    fdt_case c =
+        paged_lengths_case(spec[i].dtype, spec[i].kv_dtype, FDT_SCALE_HEAD, spec[i].layout, spec[i].batch,
+                           spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, capacity, g_seed + 1400 + (uint64_t)i);
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    c.ragged_q = spec[i].ragged_q;
+    int64_t lens[3];
+    uint64_t rng = g_seed + 1450 + (uint64_t)i;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      lens[b] = b == c.batch - 1 ? spec[i].longest : (int64_t)((rng >> 33) % (uint64_t)spec[i].longest);
+    }
+    if (c.batch == 3) lens[1] = 0;
+    c.lens = lens;
+    gpu_case t;
+    open_case(&t, &c);
+    const fd_plan_info plan = describe(g_cuda, &t.d.args);
+    int same = 1;
+    const int bad = check_case_twice(&t, &same);
+    print_message(
+        "fitted splits, %s: %lldx%lld/%lld, capacity %lld, longest %lld x %lld (%s, %d splits of up to %lld, "
+        "merge %d): %s\n",
+        spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)capacity,
+        (long long)spec[i].longest, (long long)c.head_dim, plan.kernel, (int)plan.num_splits,
+        (long long)plan.split_tokens, (int)plan.merge, t.report);
+    close_case(&t);
+    if (plan.num_splits < 2) fail_msg("fitted splits, %s: planned %d splits", spec[i].what, (int)plan.num_splits);
+    if (bad) fail_msg("fitted splits, %s: %s", spec[i].what, t.report);
+    if (!same) fail_msg("fitted splits, %s: two runs differ", spec[i].what);
   }
 }
 
@@ -3295,6 +3361,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_merge_paths_on_caller_workspace);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_batches);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_balanced_schedule);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fitted_splits);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);

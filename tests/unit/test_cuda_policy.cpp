@@ -435,7 +435,7 @@ void test_random_problems(void **) {
   const int64_t pages[] = {0, 0, 1, 16, 32};
   const fd_dtype dtypes[] = {FD_DTYPE_F16, FD_DTYPE_BF16, FD_DTYPE_F32};
   const fd_dtype kv_dtypes[] = {FD_DTYPE_F16, FD_DTYPE_E4M3, FD_DTYPE_I8};
-  int planned = 0, rows_kernels = 0, wide_rows = 0, invariant = 0, balanced = 0;
+  int planned = 0, rows_kernels = 0, wide_rows = 0, invariant = 0, balanced = 0, fitted = 0;
   for (int i = 0; i < 3000; ++i) {
     Shape s;
     s.kv_heads = draw(1, 16);
@@ -490,6 +490,24 @@ void test_random_problems(void **) {
       }
       ++balanced;
     }
+    if (launch.fitted_split_floor > 0) {  // fixed splits fitted to the lengths on the device: paged, few units,
+                                          // automatic, merged by the merge kernel, aiming at two waves of CTAs
+      const int64_t slots = static_cast<int64_t>(device.sm_count) *
+                            device.occupancy.ctas(launch.variant, p.kv_dtype, shape.head_dim_bucket);
+      if (!p.paged || !p.has_seq_lens || p.batch_invariant() || p.requested_splits > 0 || launch.balanced_workers > 0 ||
+          plan.num_splits < 2 || launch.units >= slots || launch.merge != FD_MERGE_SEPARATE ||
+          launch.fitted_target_ctas != 2 * slots) {
+        fail_msg("%s: splits fitted to the lengths (%d splits, %lld units, %lld slots)", what.c_str(), plan.num_splits,
+                 static_cast<long long>(launch.units), static_cast<long long>(slots));
+      }
+      ++fitted;
+    } else if (p.paged && p.has_seq_lens && !p.batch_invariant() && p.requested_splits == 0 &&
+               launch.balanced_workers == 0 && plan.num_splits > 1 &&
+               launch.units < static_cast<int64_t>(device.sm_count) *
+                                  device.occupancy.ctas(launch.variant, p.kv_dtype, shape.head_dim_bucket)) {
+      fail_msg("%s: %d splits over the capacity for %lld units", what.c_str(), plan.num_splits,
+               static_cast<long long>(launch.units));
+    }
     const std::string kernel = summary.kernel;
     const bool rows_kernel = kernel.rfind("tensor-core-rows", 0) == 0;
     const bool sixteen_bit_tensor_cores = s.dtype != FD_DTYPE_F32 && s.kv_dtype == s.dtype && s.head_dim <= 128;
@@ -531,9 +549,9 @@ void test_random_problems(void **) {
   }
   print_message(
       "%d random problems planned: %d on rows kernels (%d of 17-32 rows on the wide one), %d batch "
-      "invariant, %d balanced\n",
-      planned, rows_kernels, wide_rows, invariant, balanced);
-  assert_true(rows_kernels > 100 && wide_rows > 0 && invariant > 100 && balanced > 100);
+      "invariant, %d balanced, %d fixed splits fitted to the lengths\n",
+      planned, rows_kernels, wide_rows, invariant, balanced, fitted);
+  assert_true(rows_kernels > 100 && wide_rows > 0 && invariant > 100 && balanced > 100 && fitted > 5);
 }
 
 }  // namespace

@@ -122,6 +122,10 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   }
   s.num_splits = plan.num_splits;
   s.split_tokens = plan.split_tokens;
+  s.fitted_split_floor = launch.fitted_split_floor;
+  s.fitted_tokens_per_total = static_cast<float>(p.kv_heads * launch.heads.chunks) /
+                              static_cast<float>(std::max<int64_t>(1, launch.fitted_target_ctas));
+  if (launch.fitted_split_floor > 0) s.used_splits = reinterpret_cast<int32_t *>(workspace + cuda::kUsedSplitsOffset);
   s.balanced_workers = launch.balanced_workers;
   s.balanced_group = launch.balanced_group;
   s.piece_overhead_tiles = launch.piece_overhead_tiles;
@@ -148,6 +152,7 @@ cuda::MergeParams merge_params(const Problem &p, const Plan &plan, const cuda::S
   merge.group_size = s.group_size;
   merge.kv_rows = s.kv_rows;
   merge.output = output_params(p);
+  merge.used_splits = s.used_splits;
   return merge;
 }
 

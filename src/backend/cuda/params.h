@@ -93,6 +93,20 @@ struct SplitParams {
 
   int32_t num_splits = 1;
   int64_t split_tokens = 0;
+  // > 0: the fixed schedule fits the split length to the real lengths (read
+  // at the start of every CTA) instead of the capacity (prims/schedule.cuh,
+  // start_fixed_walk): whole tiles, at least this many tokens, at most
+  // split_tokens, short enough that the longest sequence fills num_splits
+  // and the batch's keys fill a target count of CTAs: fitted_tokens_per_total
+  // is (units a sequence) / (that count) (policy.cpp, choose_launch).
+  // 0: split_tokens.
+  int32_t fitted_split_floor = 0;
+  float fitted_tokens_per_total = 0.0f;
+  // Fitted (with the merge kernel to follow): the splits past the longest
+  // span's last are skipped, and CTA (0, 0) stores how many are in use here
+  // (the workspace's header, kUsedSplitsOffset) for the merge kernel, which
+  // merges only those. Null otherwise: every split writes its state.
+  int32_t *used_splits = nullptr;
   // > 0: the balanced schedule (prims/schedule.cuh): the grid is this many
   // workers, each taking an equal run of the batch's units laid end to end,
   // a unit costing its tiles plus piece_overhead_tiles; partial states live
@@ -141,6 +155,9 @@ struct MergeParams {
   int32_t group_size = 1;
   int32_t kv_rows = 1;  // q_len * group_size
   int32_t groups = 1;   // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  // Not null: each row's first *used_splits splits hold its keys, the
+  // others were skipped (SplitParams::used_splits); null: all num_splits.
+  const int32_t *used_splits = nullptr;
   OutputParams output;
 };
 
@@ -258,6 +275,11 @@ constexpr int kMmaHeads = 16;
 // units than this use another merge.
 constexpr int kMergeCounterSlots = 16384;
 constexpr size_t kMergeCounterBytes = kMergeCounterSlots * sizeof(unsigned);
+// After them, the word where a split kernel fitted to the lengths publishes
+// how many splits it used (SplitParams::used_splits), padded to 128 bytes:
+// the whole header.
+constexpr size_t kUsedSplitsOffset = kMergeCounterBytes;
+constexpr size_t kWorkspaceHeaderBytes = kMergeCounterBytes + 128;
 
 // Callable from host and device code; plain inline for the host compiler.
 #ifdef __CUDACC__

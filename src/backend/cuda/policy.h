@@ -47,6 +47,8 @@ struct LaunchChoice {
   int32_t balanced_workers = 0;
   int32_t balanced_group = 1;  // SplitParams::balanced_group
   int32_t piece_overhead_tiles = 1;
+  int32_t fitted_split_floor = 0;  // SplitParams::fitted_split_floor (and then the merge kernel)
+  int32_t fitted_target_ctas = 1;  // the CTAs of keys that cut aims at (SplitParams::fitted_tokens_per_total)
 };
 
 bool needs_variant_scores(const Problem &problem);

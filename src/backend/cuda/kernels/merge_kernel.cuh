@@ -56,6 +56,10 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
   FD_TIMELINE_MARK(timeline, 1);
 
   const int splits = p.num_splits;
+  // The splits in use: those a split kernel fitted to the lengths ran (the
+  // later ones are empty and were not written: read as empty), else all.
+  // Only the loads test it; the loops keep the launch's uniform bound.
+  const int used = p.used_splits != nullptr ? __ldcg(p.used_splits) : splits;
   const int vectors = p.head_dim / 4;
   const int groups = p.groups;
   const int group = threadIdx.x / vectors;
@@ -78,8 +82,8 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
 #pragma unroll
     for (int j = 0; j < kMergeBatch; ++j) {
       const int s = group + j * groups;
-      a[j] = active && s < splits ? __ldcg(reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s) * p.head_dim))
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      a[j] = active && s < used ? __ldcg(reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s) * p.head_dim))
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 
     // The common max (order does not matter for a max). Each split's m and l
@@ -88,9 +92,9 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
     // barrier sits between them, and no second L2 round trip either.
     float m_max = negative_infinity();
     for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-      const float m_split = __ldcg(m + s);
+      const float m_split = s < used ? __ldcg(m + s) : negative_infinity();
       weights[s] = m_split;
-      weighted_l[s] = __ldcg(l + s);
+      weighted_l[s] = s < used ? __ldcg(l + s) : 0.0f;
       m_max = max_nan(m_max, m_split);
     }
 #pragma unroll
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
 #pragma unroll
         for (int j = 0; j < kMergeBatch; ++j) {
           const int s = first + j * groups;
-          if (s < splits) a[j] = __ldcg(reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s) * p.head_dim));
+          if (s < used) a[j] = __ldcg(reinterpret_cast<const float4 *>(acc + static_cast<int64_t>(s) * p.head_dim));
         }
 #pragma unroll
         for (int j = 0; j < kMergeBatch; ++j) {

@@ -82,14 +82,15 @@ struct TokenRange {
   int64_t length;
 };
 
-// The tokens split `split` of sequence b reads: its share of the keys the
-// sequence's queries see (from first_key: the window's start, else 0), cut
-// at the sequence's length; empty when the sequence ends before it.
-__device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split) {
+// The tokens split `split` of sequence b reads: its share of split_tokens
+// of the keys the sequence's queries see (from first_key: the window's
+// start, else 0), cut at the sequence's length; empty when the sequence
+// ends before it.
+__device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split, int64_t split_tokens) {
   const int64_t len = sequence_length(p, b);
   const int q_len_b = sequence_q_len(p, b);
-  const int64_t begin = min(len, first_key(p, len, q_len_b) + split * p.split_tokens);
-  return {begin, min(len, begin + p.split_tokens), len};
+  const int64_t begin = min(len, first_key(p, len, q_len_b) + split * split_tokens);
+  return {begin, min(len, begin + split_tokens), len};
 }
 
 // Keys [begin, end) of a sequence.

@@ -6,7 +6,8 @@
 // x / (head_chunks * kv_heads) of unit x % (head_chunks * kv_heads) for
 // sequences y, y + gridDim.y, ...: every split covers split_tokens of every
 // sequence, so with per-sequence lengths most CTAs of short sequences find
-// nothing to do while the long ones' splits run late.
+// nothing to do while the long ones' splits run late. Batches of few units
+// cut the longest real span instead of the capacity (fitted_split_floor).
 //
 // Balanced (balanced_workers > 0; policy.cpp, "Balanced schedule"): the
 // kernel is launched with one CTA per worker (every resident CTA of the
@@ -107,8 +108,11 @@ struct alignas(128) PieceBatch {
   // blockIdx.y, gridDim.y, ...); balanced: its next set of units (-1: the
   // run's first, still to be found), where its sets start on the line, and
   // this worker's group's run [run_begin, run_end) of a line cut in runs of
-  // `run`.
+  // `run`. Fixed: the split length it cuts every sequence with, and the
+  // splits that length leaves in use.
   int64_t b;
+  int64_t split_tokens;
+  int used_splits;
   int set;
   int64_t sequence_start, run, run_begin, run_end;
 };
@@ -196,7 +200,7 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
           const int64_t first_group = tiles_start / run;
           piece.first_worker = static_cast<int>(first_group) * p.balanced_group + member;
           piece.pieces = static_cast<int>((tiles_end - 1) / run - first_group + 1);
-          piece.slot = static_cast<int>(2 * blockIdx.x + (group == first_group ? 1 : 0));
+          piece.slot = balanced_slot(p, piece.first_worker, group - static_cast<int>(first_group));
         }
       }
       if (mine && threadIdx.x == 0) batch.pieces[count] = piece;
@@ -219,6 +223,55 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
   }
 }
 
+// The fixed schedule's start (warp 0, all lanes): the split length, as
+// planned over the capacity or, with fitted_split_floor, fitted to the spans
+// of keys the sequences' queries see: long enough that num_splits cover the
+// longest span and that the batch's keys make no more CTAs than the
+// policy's target, at least the floor, at most as planned. So a block table
+// far wider than the lengths still spreads each sequence over its splits.
+// The splits past the longest span's last are skipped, and CTA (0, 0)
+// publishes how many are in use for the merge kernel (used_splits).
+// kMayFit: false for the cluster merge's kernels, which never have lengths.
+template <int kTileTokens, bool kMayFit>
+__device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
+  const int lane = threadIdx.x % 32;
+  int64_t split_tokens = p.split_tokens;
+  int used_splits = p.num_splits;
+  if (kMayFit && p.fitted_split_floor > 0) {
+    // 32-bit and float arithmetic: every CTA pays this before its first
+    // load. Lengths are clamped to kv_capacity (an int32); the total only
+    // steers the length, so its float rounding costs nothing but that.
+    unsigned longest = 0;
+    float total = 0.0f;
+    for (int64_t b = lane; b < p.batch; b += 32) {
+      const int64_t len = sequence_length(p, b);
+      const unsigned span = static_cast<unsigned>(len - first_key(p, len, sequence_q_len(p, b)));
+      longest = max(longest, span);
+      total += static_cast<float>(span);
+    }
+    longest = __reduce_max_sync(0xffffffffu, longest);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+    const unsigned splits = static_cast<unsigned>(p.num_splits);
+    const float per_cta = fminf(ceilf(total * p.fitted_tokens_per_total), static_cast<float>(split_tokens));
+    const int64_t tokens =
+        max(max(static_cast<int64_t>((longest + splits - 1) / splits), static_cast<int64_t>(per_cta)),
+            static_cast<int64_t>(p.fitted_split_floor));
+    split_tokens = min(split_tokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
+    if (p.used_splits != nullptr) {
+      // At least one: a batch without keys still writes its rows (zeros, LSE -inf).
+      const unsigned in_use = (longest + static_cast<unsigned>(split_tokens) - 1) / static_cast<unsigned>(split_tokens);
+      used_splits = static_cast<int>(min(splits, max(1u, in_use)));
+      if (lane == 0 && blockIdx.x == 0 && blockIdx.y == 0) *p.used_splits = used_splits;
+    }
+  }
+  if (lane == 0) {
+    batch.b = blockIdx.y;
+    batch.split_tokens = split_tokens;
+    batch.used_splits = used_splits;
+  }
+}
+
 // The next pieces of the fixed schedule (warp 0; lane 0 writes).
 template <bool kSplitFastest>
 __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
@@ -229,10 +282,10 @@ __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
   piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
   piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
   int count = 0;
-  int64_t b = batch.b;
+  int64_t b = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
   for (; b < p.batch && count < kPieceBatch; b += gridDim.y) {
     piece.b = b;
-    piece.range = split_range(p, b, piece.split);
+    piece.range = split_range(p, b, piece.split, batch.split_tokens);
     batch.pieces[count++] = piece;
   }
   batch.b = b;
@@ -255,8 +308,8 @@ __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piec
   if (threadIdx.x < 32) {
     if (balanced) {
       start_balanced_walk<kTileTokens>(p, batch);
-    } else if (threadIdx.x == 0) {
-      batch.b = blockIdx.y;
+    } else {
+      start_fixed_walk<kTileTokens, !kSplitFastest>(p, batch);
     }
   }
   for (;;) {
