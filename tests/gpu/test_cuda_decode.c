@@ -1166,6 +1166,12 @@ static void test_ragged_batches(void **state) {
  * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
  * hold (the fixed schedule). `long_every`: every long_every-th sequence is
  * kv_len long, the others at most kv_len / 16 (0: the generated lengths). */
+/* The next of a test's reproducible draws (a 64-bit LCG's high bits) below n. */
+static int64_t draw_below(uint64_t *rng, int64_t n) {
+  *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (int64_t)((*rng >> 33) % (uint64_t)n);
+}
+
 /* A case of the paged schedule tests below: pages of 16 tokens in `layout`
  * (a paged one), per-sequence lengths, LSE; an 8-bit kv_dtype (0: the cache
  * is dtype) with `scales`. */
@@ -1215,8 +1221,7 @@ static void test_balanced_schedule(void **state) {
     if (spec[i].long_every > 0) {
       uint64_t rng = g_seed + 1350 + (uint64_t)i;
       for (int64_t b = 0; b < c.batch; ++b) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        const int64_t short_len = (int64_t)((rng >> 33) % (uint64_t)(kv_len / 16 + 1));
+        const int64_t short_len = draw_below(&rng, kv_len / 16 + 1);
         lens[b] = b % spec[i].long_every == spec[i].long_every / 2 ? kv_len - (b % 3) : short_len;
         if (b % 11 == 3) lens[b] = 0;
       }
@@ -1273,8 +1278,8 @@ static void test_fitted_splits(void **state) {
     int64_t lens[3];
     uint64_t rng = g_seed + 1450 + (uint64_t)i;
     for (int64_t b = 0; b < c.batch; ++b) {
-      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-      lens[b] = b == c.batch - 1 ? spec[i].longest : (int64_t)((rng >> 33) % (uint64_t)spec[i].longest);
+      const int64_t drawn = draw_below(&rng, spec[i].longest);
+      lens[b] = b == c.batch - 1 ? spec[i].longest : drawn;
     }
     if (c.batch == 3) lens[1] = 0;
     c.lens = lens;

@@ -172,6 +172,11 @@ int resident_ctas(const Problem &p, SplitVariant variant, const DeviceProfile &d
   return std::max(1, device.occupancy.ctas(variant, p.kv_dtype, head_dim_bucket(p.head_dim)));
 }
 
+// CTAs of `variant` the whole device runs at once: one wave.
+int64_t resident_slots(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  return static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device);
+}
+
 // What the wave model needs to know about running p on `variant`.
 SplitCostModel cost_model(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
   const SplitKernelShape shape = shape_of(p, variant);
@@ -179,8 +184,7 @@ SplitCostModel cost_model(const Problem &p, SplitVariant variant, const DevicePr
   SplitCostModel model;
   // A unit of the planner is one (sequence, KV head); each takes
   // heads.chunks CTAs per split.
-  model.workers =
-      std::max<int64_t>(1, static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device) / heads.chunks);
+  model.workers = std::max<int64_t>(1, resident_slots(p, variant, device) / heads.chunks);
   model.min_split_tokens = kMinSplitTokens;
   model.split_granularity = shape.tile_tokens;
   model.split_overhead_tokens = kSplitOverheadTokens;
@@ -276,7 +280,7 @@ bool wide_rows_take_long_splits(const Problem &p, const DeviceProfile &device, V
   const int64_t split_tokens = ceil_div(span, std::max<int64_t>(1, splits));
   if (split_tokens < kRowsWideMinSplitTiles * shape_of(p, wide).tile_tokens) return false;
   const int64_t ctas = p.batch * p.kv_heads * ceil_div(span, split_tokens);
-  if (ctas > static_cast<int64_t>(device.sm_count) * resident_ctas(p, wide, device)) return false;
+  if (ctas > resident_slots(p, wide, device)) return false;
   choice.variant = wide;
   choice.estimated = p.requested_splits <= 0;
   choice.estimate = estimate;
@@ -343,7 +347,7 @@ VariantChoice choose_split_variant(const Problem &p, const DeviceProfile &device
   if (rows_kernel_takes(p, device, choice)) return choice;
   if (p.batch_invariant()) return invariant_variant(p, device);
   if (mha_bucket_128(p)) {
-    const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, choice.variant, device);
+    const int64_t slots = resident_slots(p, choice.variant, device);
     if (p.batch * p.kv_heads >= kMhaCudaCoreMinWaves * slots) {
       choice.variant = SplitVariant::cuda_core;
       return choice;
@@ -385,7 +389,7 @@ bool cluster_merge_fits(const Problem &p, SplitVariant variant, int splits, int6
   if (splits < 2 || splits > kMaxClusterSplits) return false;
   const int clusters = device.occupancy.clusters(variant, p.kv_dtype, head_dim_bucket(p.head_dim), splits);
   if (clusters == 0) return false;
-  const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, variant, device);
+  const int64_t slots = resident_slots(p, variant, device);
   return ceil_div(ctas, static_cast<int64_t>(clusters) * splits) <= ceil_div(ctas, slots);
 }
 
@@ -429,7 +433,7 @@ bool paged_fits_32bit(const Problem &p) {
 
 // Its workers: every CTA of `variant` the device holds at once.
 int64_t balanced_workers(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
-  return int64_t{FD_BALANCED_WAVES} * device.sm_count * resident_ctas(p, variant, device);
+  return int64_t{FD_BALANCED_WAVES} * resident_slots(p, variant, device);
 }
 
 // Its group size: the largest divisor of a sequence's units, up to
@@ -507,7 +511,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   // lengths spread evenly up to the capacity. Each CTA reads every length,
   // so only batches this small. Dense caches keep the capacity's cut: fitted
   // and merged apart, ragged dense shape 9 ran 1.8% slower ("Fitted splits").
-  const int64_t slots = static_cast<int64_t>(device.sm_count) * resident_ctas(p, launch.variant, device);
+  const int64_t slots = resident_slots(p, launch.variant, device);
   if (p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant() && launch.units < slots) {
     launch.fitted_split_floor = static_cast<int32_t>(kMinSplitTokens);
     launch.fitted_target_ctas = static_cast<int32_t>(std::min<int64_t>(2 * slots, INT32_MAX));

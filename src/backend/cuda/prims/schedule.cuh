@@ -6,8 +6,8 @@
 // x / (head_chunks * kv_heads) of unit x % (head_chunks * kv_heads) for
 // sequences y, y + gridDim.y, ...: every split covers split_tokens of every
 // sequence, so with per-sequence lengths most CTAs of short sequences find
-// nothing to do while the long ones' splits run late. Batches of few units
-// cut the longest real span instead of the capacity (fitted_split_floor).
+// nothing to do while the long ones' splits run late. Paged batches of few
+// units fit the split length to the lengths instead (start_fixed_walk).
 //
 // Balanced (balanced_workers > 0; policy.cpp, "Balanced schedule"): the
 // kernel is launched with one CTA per worker (every resident CTA of the
