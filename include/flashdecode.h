@@ -940,11 +940,13 @@ typedef struct fd_plan_info {
   int64_t split_tokens;   /**< KV tokens of each split (the last may be shorter or empty); when num_splits
                                is 0, the tile whose multiples the device cuts at. On CUDA, for a paged
                                cache with per-sequence lengths, automatic splits and fewer (sequence, KV
-                               head) pairs than the device runs thread blocks at once, the longest a
-                               split may be: the device fits the splits to the lengths (at least 128
-                               tokens each, enough to cover the longest sequence) and skips those past
-                               it, so a block table much wider than the lengths still spreads each
-                               sequence over its splits. */
+                               head) pairs than the device runs thread blocks at once, the length planned
+                               over the capacity, which the device replaces at run time: it fits the
+                               splits to the lengths (at least 128 tokens each, enough that num_splits
+                               cover the longest sequence, long enough that the batch's keys make at
+                               most one wave of thread blocks) and skips those past the longest, so a
+                               block table much wider than the lengths still spreads each sequence over
+                               its splits. */
   size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never
@@ -965,7 +967,8 @@ typedef struct fd_plan_info {
   int32_t launches; /**< Kernels fd_decode() enqueues: 1 or 2 on CUDA (one more on a handle with
                          #FD_CHECK_CONTENTS), 0 on the CPU (and for an empty batch). */
   int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
-                         covered by fewer, looping blocks); CPU: tasks of the split pass. */
+                         covered by fewer, looping blocks; splits fitted to the lengths of two or
+                         more sequences run on one wave of blocks); CPU: tasks of the split pass. */
 } fd_plan_info;
 
 /**

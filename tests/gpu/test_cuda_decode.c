@@ -1246,13 +1246,14 @@ static void test_balanced_schedule(void **state) {
   }
 }
 
-/* Paged batches of few units (sequence, KV head) with per-sequence lengths
- * far below the capacity: automatic fixed splits, which the kernels fit to
- * the lengths instead of the capacity, skipping the splits past the longest
- * sequence's, and the merge kernel merges only those in use (policy.cpp,
- * fitted_split_floor). A cut that left a key out or read one twice, or a
- * merge of a skipped split's stale state, shows in the reference check; the
- * plan's split_tokens is the upper bound planned over the capacity. */
+/* Paged batches of few units (sequence, KV head) with per-sequence lengths:
+ * automatic fixed splits, which the kernels fit to the lengths instead of
+ * the capacity on a grid of one wave (each CTA one piece with keys, the
+ * empty states of shorter sequences' splits shared out after them), and the
+ * merge kernel merges only the splits in use (policy.cpp,
+ * fitted_split_floor). A cut that left a key out or read one twice, an
+ * empty state not written, or a merge of a skipped split's stale state,
+ * shows in the reference check (outputs poisoned first). */
 static void test_fitted_splits(void **state) {
   (void)state;
   static const struct {
@@ -1261,25 +1262,34 @@ static void test_fitted_splits(void **state) {
     fdt_layout layout;
     int64_t batch, q_heads, kv_heads, head_dim, capacity, longest, q_len, window;
     int ragged_q;
+    int64_t short_below;  // > 0: every sequence but the last shorter than this, every other one empty
   } spec[] = {
-      {"paged, 4 units", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2, 16, 2, 64, 65536, 3000, 1, 0, 0},
-      {"a sequence of length 0", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 3, 12, 3, 64, 32768, 2500, 1, 0, 0},
-      {"q_len 4, wide window, ragged queries", FD_DTYPE_F16, 0, FDT_PAGED_HND, 2, 8, 2, 128, 32768, 4000, 4, 20000, 1},
-      {"e4m3, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 1, 16, 2, 256, 32768, 3001, 1, 0, 0},
+      {"paged, 4 units", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2, 16, 2, 64, 65536, 3000, 1, 0, 0, 0},
+      {"a sequence of length 0", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 3, 12, 3, 64, 32768, 2500, 1, 0, 0, 0},
+      {"q_len 4, wide window, ragged queries", FD_DTYPE_F16, 0, FDT_PAGED_HND, 2, 8, 2, 128, 32768, 4000, 4, 20000, 1,
+       0},
+      {"e4m3, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 1, 16, 2, 256, 32768, 3001, 1, 0, 0, 0},
+      /* One wave of pieces with keys, all on the long sequence; the short
+       * and empty ones' splits in use are empty states spread over the
+       * grid, several a CTA. */
+      {"one long sequence among short and empty ones", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 6, 8, 1, 128, 65536, 50000, 1, 0,
+       0, 300},
+      {"table as wide as the longest", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 8, 1, 128, 40000, 40000, 1, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     const int64_t capacity = g_quick ? spec[i].capacity / 4 : spec[i].capacity;
+    const int64_t longest = spec[i].longest < capacity ? spec[i].longest : capacity;
     fdt_case c =
         paged_lengths_case(spec[i].dtype, spec[i].kv_dtype, FDT_SCALE_HEAD, spec[i].layout, spec[i].batch,
                            spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, capacity, g_seed + 1400 + (uint64_t)i);
     c.q_len = spec[i].q_len;
     c.window = spec[i].window;
     c.ragged_q = spec[i].ragged_q;
-    int64_t lens[3];
+    int64_t lens[8];
     uint64_t rng = g_seed + 1450 + (uint64_t)i;
     for (int64_t b = 0; b < c.batch; ++b) {
-      const int64_t drawn = draw_below(&rng, spec[i].longest);
-      lens[b] = b == c.batch - 1 ? spec[i].longest : drawn;
+      const int64_t drawn = draw_below(&rng, spec[i].short_below > 0 ? spec[i].short_below : longest);
+      lens[b] = b == c.batch - 1 ? longest : spec[i].short_below > 0 && b % 2 == 1 ? 0 : drawn;
     }
     if (c.batch == 3) lens[1] = 0;
     c.lens = lens;
@@ -1292,8 +1302,8 @@ static void test_fitted_splits(void **state) {
         "fitted splits, %s: %lldx%lld/%lld, capacity %lld, longest %lld x %lld (%s, %d splits of up to %lld, "
         "merge %d): %s\n",
         spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)capacity,
-        (long long)spec[i].longest, (long long)c.head_dim, plan.kernel, (int)plan.num_splits,
-        (long long)plan.split_tokens, (int)plan.merge, t.report);
+        (long long)longest, (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
+        (int)plan.merge, t.report);
     close_case(&t);
     if (plan.num_splits < 2) fail_msg("fitted splits, %s: planned %d splits", spec[i].what, (int)plan.num_splits);
     if (bad) fail_msg("fitted splits, %s: %s", spec[i].what, t.report);

@@ -491,12 +491,14 @@ void test_random_problems(void **) {
       ++balanced;
     }
     if (launch.fitted_split_floor > 0) {  // fixed splits fitted to the lengths on the device: paged, few units,
-                                          // automatic, merged by the merge kernel, aiming at two waves of CTAs
+                                          // automatic, merged by the merge kernel, one wave of CTAs
       const int64_t slots = static_cast<int64_t>(device.sm_count) *
                             device.occupancy.ctas(launch.variant, p.kv_dtype, shape.head_dim_bucket);
       if (!p.paged || !p.has_seq_lens || p.batch_invariant() || p.requested_splits > 0 || launch.balanced_workers > 0 ||
           plan.num_splits < 2 || launch.units >= slots || launch.merge != FD_MERGE_SEPARATE ||
-          launch.fitted_target_ctas != 2 * slots) {
+          launch.fitted_target_ctas != slots - launch.units ||
+          launch.fitted_ctas != (p.batch > 1 ? std::min<int64_t>(slots, launch.units * plan.num_splits) : 0) ||
+          summary.blocks != (p.batch > 1 ? launch.fitted_ctas : launch.units * plan.num_splits)) {
         fail_msg("%s: splits fitted to the lengths (%d splits, %lld units, %lld slots)", what.c_str(), plan.num_splits,
                  static_cast<long long>(launch.units), static_cast<long long>(slots));
       }

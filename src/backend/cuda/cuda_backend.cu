@@ -126,6 +126,7 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
   s.fitted_tokens_per_total = static_cast<float>(p.kv_heads * launch.heads.chunks) /
                               static_cast<float>(std::max<int64_t>(1, launch.fitted_target_ctas));
   if (launch.fitted_split_floor > 0) s.used_splits = reinterpret_cast<int32_t *>(workspace + cuda::kUsedSplitsOffset);
+  s.fitted_ctas = launch.fitted_ctas;
   s.balanced_workers = launch.balanced_workers;
   s.balanced_group = launch.balanced_group;
   s.piece_overhead_tiles = launch.piece_overhead_tiles;

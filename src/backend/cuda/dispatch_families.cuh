@@ -295,9 +295,14 @@ cudaError_t launch_split(const SplitParams &split, bool programmatic, cudaStream
   using Traits = typename Kernel::Traits;
   cudaLaunchConfig_t config = {};
   const int64_t ctas_per_sequence = static_cast<int64_t>(split.head_chunks) * split.kv_heads * split.num_splits;
-  config.gridDim = split.balanced_workers > 0 ? dim3(static_cast<unsigned>(split.balanced_workers))
-                                              : dim3(static_cast<unsigned>(ctas_per_sequence),
-                                                     static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
+  if (split.balanced_workers > 0) {
+    config.gridDim = dim3(static_cast<unsigned>(split.balanced_workers));
+  } else if (split.fitted_ctas > 0) {
+    config.gridDim = dim3(static_cast<unsigned>(split.fitted_ctas));
+  } else {
+    config.gridDim = dim3(static_cast<unsigned>(ctas_per_sequence),
+                          static_cast<unsigned>(split.batch < 65535 ? split.batch : 65535));
+  }
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;

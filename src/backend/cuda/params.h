@@ -95,9 +95,9 @@ struct SplitParams {
   int64_t split_tokens = 0;
   // > 0: the fixed schedule fits the split length to the real lengths (read
   // at the start of every CTA) instead of the capacity (prims/schedule.cuh,
-  // start_fixed_walk): whole tiles, at least this many tokens, at most
-  // split_tokens, short enough that the longest sequence fills num_splits
-  // and the batch's keys fill a target count of CTAs: fitted_tokens_per_total
+  // start_fixed_walk): whole tiles, at least this many tokens, long enough
+  // that num_splits cover the longest sequence and that the batch's keys
+  // make at most a target count of pieces: fitted_tokens_per_total
   // is (units a sequence) / (that count) (policy.cpp, choose_launch).
   // 0: split_tokens.
   int32_t fitted_split_floor = 0;
@@ -107,6 +107,11 @@ struct SplitParams {
   // (the workspace's header, kUsedSplitsOffset) for the merge kernel, which
   // merges only those. Null otherwise: every split writes its state.
   int32_t *used_splits = nullptr;
+  // > 0 (fitted): the grid is this many CTAs, one wave; the cut makes at
+  // most this many pieces with keys, and CTA g attends piece g of them, the
+  // empty states of the splits in use being shared out after them
+  // (prims/schedule.cuh, next_fitted_pieces). 0: a CTA a (unit, split).
+  int32_t fitted_ctas = 0;
   // > 0: the balanced schedule (prims/schedule.cuh): the grid is this many
   // workers, each taking an equal run of the batch's units laid end to end,
   // a unit costing its tiles plus piece_overhead_tiles; partial states live

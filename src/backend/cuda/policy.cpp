@@ -506,15 +506,22 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   // capacity, which is often far longer (a block table sized for the longest
   // context an engine allows), and skips the splits past the longest
   // sequence's; the merge kernel merges only those in use (the fused merge's
-  // per-CTA count-in measured slower on such short splits). The target: two
-  // waves of CTAs of keys, as many as the planned four waves of splits give
-  // lengths spread evenly up to the capacity. Each CTA reads every length,
-  // so only batches this small. Dense caches keep the capacity's cut: fitted
-  // and merged apart, ragged dense shape 9 ran 1.8% slower ("Fitted splits").
+  // per-CTA count-in measured slower on such short splits). The cut leaves
+  // at most one wave of pieces with keys, each as long as the lengths allow
+  // (a unit of the target per sequence's unit: ceil rounding adds at most
+  // one piece a unit). Two or more sequences run on a grid of that one wave,
+  // CTA g taking piece g: on the planned grid the later sequences' splits
+  // waited behind the earlier ones' empty CTAs. One sequence keeps the
+  // planned grid, whose CTAs are already in its splits' order, and the
+  // shorter start ("Fitted splits"). Each CTA reads every length, so only
+  // batches this small. Dense caches keep the capacity's cut: fitted and
+  // merged apart, ragged dense shape 9 ran 1.8% slower.
   const int64_t slots = resident_slots(p, launch.variant, device);
   if (p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant() && launch.units < slots) {
     launch.fitted_split_floor = static_cast<int32_t>(kMinSplitTokens);
-    launch.fitted_target_ctas = static_cast<int32_t>(std::min<int64_t>(2 * slots, INT32_MAX));
+    launch.fitted_target_ctas = static_cast<int32_t>(slots - launch.units);
+    if (p.batch > 1)
+      launch.fitted_ctas = static_cast<int32_t>(std::min<int64_t>(slots, launch.units * plan.num_splits));
     launch.merge = FD_MERGE_SEPARATE;
     return launch;
   }
@@ -546,7 +553,9 @@ LaunchSummary summarize(const Problem &p, const Plan &plan, const LaunchChoice &
   summary.kernel = split_variant_name(launch.variant, head_dim_bucket(p.head_dim));
   summary.merge = launch.merge;
   summary.launches = launch.merge == FD_MERGE_SEPARATE ? 2 : 1;
-  summary.blocks = launch.balanced_workers > 0 ? launch.balanced_workers : launch.units * plan.num_splits;
+  summary.blocks = launch.balanced_workers > 0 ? launch.balanced_workers
+                   : launch.fitted_ctas > 0    ? launch.fitted_ctas
+                                               : launch.units * plan.num_splits;
   if (launch.balanced_workers > 0) summary.device_cut_tokens = shape_of(p, launch.variant).tile_tokens;
   return summary;
 }

@@ -7,7 +7,8 @@
 // sequences y, y + gridDim.y, ...: every split covers split_tokens of every
 // sequence, so with per-sequence lengths most CTAs of short sequences find
 // nothing to do while the long ones' splits run late. Paged batches of few
-// units fit the split length to the lengths instead (start_fixed_walk).
+// units fit the split length to the lengths instead (start_fixed_walk) and
+// run on a grid of one wave (SplitParams::fitted_ctas, next_fitted_pieces).
 //
 // Balanced (balanced_workers > 0; policy.cpp, "Balanced schedule"): the
 // kernel is launched with one CTA per worker (every resident CTA of the
@@ -104,18 +105,21 @@ constexpr int kPieceBatch = 8;
 struct alignas(128) PieceBatch {
   Piece pieces[kPieceBatch];
   int count;
+  int keyed_pieces;  // fitted grid: the batch's pieces with keys
   // Where the walk stands: the next sequence (fixed schedule: the next of
-  // blockIdx.y, gridDim.y, ...); balanced: its next set of units (-1: the
-  // run's first, still to be found), where its sets start on the line, and
-  // this worker's group's run [run_begin, run_end) of a line cut in runs of
-  // `run`. Fixed: the split length it cuts every sequence with, and the
-  // splits that length leaves in use.
+  // blockIdx.y, gridDim.y, ...; fitted grid: the CTA's pieces handed out);
+  // balanced: its next set of units (-1: the run's first, still to be
+  // found), where its sets start on the line, and this worker's group's run
+  // [run_begin, run_end) of a line cut in runs of `run`. Fixed: the split
+  // length it cuts every sequence with, and the splits that length leaves
+  // in use.
   int64_t b;
   int64_t split_tokens;
   int used_splits;
   int set;
   int64_t sequence_start, run, run_begin, run_end;
 };
+static_assert(sizeof(PieceBatch) == 4 * 128, "keyed_pieces sits in count's padding: no more shared memory");
 
 namespace schedule_detail {
 
@@ -223,14 +227,73 @@ __device__ void next_balanced_pieces(const SplitParams &p, PieceBatch &batch) {
   }
 }
 
+// The span of keys sequence b's queries see (from first_key: the window).
+__device__ __forceinline__ unsigned sequence_span(const SplitParams &p, int64_t b) {
+  const int64_t len = sequence_length(p, b);
+  return static_cast<unsigned>(len - first_key(p, len, sequence_q_len(p, b)));
+}
+
+// The fitted grid's piece `index` of one kind (with keys, or empty: a split
+// in use past the sequence's keys, which writes an empty state for the merge
+// kernel): pieces are numbered sequence by sequence, then split, then KV
+// head and chunk, so that neighbouring CTAs read the same tokens of
+// neighbouring KV heads. Warp 0, all lanes; lane_span, if not null, holds
+// the span of sequence `lane` (the first 32 are not read again). The result
+// is uniform.
+// 32-bit counts: at most (units) x FD_MAX_SPLITS pieces, with fewer units
+// than the device runs CTAs at once. False past the last; *pieces_of_kind
+// (if not null) gets the batch's count of that kind.
+__device__ inline bool locate_fitted_piece(const SplitParams &p, const PieceBatch &batch, bool empty, unsigned index,
+                                           const unsigned *lane_span, Piece &piece,
+                                           unsigned *pieces_of_kind = nullptr) {
+  const int lane = threadIdx.x % 32;
+  const unsigned units = static_cast<unsigned>(p.kv_heads * p.head_chunks);
+  const unsigned tile_span = static_cast<unsigned>(batch.split_tokens);
+  bool found = false;
+  unsigned before = 0;
+  for (int64_t first = 0; first < p.batch; first += 32) {
+    const int64_t b = first + lane;
+    unsigned keyed = 0, count = 0;
+    if (b < p.batch) {
+      keyed = ((first == 0 && lane_span != nullptr ? *lane_span : sequence_span(p, b)) + tile_span - 1) / tile_span;
+      count = units * (empty ? static_cast<unsigned>(batch.used_splits) - keyed : keyed);
+    }
+    unsigned end = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const unsigned other = __shfl_up_sync(0xffffffffu, end, offset);
+      if (lane >= offset) end += other;
+    }
+    end += before;
+    const unsigned holders = __ballot_sync(0xffffffffu, !found && index < end && index >= end - count);
+    if (holders != 0) {
+      const int holder = __ffs(holders) - 1;
+      const unsigned local = index - __shfl_sync(0xffffffffu, end - count, holder);
+      const unsigned unit = local % units;
+      piece.b = first + holder;
+      piece.kv_head = static_cast<int>(unit) / p.head_chunks;
+      piece.chunk = static_cast<int>(unit) % p.head_chunks;
+      piece.split = static_cast<int>(local / units + (empty ? __shfl_sync(0xffffffffu, keyed, holder) : 0u));
+      piece.range = split_range(p, piece.b, piece.split, batch.split_tokens);
+      found = true;
+      if (pieces_of_kind == nullptr) return true;
+    }
+    before = __shfl_sync(0xffffffffu, end, 31);
+  }
+  if (pieces_of_kind != nullptr) *pieces_of_kind = before;
+  return found;
+}
+
 // The fixed schedule's start (warp 0, all lanes): the split length, as
 // planned over the capacity or, with fitted_split_floor, fitted to the spans
-// of keys the sequences' queries see: long enough that num_splits cover the
-// longest span and that the batch's keys make no more CTAs than the
-// policy's target, at least the floor, at most as planned. So a block table
-// far wider than the lengths still spreads each sequence over its splits.
-// The splits past the longest span's last are skipped, and CTA (0, 0)
-// publishes how many are in use for the merge kernel (used_splits).
+// of keys the sequences' queries see: whole tiles, long enough that
+// num_splits cover the longest span and that the batch's keys make no more
+// pieces than the policy's target, at least the floor. So a block table far
+// wider than the lengths still spreads each sequence over its splits, and a
+// table as wide as them is cut for one wave, not for the planned waves. The
+// splits past the longest span's last are not run; CTA 0 publishes how many
+// are in use for the merge kernel (used_splits). On the fitted grid, this
+// CTA's piece with keys goes to pieces[0] (next_fitted_pieces).
 // kMayFit: false for the cluster merge's kernels, which never have lengths.
 template <int kTileTokens, bool kMayFit>
 __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
@@ -241,11 +304,11 @@ __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
     // 32-bit and float arithmetic: every CTA pays this before its first
     // load. Lengths are clamped to kv_capacity (an int32); the total only
     // steers the length, so its float rounding costs nothing but that.
-    unsigned longest = 0;
+    unsigned longest = 0, lane_span = 0;
     float total = 0.0f;
     for (int64_t b = lane; b < p.batch; b += 32) {
-      const int64_t len = sequence_length(p, b);
-      const unsigned span = static_cast<unsigned>(len - first_key(p, len, sequence_q_len(p, b)));
+      const unsigned span = sequence_span(p, b);
+      if (b == lane) lane_span = span;
       longest = max(longest, span);
       total += static_cast<float>(span);
     }
@@ -253,16 +316,29 @@ __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
     const unsigned splits = static_cast<unsigned>(p.num_splits);
-    const float per_cta = fminf(ceilf(total * p.fitted_tokens_per_total), static_cast<float>(split_tokens));
-    const int64_t tokens =
-        max(max(static_cast<int64_t>((longest + splits - 1) / splits), static_cast<int64_t>(per_cta)),
-            static_cast<int64_t>(p.fitted_split_floor));
-    split_tokens = min(split_tokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
-    if (p.used_splits != nullptr) {
-      // At least one: a batch without keys still writes its rows (zeros, LSE -inf).
-      const unsigned in_use = (longest + static_cast<unsigned>(split_tokens) - 1) / static_cast<unsigned>(split_tokens);
-      used_splits = static_cast<int>(min(splits, max(1u, in_use)));
-      if (lane == 0 && blockIdx.x == 0 && blockIdx.y == 0) *p.used_splits = used_splits;
+    const int64_t tokens = max(max(static_cast<int64_t>((longest + splits - 1) / splits),
+                                   static_cast<int64_t>(ceilf(total * p.fitted_tokens_per_total))),
+                               static_cast<int64_t>(p.fitted_split_floor));
+    split_tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
+    const unsigned tile_span = static_cast<unsigned>(split_tokens);
+    // At least one split: a batch without keys still writes its rows (zeros, LSE -inf).
+    used_splits = static_cast<int>(min(splits, max(1u, (longest + tile_span - 1) / tile_span)));
+    if (lane == 0 && blockIdx.x == 0 && blockIdx.y == 0) *p.used_splits = used_splits;
+    if (p.fitted_ctas > 0) {
+      if (lane == 0) {
+        batch.split_tokens = split_tokens;
+        batch.used_splits = used_splits;
+      }
+      __syncwarp();
+      Piece piece;
+      unsigned keyed_pieces = 0;
+      const bool keyed = locate_fitted_piece(p, batch, false, blockIdx.x, &lane_span, piece, &keyed_pieces);
+      if (lane == 0) {
+        if (keyed) batch.pieces[0] = piece;
+        batch.b = keyed ? -1 : 0;
+        batch.keyed_pieces = static_cast<int>(keyed_pieces);
+      }
+      return;
     }
   }
   if (lane == 0) {
@@ -272,9 +348,53 @@ __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
   }
 }
 
-// The next pieces of the fixed schedule (warp 0; lane 0 writes).
+// The fitted grid's next pieces (warp 0, all lanes; lane 0 writes): the
+// policy sized the cut so that the pieces with keys are at most the CTAs,
+// one wave. CTA g attends piece g of them (start_fixed_walk put it in
+// pieces[0]; should the float arithmetic of the cut ever leave more, also
+// g + CTAs, ...), then writes the empty states e = g - keyed_pieces (mod
+// CTAs), e + CTAs, ...: the CTAs without keys take them first. batch.b
+// counts this CTA's pieces handed out so far (-1: the first is in pieces[0]).
+__device__ inline void next_fitted_pieces(const SplitParams &p, PieceBatch &batch) {
+  const unsigned ctas = gridDim.x;
+  const unsigned g = blockIdx.x;
+  const unsigned keyed_pieces = static_cast<unsigned>(batch.keyed_pieces);
+  const unsigned empty_pieces = static_cast<unsigned>(p.kv_heads * p.head_chunks) * static_cast<unsigned>(p.batch) *
+                                    static_cast<unsigned>(batch.used_splits) -
+                                keyed_pieces;
+  const unsigned my_keyed = g < keyed_pieces ? (keyed_pieces - 1 - g) / ctas + 1 : 0;
+  const unsigned first_empty = (g + ctas - keyed_pieces % ctas) % ctas;
+  int count = 0;
+  int64_t k = batch.b;
+  if (k < 0) {  // the first piece with keys, in pieces[0] already
+    count = 1;
+    k = 1;
+  }
+  Piece piece;
+  for (; count < kPieceBatch; ++k) {
+    const bool keyed = k < my_keyed;
+    const int64_t index =
+        keyed ? g + k * static_cast<int64_t>(ctas) : first_empty + (k - my_keyed) * static_cast<int64_t>(ctas);
+    if (index >= (keyed ? keyed_pieces : empty_pieces) ||
+        !locate_fitted_piece(p, batch, !keyed, static_cast<unsigned>(index), nullptr, piece))
+      break;
+    if (threadIdx.x == 0) batch.pieces[count] = piece;
+    ++count;
+  }
+  __syncwarp();
+  if (threadIdx.x == 0) {
+    batch.b = k;
+    batch.count = count;
+  }
+}
+
+// The next pieces of the fixed schedule (warp 0, all lanes; lane 0 writes).
 template <bool kSplitFastest>
 __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
+  if (!kSplitFastest && p.fitted_ctas > 0) {
+    next_fitted_pieces(p, batch);
+    return;
+  }
   if (threadIdx.x != 0) return;
   const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
   Piece piece;
