@@ -316,10 +316,14 @@ __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
     const unsigned splits = static_cast<unsigned>(p.num_splits);
+    const int64_t shortest = p.fitted_split_floor;
     const int64_t tokens = max(max(static_cast<int64_t>((longest + splits - 1) / splits),
                                    static_cast<int64_t>(ceilf(total * p.fitted_tokens_per_total))),
-                               static_cast<int64_t>(p.fitted_split_floor));
-    split_tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
+                               shortest);
+    // Never past one split a sequence: the same pieces, and a length that
+    // fits the 32-bit counts below however long the sequences.
+    const int64_t whole = max(static_cast<int64_t>(longest), shortest);
+    split_tokens = (min(tokens, whole) + kTileTokens - 1) / kTileTokens * kTileTokens;
     const unsigned tile_span = static_cast<unsigned>(split_tokens);
     // At least one split: a batch without keys still writes its rows (zeros, LSE -inf).
     used_splits = static_cast<int>(min(splits, max(1u, (longest + tile_span - 1) / tile_span)));
