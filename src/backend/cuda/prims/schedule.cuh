@@ -63,10 +63,11 @@ __device__ __forceinline__ int64_t warp_sum(int64_t v) {
   return v;
 }
 
-__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
+template <class T>
+__device__ __forceinline__ T warp_inclusive_scan(T v, int lane) {
 #pragma unroll
   for (int offset = 1; offset < 32; offset *= 2) {
-    const int64_t other = __shfl_up_sync(0xffffffffu, v, offset);
+    const T other = __shfl_up_sync(0xffffffffu, v, offset);
     if (lane >= offset) v += other;
   }
   return v;
@@ -258,13 +259,7 @@ __device__ inline bool locate_fitted_piece(const SplitParams &p, const PieceBatc
       keyed = ((first == 0 && lane_span != nullptr ? *lane_span : sequence_span(p, b)) + tile_span - 1) / tile_span;
       count = units * (empty ? static_cast<unsigned>(batch.used_splits) - keyed : keyed);
     }
-    unsigned end = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const unsigned other = __shfl_up_sync(0xffffffffu, end, offset);
-      if (lane >= offset) end += other;
-    }
-    end += before;
+    const unsigned end = before + warp_inclusive_scan(count, lane);
     const unsigned holders = __ballot_sync(0xffffffffu, !found && index < end && index >= end - count);
     if (holders != 0) {
       const int holder = __ffs(holders) - 1;
