@@ -941,12 +941,13 @@ typedef struct fd_plan_info {
                                is 0, the tile whose multiples the device cuts at. On CUDA, for a paged
                                cache with per-sequence lengths, automatic splits and fewer (sequence, KV
                                head) pairs than the device runs thread blocks at once, the length planned
-                               over the capacity, which the device replaces at run time: it fits the
-                               splits to the lengths (at least 128 tokens each, enough that num_splits
-                               cover the longest sequence, long enough that the batch's keys make at
-                               most one wave of thread blocks) and skips those past the longest, so a
-                               block table much wider than the lengths still spreads each sequence over
-                               its splits. */
+                               over the capacity (in no more splits than one wave of thread blocks
+                               shared out over a sequence's KV heads), which the device replaces at run
+                               time: it fits the splits to the lengths (at least 128 tokens each, enough
+                               that num_splits cover the longest sequence, long enough that the batch's
+                               keys make at most one wave of thread blocks) and skips those past the
+                               longest, so a block table much wider than the lengths still spreads each
+                               sequence over its splits. */
   size_t workspace_bytes; /**< Workspace the decode needs, as fd_workspace_size() reports. */
   /**
    * The split kernel, as a static NUL-terminated string (never NULL, never

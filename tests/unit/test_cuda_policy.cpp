@@ -407,6 +407,17 @@ void test_manual_splits_and_tables(void **) {
   Shape over = dense(2, 16, 2, 3000, 128);
   over.num_splits = 16;  // 8 rows x 16 splits: 64 KiB, but over the standard tiles' shared memory
   expect_plan(over, "tensor-core-128 16x192 merge kernel", "64 KiB a unit, standard tiles");
+  // A block table far wider than the lengths: the splits fitted on the
+  // device use at most a wave's share of CTAs a unit (264 on the H200), so
+  // no more are planned (nor launched, for one sequence).
+  Shape table = dense(1, 8, 1, 262144, 128);
+  table.page_size = 16;
+  table.seq_lens = true;
+  expect_plan(table, "tensor-core-128 256x1024 merge kernel", "one sequence, 262144-token table");
+  table = dense(2, 32, 8, 131072, 128);
+  table.page_size = 16;
+  table.seq_lens = true;
+  expect_plan(table, "tensor-core-128 33x4032 merge kernel", "two sequences of 8 units, 131072-token table");
   assert_int_equal(status_of([] { fd::cuda::split_variant_at(fd::cuda::kSplitVariantCount); }), FD_ERROR_INTERNAL);
   assert_int_equal(status_of([] { fd::cuda::split_variant_at(-1); }), FD_ERROR_INTERNAL);
   for (int i = 0; i < fd::cuda::kSplitVariantCount; ++i) {
@@ -498,7 +509,10 @@ void test_random_problems(void **) {
           plan.num_splits < 2 || launch.units >= slots || launch.merge != FD_MERGE_SEPARATE ||
           launch.fitted_target_ctas != slots - launch.units ||
           launch.fitted_ctas != (p.batch > 1 ? std::min<int64_t>(slots, launch.units * plan.num_splits) : 0) ||
-          summary.blocks != (p.batch > 1 ? launch.fitted_ctas : launch.units * plan.num_splits)) {
+          summary.blocks != (p.batch > 1 ? launch.fitted_ctas : launch.units * plan.num_splits) ||
+          // no more splits than a sequence's units can use: a wave's share each
+          (launch.variant == fd::cuda::split_variant_at(plan.kernel_variant) &&
+           plan.num_splits > (slots + launch.units / p.batch - 1) / (launch.units / p.batch))) {
         fail_msg("%s: splits fitted to the lengths (%d splits, %lld units, %lld slots)", what.c_str(), plan.num_splits,
                  static_cast<long long>(launch.units), static_cast<long long>(slots));
       }

@@ -453,14 +453,35 @@ int64_t balanced_states(const Problem &p, SplitVariant variant, const DeviceProf
   return 2 * balanced_workers(p, variant, device) * heads.heads_per_chunk;
 }
 
+// Whether the fixed splits of a launch of `units` are fitted to the lengths
+// on the device (choose_launch): paged batches with lengths, on automatic
+// splits, of fewer units than the device runs CTAs at once.
+bool splits_fit_lengths(const Problem &p, int64_t units, int64_t slots) {
+  return p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant() && units < slots;
+}
+
+// The most splits a sequence of fitted splits can use: the cut leaves at
+// most one wave of pieces with keys, so a sequence's units (KV heads x
+// chunks) never use more than a wave's share each. More would only be
+// CTAs with nothing to attend, dispatched after those with keys.
+int64_t fitted_max_splits(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
+  const int64_t units_per_sequence = p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, variant).rows).chunks;
+  return ceil_div(resident_slots(p, variant, device), units_per_sequence);
+}
+
 }  // namespace
 
 Plan plan_decode(const Problem &p, const DeviceProfile &device) {
   const VariantChoice choice = choose_split_variant(p, device);
   const SplitCostModel model = cost_model(p, choice.variant, device);
-  const int32_t automatic = p.requested_splits > 0 || p.batch_invariant() ? 0
-                            : choice.estimated                            ? choice.estimate.splits
-                                                                          : estimate_splits(p, model).splits;
+  int32_t automatic = p.requested_splits > 0 || p.batch_invariant() ? 0
+                      : choice.estimated                            ? choice.estimate.splits
+                                                                    : estimate_splits(p, model).splits;
+  const int64_t units =
+      p.batch * p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, choice.variant).rows).chunks;
+  if (splits_fit_lengths(p, units, resident_slots(p, choice.variant, device))) {
+    automatic = static_cast<int32_t>(std::min<int64_t>(automatic, fitted_max_splits(p, choice.variant, device)));
+  }
   // The balanced schedule's slots, for the planned variant and the one
   // launch falls back to (choose_launch); the fixed split count stays
   // planned for launches that cannot balance.
@@ -517,7 +538,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   // batches this small. Dense caches keep the capacity's cut: fitted and
   // merged apart, ragged dense shape 9 ran 1.8% slower.
   const int64_t slots = resident_slots(p, launch.variant, device);
-  if (p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant() && launch.units < slots) {
+  if (splits_fit_lengths(p, launch.units, slots)) {
     launch.fitted_split_floor = static_cast<int32_t>(kMinSplitTokens);
     launch.fitted_target_ctas = static_cast<int32_t>(slots - launch.units);
     if (p.batch > 1)
