@@ -154,6 +154,7 @@ cuda::MergeParams merge_params(const Problem &p, const Plan &plan, const cuda::S
   merge.kv_rows = s.kv_rows;
   merge.output = output_params(p);
   merge.used_splits = s.used_splits;
+  merge.invariant_order = p.batch_invariant();
   return merge;
 }
 

@@ -98,12 +98,16 @@ struct MergeKernel;
 template <class OutT>
 cudaError_t launch_merge(const MergeParams &merge, bool programmatic, cudaStream_t stream) {
   MergeParams p = merge;
-  p.groups = merge_groups(p.num_splits, p.head_dim);
-  const dim3 grid(static_cast<unsigned>(p.rows < (int64_t{1} << 30) ? p.rows : (int64_t{1} << 30)));
+  const MergeLayout layout = merge_layout(p.num_splits, p.head_dim, p.invariant_order);
+  p.groups = layout.groups;
+  p.columns = layout.columns;
+  p.column_slices = layout.slices;
+  const int64_t max_rows = (int64_t{1} << 30) / layout.slices;  // CTAs past it loop over rows
+  const dim3 grid(static_cast<unsigned>((p.rows < max_rows ? p.rows : max_rows) * layout.slices));
   // Programmatic dependent launch: the merge's CTAs may be scheduled once
   // every split CTA has started, and wait in grid_dependency_wait for the
   // split grid to finish; this takes the launch gap off the critical path.
-  return launch_on(stream, programmatic, grid, merge_threads(p.num_splits, p.head_dim), MergeKernel<OutT>::function, p);
+  return launch_on(stream, programmatic, grid, layout.threads(), MergeKernel<OutT>::function, p);
 }
 
 // The merge kernel for one output type, as a value.

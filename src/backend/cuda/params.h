@@ -159,7 +159,14 @@ struct MergeParams {
   int32_t q_heads = 0;
   int32_t group_size = 1;
   int32_t kv_rows = 1;  // q_len * group_size
-  int32_t groups = 1;   // set at launch: split groups per row (kernels/merge_kernel.cuh)
+  // Set at launch (kernels/merge_kernel.cuh, merge_layout): split groups and
+  // float4 columns a CTA, CTAs a row.
+  int32_t groups = 1;
+  int32_t columns = 1;
+  int32_t column_slices = 1;
+  // Batch invariant: the merge sums in the order that does not change with
+  // trailing empty splits (merge_groups over whole rows).
+  bool invariant_order = false;
   // Not null: each row's first *used_splits splits hold its keys, the
   // others were skipped (SplitParams::used_splits); null: all num_splits.
   const int32_t *used_splits = nullptr;

@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// The merge kernel (FD_MERGE_SEPARATE), phase 2 after a split kernel: one CTA per query row merges the row's per-split
+// The merge kernel (FD_MERGE_SEPARATE), phase 2 after a split kernel: CTAs per query row merge the row's per-split
 // states into out and lse. The common max is the largest split max; every split is rescaled by exp2(m_split - m_max).
-// The CTA's threads form `groups` x (head_dim / 4) float4 columns: group g sums splits g, g + groups, g + 2 groups, ...
-// in increasing order, then the groups' sums are added in group order. groups depends only on num_splits and head_dim
-// (merge_groups), so the result does not depend on timing. Nor does it depend on trailing empty splits, which
-// batch-invariant plans add as the capacity grows (flashdecode.h, "Batch invariance"): groups is min(num_splits, G)
-// with G set by head_dim, so a row's n non-empty splits fall into the same groups in the same order for any
-// num_splits >= n (split s alone in group s while n <= G, in group s % G otherwise); empty splits weigh 0 and are
-// skipped, and adding an empty group's +0 leaves a sum unchanged. Spreading the splits over groups keeps a long row of
-// splits (128 in shape 2x8/1x262144) from being a chain of dependent loads. Empty splits (m = -inf) weigh 0 and add
-// nothing (their acc, zeros, may be read); a row whose splits are all empty gets zeros and LSE -inf.
+// A CTA's threads form `groups` x `columns` float4 columns of the row (merge_layout: all head_dim / 4 of them, or a
+// slice of them when a row takes several CTAs): group g sums splits g, g + groups, g + 2 groups, ... in increasing
+// order, then the groups' sums are added in group order. The layout depends only on num_splits, head_dim and whether
+// the plan is batch invariant, so the result does not depend on timing. For batch-invariant plans it does not depend
+// on trailing empty splits either, which they add as the capacity grows (flashdecode.h, "Batch invariance"): groups
+// is min(num_splits, G) with G set by head_dim, so a row's n non-empty splits fall into the same groups in the same
+// order for any num_splits >= n (split s alone in group s while n <= G, in group s % G otherwise); empty splits weigh
+// 0 and are skipped, and adding an empty group's +0 leaves a sum unchanged. Spreading the splits over groups keeps a
+// long row of splits (128 in shape 2x8/1x262144) from being a chain of dependent loads; other plans take enough
+// groups that a thread's splits are one batch of loads, slicing a row's columns over CTAs where those groups of whole
+// rows would pass kMergeMaxThreads. Empty splits (m = -inf) weigh 0 and add nothing (their acc, zeros, may be read);
+// a row whose splits are all empty gets zeros and LSE -inf.
 #pragma once
 
 #include <cstdint>
@@ -38,9 +41,42 @@ inline int merge_groups(int num_splits, int head_dim) {
   return groups < 1 ? 1 : groups;
 }
 
-inline int merge_threads(int num_splits, int head_dim) {
-  const int used = merge_groups(num_splits, head_dim) * (head_dim / 4);
-  return (used + 31) / 32 * 32;
+// Plans that are not batch invariant: up to this many groups, one batch of
+// loads a thread for rows of up to kMergeWideGroups * kMergeBatch splits.
+constexpr int kMergeWideGroups = 64;
+
+// How the merge's CTAs cover a row: `groups` split groups x `columns` float4
+// columns a CTA, `slices` CTAs a row (the last slice may have fewer columns).
+struct MergeLayout {
+  int groups = 1;
+  int columns = 1;
+  int slices = 1;
+  int threads() const { return (groups * columns + 31) / 32 * 32; }
+};
+
+// Batch-invariant plans keep merge_groups over whole rows (their order of
+// sums must not change with the batch or capacity). Others take enough
+// groups that each thread's splits are one batch of loads: a row of many
+// splits (splits fitted to a few sequences' lengths: up to a wave's worth)
+// is then one round trip to L2 instead of a chain of them, spread over a
+// slice of its columns a CTA where the groups of a whole row pass
+// kMergeMaxThreads.
+inline MergeLayout merge_layout(int num_splits, int head_dim, bool invariant_order) {
+  const int vectors = head_dim / 4;
+  MergeLayout layout;
+  layout.groups = merge_groups(num_splits, head_dim);
+  layout.columns = vectors;
+  if (invariant_order) return layout;
+  int wanted = (num_splits + kMergeBatch - 1) / kMergeBatch;
+  if (wanted > kMergeWideGroups) wanted = kMergeWideGroups;
+  if (wanted > num_splits) wanted = num_splits;
+  if (wanted <= layout.groups) return layout;
+  layout.groups = wanted;
+  while (layout.columns > 1 && layout.groups * layout.columns > kMergeMaxThreads)
+    layout.columns = (layout.columns + 1) / 2;
+  if (layout.groups * layout.columns > kMergeMaxThreads) layout.groups = kMergeMaxThreads / layout.columns;
+  layout.slices = (vectors + layout.columns - 1) / layout.columns;
+  return layout;
 }
 
 template <class OutT>
@@ -62,15 +98,17 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
   const int used = p.used_splits != nullptr ? __ldcg(p.used_splits) : splits;
   const int vectors = p.head_dim / 4;
   const int groups = p.groups;
-  const int group = threadIdx.x / vectors;
-  const int column = threadIdx.x % vectors;
-  const bool active = group < groups;
+  const int columns = p.columns;
+  const int slices = p.column_slices;
+  const int group = threadIdx.x / columns;
+  const int column = static_cast<int>(blockIdx.x % slices) * columns + static_cast<int>(threadIdx.x % columns);
+  const bool active = group < groups && column < vectors;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warps = blockDim.x / 32;
   const int stride = kMergeBatch * groups;  // splits one thread's batch of loads covers
 
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  for (int64_t row = blockIdx.x / slices; row < p.rows; row += gridDim.x / slices) {
     const float *m = p.m + row * splits;
     const float *l = p.l + row * splits;
     const float *acc = p.acc + row * splits * p.head_dim + column * 4;
@@ -149,9 +187,10 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
     }
     __syncthreads();
 
-    if (threadIdx.x < vectors) {  // group 0's threads: the groups' sums in group order
+    if (threadIdx.x < columns && column < vectors) {  // group 0's threads: the groups' sums in group order
+#pragma unroll 4
       for (int g = 1; g < groups; ++g) {
-        const float4 other = group_sums[g * vectors + column];
+        const float4 other = group_sums[g * columns + threadIdx.x];
         sum.x += other.x;
         sum.y += other.y;
         sum.z += other.z;
@@ -161,7 +200,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
       const WorkspaceRow where = from_workspace_row(row, p.q_heads, p.group_size, p.kv_rows);
       const float merged[4] = {sum.x, sum.y, sum.z, sum.w};
       write_output<OutT>(p.output, where.b, where.row.token, where.row.q_head, column * 4, merged, m_max, l_sum,
-                         threadIdx.x == 0);
+                         column == 0);
     }
     __syncthreads();  // shared memory is reused by the next row
   }
