@@ -460,15 +460,6 @@ bool splits_fit_lengths(const Problem &p, int64_t units, int64_t slots) {
   return p.paged && p.has_seq_lens && p.requested_splits == 0 && !p.batch_invariant() && units < slots;
 }
 
-// The most splits a sequence of fitted splits can use: the cut leaves at
-// most one wave of pieces with keys, so a sequence's units (KV heads x
-// chunks) never use more than a wave's share each. More would only be
-// CTAs with nothing to attend, dispatched after those with keys.
-int64_t fitted_max_splits(const Problem &p, SplitVariant variant, const DeviceProfile &device) {
-  const int64_t units_per_sequence = p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, variant).rows).chunks;
-  return ceil_div(resident_slots(p, variant, device), units_per_sequence);
-}
-
 }  // namespace
 
 Plan plan_decode(const Problem &p, const DeviceProfile &device) {
@@ -477,10 +468,14 @@ Plan plan_decode(const Problem &p, const DeviceProfile &device) {
   int32_t automatic = p.requested_splits > 0 || p.batch_invariant() ? 0
                       : choice.estimated                            ? choice.estimate.splits
                                                                     : estimate_splits(p, model).splits;
-  const int64_t units =
-      p.batch * p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, choice.variant).rows).chunks;
-  if (splits_fit_lengths(p, units, resident_slots(p, choice.variant, device))) {
-    automatic = static_cast<int32_t>(std::min<int64_t>(automatic, fitted_max_splits(p, choice.variant, device)));
+  // Splits fitted to the lengths leave at most one wave of pieces with
+  // keys, so a sequence's units (KV heads x chunks) never use more than a
+  // wave's share each: more would only be CTAs with nothing to attend.
+  const int64_t units_per_sequence =
+      p.kv_heads * tile_heads(p.rows_per_kv_head(), shape_of(p, choice.variant).rows).chunks;
+  const int64_t slots = resident_slots(p, choice.variant, device);
+  if (splits_fit_lengths(p, p.batch * units_per_sequence, slots)) {
+    automatic = static_cast<int32_t>(std::min<int64_t>(automatic, ceil_div(slots, units_per_sequence)));
   }
   // The balanced schedule's slots, for the planned variant and the one
   // launch falls back to (choose_launch); the fixed split count stays

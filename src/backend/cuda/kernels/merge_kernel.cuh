@@ -69,7 +69,6 @@ inline MergeLayout merge_layout(int num_splits, int head_dim, bool invariant_ord
   if (invariant_order) return layout;
   int wanted = (num_splits + kMergeBatch - 1) / kMergeBatch;
   if (wanted > kMergeWideGroups) wanted = kMergeWideGroups;
-  if (wanted > num_splits) wanted = num_splits;
   if (wanted <= layout.groups) return layout;
   layout.groups = wanted;
   while (layout.columns > 1 && layout.groups * layout.columns > kMergeMaxThreads)
