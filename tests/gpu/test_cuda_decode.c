@@ -423,7 +423,7 @@ static int make_variant_cases(fdt_case *cases, int quick) {
   return count;
 }
 
-static void graph_replay_case(fdt_case c, const char *what);
+static void graph_replay_case(fdt_case c, const char *what, const int64_t *round_lens);
 
 /* ---- quantized caches ------------------------------------------------------- */
 /* Every 8-bit cache dtype x q dtype x scale mode x dense / paged (the quick
@@ -724,13 +724,13 @@ static void test_quantized_graph_replay(void **state) {
   c.with_lse = 1;
   c.kv_dtype = FD_DTYPE_E4M3;
   c.scale_mode = FDT_SCALE_TOKEN;
-  graph_replay_case(c, "e4m3, token scales, paged");
+  graph_replay_case(c, "e4m3, token scales, paged", NULL);
   c.layout = FDT_BHND;
   c.dtype = c.out_dtype = FD_DTYPE_BF16;
   c.kv_dtype = FD_DTYPE_I8;
   c.scale_mode = FDT_SCALE_HEAD;
   c.seed = g_seed + 810;
-  graph_replay_case(c, "i8, head scales, dense");
+  graph_replay_case(c, "i8, head scales, dense", NULL);
 }
 
 /* Same inputs and plan, bitwise-identical outputs (manual and automatic splits). */
@@ -836,8 +836,11 @@ static void test_capture_without_reserve(void **state) {
 /* A captured fd_decode replayed after overwriting q, K, V, seq_lens and the
  * block table in place: a paged ragged batch, a dense one (on sm_90+ the
  * wide tiles), and a paged one of many units (the compact tiles). */
-static void graph_replay_case(fdt_case c, const char *what) {
+/* round_lens: NULL (random lengths each round), or 3 x batch lengths, a
+ * row a round. */
+static void graph_replay_case(fdt_case c, const char *what, const int64_t *round_lens) {
   gpu_case t;
+  if (round_lens != NULL) c.lens = round_lens;
   open_case(&t, &c);
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   reserve_for(h, &t.d.args);
@@ -851,6 +854,7 @@ static void graph_replay_case(fdt_case c, const char *what) {
     fdt_problem fresh;
     if (round > 0) { /* new data, new lengths, a new page shuffle; same shapes */
       c.seed = g_seed + 500 + (uint64_t)round * 7919;
+      if (round_lens != NULL) c.lens = round_lens + round * c.batch;
       make_problem(&fresh, &c);
       assert_int_equal(fresh.kv_bytes, t.p.kv_bytes);
       if (fdt_cuda_refresh_inputs(&fresh, &t.d) != 0) fail_msg("refreshing the inputs failed");
@@ -859,8 +863,13 @@ static void graph_replay_case(fdt_case c, const char *what) {
     }
     replay_poisoned(&t, exec, stream);
     const int bad = fdt_check(&t.p, t.report, sizeof t.report, NULL, NULL);
-    print_message("graph replay, %s, %d (lens[6..8] %lld %lld %lld): %s\n", what, round, (long long)t.p.lens[6],
-                  (long long)t.p.lens[7], (long long)t.p.lens[8], t.report);
+    /* Three lengths, from sequence 6 where there are 9 (the first six of a
+     * random batch are its fixed 0, full, 1, 63, 64, 65); -1: no sequence. */
+    const int64_t first = c.batch > 8 ? 6 : 0;
+    long long shown[3];
+    for (int64_t i = 0; i < 3; ++i) shown[i] = first + i < c.batch ? (long long)t.p.lens[first + i] : -1;
+    print_message("graph replay, %s, %d (lens[%lld..] %lld %lld %lld): %s\n", what, round, (long long)first, shown[0],
+                  shown[1], shown[2], t.report);
     if (bad) fail_msg("graph replay, %s, %d: %s", what, round, t.report);
   }
   destroy_graph(exec, graph, stream);
@@ -876,17 +885,17 @@ static void test_graph_replay(void **state) {
   c.page_size = 16;
   c.ragged = 1;
   c.with_lse = 1;
-  graph_replay_case(c, "paged");
+  graph_replay_case(c, "paged", NULL);
   c.layout = FDT_BHND;
   c.seed = g_seed + 510;
-  graph_replay_case(c, "dense");
+  graph_replay_case(c, "dense", NULL);
   /* 320 units: the compact tiles on the balanced schedule (test_compact_tiles) */
   c = dense_case(FD_DTYPE_BF16, 40, 32, 8, 128, g_quick ? 400 : 2500, g_seed + 520);
   c.layout = FDT_PAGED_NHD;
   c.page_size = 16;
   c.ragged = 1;
   c.with_lse = 1;
-  graph_replay_case(c, "paged, compact tiles");
+  graph_replay_case(c, "paged, compact tiles", NULL);
 }
 
 /* A captured graph replayed with new queries, caches, lengths, block table,
@@ -904,7 +913,7 @@ static void test_variants_graph_replay(void **state) {
   c.softcap = 20.0;
   c.alibi = 2;
   c.sinks = 1;
-  graph_replay_case(c, "variants, paged");
+  graph_replay_case(c, "variants, paged", NULL);
   /* Ragged query lengths (q_lens), new ones every round; the rows kernel. */
   c = dense_case(FD_DTYPE_F16, 12, 32, 8, 128, g_quick ? 400 : 3000, g_seed + 720);
   c.layout = FDT_BHND;
@@ -913,7 +922,7 @@ static void test_variants_graph_replay(void **state) {
   c.with_lse = 1;
   c.q_len = 6;
   c.sinks = 1;
-  graph_replay_case(c, "ragged q_lens, dense");
+  graph_replay_case(c, "ragged q_lens, dense", NULL);
 }
 
 /* The step of new_len new tokens at the end of each of p's sequences (the
@@ -1275,6 +1284,11 @@ static void test_fitted_splits(void **state) {
       {"one long sequence among short and empty ones", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 6, 8, 1, 128, 65536, 50000, 1, 0,
        0, 300},
       {"table as wide as the longest", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 8, 1, 128, 40000, 40000, 1, 0, 0, 0},
+      /* One split in use: the split kernel writes out and lse itself, the
+       * empty sequences' rows too, and the merge kernel returns. */
+      {"every sequence within its first split", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 5, 8, 1, 128, 65536, 100, 1, 0, 0, 100},
+      {"one sequence within one split, q_len 3", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 1, 32, 8, 128, 131072, 90, 3, 0, 0,
+       0},
   };
   for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
     const int64_t capacity = g_quick ? spec[i].capacity / 4 : spec[i].capacity;
@@ -1309,6 +1323,13 @@ static void test_fitted_splits(void **state) {
     if (bad) fail_msg("fitted splits, %s: %s", spec[i].what, t.report);
     if (!same) fail_msg("fitted splits, %s: two runs differ", spec[i].what);
   }
+  /* One captured graph, its lengths moving between one split in use and
+   * many: the split kernel writes the output while every sequence is within
+   * its first split, the merge kernel merges otherwise. */
+  static const int64_t round_lens[3][3] = {{100, 0, 60}, {3000, 70, 0}, {128, 1, 127}};
+  const fdt_case c = paged_lengths_case(FD_DTYPE_F16, 0, FDT_SCALE_HEAD, FDT_PAGED_NHD, 3, 16, 2, 128,
+                                        g_quick ? 8192 : 32768, g_seed + 1490);
+  graph_replay_case(c, "fitted splits, one in use and many", &round_lens[0][0]);
 }
 
 /* Plans c on the shared handle, checks it twice against the reference

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kMergeMaxThreads) merge_kernel(const MergePara
   // later ones are empty and were not written: read as empty), else all.
   // Only the loads test it; the loops keep the launch's uniform bound.
   const int used = p.used_splits != nullptr ? __ldcg(p.used_splits) : splits;
+  if (p.used_splits != nullptr && used == 1) return;  // the split kernel wrote out and lse (piece_writes_output)
   const int vectors = p.head_dim / 4;
   const int groups = p.groups;
   const int columns = p.columns;

@@ -51,7 +51,7 @@ struct Piece {
   TokenRange range = {0, 0, 0};
   int split = 0;         // fixed schedule: the split (the workspace index of its partial)
   int slot = -1;         // balanced: the partial-state slot; -1: the whole unit
-  int pieces = 1;        // balanced: the unit's pieces (the merge counter's target)
+  int pieces = 1;        // balanced: the unit's pieces (the merge counter's target); fitted: the splits in use
   int first_worker = 0;  // balanced: the worker of the unit's first piece
 };
 
@@ -270,6 +270,7 @@ __device__ inline bool locate_fitted_piece(const SplitParams &p, const PieceBatc
       piece.chunk = static_cast<int>(unit) % p.head_chunks;
       piece.split = static_cast<int>(local / units + (empty ? __shfl_sync(0xffffffffu, keyed, holder) : 0u));
       piece.range = split_range(p, piece.b, piece.split, batch.split_tokens);
+      piece.pieces = batch.used_splits;
       found = true;
       if (pieces_of_kind == nullptr) return true;
     }
@@ -400,6 +401,7 @@ __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
   piece.chunk = unit_cta % p.head_chunks;
   piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
   piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
+  piece.pieces = batch.used_splits;
   int count = 0;
   int64_t b = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
   for (; b < p.batch && count < kPieceBatch; b += gridDim.y) {
@@ -457,9 +459,13 @@ __device__ __forceinline__ int64_t partial_state_index(const SplitParams &p, con
   return workspace_row(p, piece.b, piece.kv_head, piece.chunk * p.heads_per_chunk + row) * p.num_splits + piece.split;
 }
 
-// Whether the piece writes out and lse itself (else a partial state).
+// Whether the piece writes out and lse itself (else a partial state): the
+// balanced schedule's whole units, a plan of one split, and fitted splits
+// of which one is in use (every sequence within the first; the merge kernel
+// then returns at once).
 __device__ __forceinline__ bool piece_writes_output(const SplitParams &p, const Piece &piece) {
-  return p.balanced_workers > 0 ? piece.slot < 0 : p.write_output;
+  if (p.balanced_workers > 0) return piece.slot < 0;
+  return p.write_output || (p.used_splits != nullptr && piece.pieces == 1);
 }
 
 }  // namespace cuda
