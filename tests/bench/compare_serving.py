@@ -179,11 +179,12 @@ def capacity(shape):
     return max(hi for _, _, hi in shape[6])
 
 
-def draw_lengths(shape, seed):
+def draw_lengths(shape, seed, order="drawn"):
     """The lengths (a CPU int64 tensor) and the generator that drew them
     (seeded by --seed and the shape whose lengths these are), which then
     shuffles the pages. Several ranges: round(fraction x batch) sequences
-    each (the first range takes the rest), which ones drawn at random."""
+    each (the first range takes the rest), which ones drawn at random.
+    order "descending"/"ascending" sorts the batch by length (--length-order)."""
     batch, ranges, base = shape[1], shape[6], shape[7]
     gen = torch.Generator()
     gen.manual_seed(seed * 1000 + base)
@@ -195,10 +196,12 @@ def draw_lengths(shape, seed):
     for count, (_, lo, hi) in zip(counts, ranges):
         lens[order[start : start + count]] = torch.randint(lo, hi + 1, (count,), generator=gen)
         start += count
+    if order != "drawn":
+        lens = lens.sort(descending=order == "descending").values
     return lens, gen
 
 
-def make_inputs(shape, dtype, rotation_bytes, seed):
+def make_inputs(shape, dtype, rotation_bytes, seed, length_order="drawn"):
     """One shape's inputs as a dict: "lens" (host list) and "lens_dev"
     (int32 on the device); for a paged shape the shuffled "table" [batch,
     max_pages] (int32 on the device) and FlashInfer's "fi_indptr",
@@ -208,7 +211,7 @@ def make_inputs(shape, dtype, rotation_bytes, seed):
     tokens' K and V)."""
     sid, batch, q_heads, kv_heads, head_dim, page = shape[:6]
     elem = torch.finfo(dtype).bits // 8
-    lens, gen = draw_lengths(shape, seed)
+    lens, gen = draw_lengths(shape, seed, length_order)
     cap = capacity(shape)
     real_tokens = int(lens.sum())
     kv_bytes = 2 * real_tokens * kv_heads * head_dim * elem
@@ -617,7 +620,7 @@ def ceilings(sweep, no_sweep=None):
 def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
     sid, batch, q_heads, kv_heads, head_dim, page = shape[:6]
     dtype_name = str(dtype).replace("torch.", "")
-    data = make_inputs(shape, dtype, args.rotation_mib << 20, args.seed)
+    data = make_inputs(shape, dtype, args.rotation_mib << 20, args.seed, args.length_order)
     elem = torch.finfo(dtype).bits // 8
     moved = data["kv_bytes"] + 2 * batch * q_heads * head_dim * elem
     log(
@@ -959,6 +962,13 @@ def main():
         "--rotation-mib", type=int, default=1024, help="real K/V bytes a replay reads, at least (2 sets at least)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths, tables and data")
+    parser.add_argument(
+        "--length-order",
+        choices=("drawn", "descending", "ascending"),
+        default="drawn",
+        help="the batch's sequences in the order drawn, or sorted by length (the same lengths), "
+        "to see what the order of a batch costs a schedule",
+    )
     parser.add_argument(
         "--page-size",
         type=int,
