@@ -227,9 +227,10 @@ void test_serving_batches(void **) {
   expect_plan(serving(66, 32, 4, 8192, 128, 16), "tensor-core-compact-128 0x32 fused",
               "264 units, two a multiprocessor: compact tiles");
   expect_plan(serving(65, 32, 4, 8192, 128, 16), "tensor-core-128 0x64 fused", "260 units: standard tiles");
-  // Units cut into more than 16 pieces on average (264 workers): the fixed schedule.
-  expect_plan(serving(17, 8, 1, 65536, 128, 16), "tensor-core-128 0x64 fused", "17 MQA units: balanced");
-  assert_true(plan_of(serving(16, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
+  // Units cut into more than 8 pieces on average (264 workers): the fixed schedule.
+  expect_plan(serving(33, 8, 1, 65536, 128, 16), "tensor-core-128 0x64 fused", "33 MQA units: balanced");
+  assert_true(plan_of(serving(32, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
+  assert_true(plan_of(serving(16, 16, 2, 32768, 256, 16)).find(" 0x") == std::string::npos);
   assert_true(plan_of(serving(4, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
   expect_plan(serving(128, 32, 8, 32768, 128, 16), "tensor-core-compact-128 0x32 fused", "serving 6");
   expect_plan(serving(48, 32, 8, 12288, 128, 1), "tensor-core-128 0x64 fused",

@@ -80,10 +80,10 @@ constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
 // Batches of so few units that the balanced schedule would cut each into
 // more than this many pieces on average keep the fixed schedule too: the
 // last piece of a unit merges all of them alone, where the fixed splits'
-// merge kernel spreads the merge over many CTAs. On the H200, 4 and 8 MQA
-// units (66 and 33 pieces) ran 1.4-1.6x faster fixed; 12-16 units ran up to
-// 2% slower fixed there and up to 7% faster on an H100 ("Balanced schedule").
-constexpr int64_t kBalancedMaxPiecesPerUnit = 16;
+// merge kernel spreads the merge over many CTAs. Since the fixed splits fit
+// the lengths, 32 units (8.25 pieces) ran 0.95-0.97x the time fixed on an
+// H100 and 40-64 units 1.06x ("Balanced schedule").
+constexpr int64_t kBalancedMaxPiecesPerUnit = 8;
 
 // Compact tiles for paged serving batches ("Compact tensor-core tiles"):
 // four CTAs a multiprocessor hide one unit's pipeline fill and epilogue
