@@ -190,12 +190,14 @@ def draw_lengths(shape, seed, order="drawn"):
     gen.manual_seed(seed * 1000 + base)
     counts = [round(f * batch) for f, _, _ in ranges[1:]]
     counts.insert(0, batch - sum(counts))
-    order = torch.randperm(batch, generator=gen) if len(ranges) > 1 else torch.arange(batch)
+    members = torch.randperm(batch, generator=gen) if len(ranges) > 1 else torch.arange(batch)
     lens = torch.empty(batch, dtype=torch.int64)
     start = 0
     for count, (_, lo, hi) in zip(counts, ranges):
-        lens[order[start : start + count]] = torch.randint(lo, hi + 1, (count,), generator=gen)
+        lens[members[start : start + count]] = torch.randint(lo, hi + 1, (count,), generator=gen)
         start += count
+    if order not in ("drawn", "descending", "ascending"):
+        raise ValueError(f"length order {order!r}")
     if order != "drawn":
         lens = lens.sort(descending=order == "descending").values
     return lens, gen

@@ -82,7 +82,7 @@ constexpr int64_t kCompactBalancedMaxUnitWaves = 4;
 // last piece of a unit merges all of them alone, where the fixed splits'
 // merge kernel spreads the merge over many CTAs. Since the fixed splits fit
 // the lengths, 32 units (8.25 pieces) ran 0.95-0.97x the time fixed on an
-// H100 and 40-64 units 1.06x ("Balanced schedule").
+// H100 and 40-64 units 1.06x, batches sorted by length ("Balanced schedule").
 constexpr int64_t kBalancedMaxPiecesPerUnit = 8;
 
 // Compact tiles for paged serving batches ("Compact tensor-core tiles"):
