@@ -1209,7 +1209,8 @@ static void test_balanced_schedule(void **state) {
   } spec[] = {
       {"skewed", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 60, 8, 2, 128, 6000, 1, 0, 10, 1},
       {"one sequence: fixed splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 1, 8, 1, 128, 30000, 1, 0, 1, 0},
-      {"24 units of many pieces", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 24, 8, 1, 128, 20000, 1, 0, 1, 1},
+      {"40 units, a few long ones of many pieces", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 40, 8, 1, 128, 20000,
+       1, 0, 4, 1},
       {"head_dim 256, 2 KV heads", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 12, 16, 2, 256, 12000, 1, 0, 1, 1},
       {"q_len 3, window", FD_DTYPE_BF16, FD_DTYPE_BF16, 0, FDT_PAGED_HND, 45, 16, 4, 64, 3000, 3, 700, 0, 1},
       {"MHA, head_dim 64", FD_DTYPE_F16, FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 16, 16, 64, 3000, 1, 0, 7, 1},

@@ -229,6 +229,8 @@ void test_serving_batches(void **) {
   expect_plan(serving(65, 32, 4, 8192, 128, 16), "tensor-core-128 0x64 fused", "260 units: standard tiles");
   // Units cut into more than 8 pieces on average (264 workers): the fixed schedule.
   expect_plan(serving(33, 8, 1, 65536, 128, 16), "tensor-core-128 0x64 fused", "33 MQA units: balanced");
+  expect_plan(serving(40, 8, 1, 20000, 128, 16), "tensor-core-128 0x64 fused",
+              "40 MQA units (test_balanced_schedule's case of many pieces): balanced");
   assert_true(plan_of(serving(32, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
   assert_true(plan_of(serving(16, 16, 2, 32768, 256, 16)).find(" 0x") == std::string::npos);
   assert_true(plan_of(serving(4, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
