@@ -32,6 +32,9 @@ sequence (the block table's width, or the dense cache's length; default the
 largest length), e.g. 64x32/4x1..8192x256p8 or 4x32/8x1..2048x128p16c131072
 (--shapes "" runs only those). FlashInfer's bundle holds head_dim 64/128/256
 and groups up to 16.
+--length-order drawn,descending,ascending times each shape's batch in the
+order drawn and sorted by length (the same lengths), one line each: what
+the order of a batch costs a schedule. The targets use the first order.
 
 Rows, for each shape and dtype (fp16, bf16):
 - fd: flashdecode through ctypes, automatic plan (fd_describe_plan's kernel,
@@ -179,6 +182,9 @@ def capacity(shape):
     return max(hi for _, _, hi in shape[6])
 
 
+LENGTH_ORDERS = ("drawn", "descending", "ascending")
+
+
 def draw_lengths(shape, seed, order="drawn"):
     """The lengths (a CPU int64 tensor) and the generator that drew them
     (seeded by --seed and the shape whose lengths these are), which then
@@ -196,7 +202,7 @@ def draw_lengths(shape, seed, order="drawn"):
     for count, (_, lo, hi) in zip(counts, ranges):
         lens[members[start : start + count]] = torch.randint(lo, hi + 1, (count,), generator=gen)
         start += count
-    if order not in ("drawn", "descending", "ascending"):
+    if order not in LENGTH_ORDERS:
         raise ValueError(f"length order {order!r}")
     if order != "drawn":
         lens = lens.sort(descending=order == "descending").values
@@ -619,14 +625,16 @@ def ceilings(sweep, no_sweep=None):
 # one shape
 
 
-def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
+def run_shape(fd, handle, anchor, shape, dtype, args, bases=None, length_order="drawn"):
     sid, batch, q_heads, kv_heads, head_dim, page = shape[:6]
     dtype_name = str(dtype).replace("torch.", "")
-    data = make_inputs(shape, dtype, args.rotation_mib << 20, args.seed, args.length_order)
+    data = make_inputs(shape, dtype, args.rotation_mib << 20, args.seed, length_order)
+    # Several orders of one shape in a run: each its own line of the tables.
+    label = shape_label(shape) + (f" [{length_order}]" if len(args.length_orders) > 1 else "")
     elem = torch.finfo(dtype).bits // 8
     moved = data["kv_bytes"] + 2 * batch * q_heads * head_dim * elem
     log(
-        f"{shape_label(shape)} {dtype_name}: {data['real_tokens']} tokens, {data['kv_bytes'] / 2**20:.0f} MiB of real "
+        f"{label} {dtype_name}: {data['real_tokens']} tokens, {data['kv_bytes'] / 2**20:.0f} MiB of real "
         f"K/V, {data['sets']} sets; reference"
     )
     ref = reference(data["qs"][0], data["ks"][0], data["vs"][0], data["lens"], data["table"], page)
@@ -661,7 +669,8 @@ def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
         row = {
             "impl": impl,
             "shape_id": sid,
-            "label": shape_label(shape),
+            "label": label,
+            "length_order": length_order,
             "note": shape[8],
             "dtype": dtype_name,
             "batch": batch,
@@ -710,7 +719,7 @@ def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
             row["error"] = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
             if impl == "fd":
                 row["ok"] = False
-    log(f"{shape_label(shape)} {dtype_name}: timing {', '.join(r['impl'] for r, _ in timed) or 'nothing'}")
+    log(f"{label} {dtype_name}: timing {', '.join(r['impl'] for r, _ in timed) or 'nothing'}")
     measure(timed, args.rounds, args.replays)
     for row, _ in timed:
         row["gbps"] = row["bytes"] / row["us"] * 1e-3
@@ -721,7 +730,7 @@ def run_shape(fd, handle, anchor, shape, dtype, args, bases=None):
         except Exception as error:
             fd_row.update(graph_update_ok=False, graph_update_error=str(error).splitlines()[0][:160])
     times = ", ".join(f"{r['impl']} {r['us']:.1f} us" if "us" in r else f"{r['impl']} n/a" for r in results)
-    log(f"{shape_label(shape)} {dtype_name}: {times}")
+    log(f"{label} {dtype_name}: {times}")
     return results
 
 
@@ -766,10 +775,18 @@ def graph_update_check(fd, handle, args0, data, page, bound):
 # report
 
 
+def line_key(row):
+    """A line of the tables and the plot: a shape in one length order (--length-order)."""
+    return row["shape_id"], row.get("length_order", "drawn")
+
+
 def targets(rows, dtype):
-    """The issue's targets for one dtype's rows, as a dict."""
+    """The issue's targets for one dtype's rows, as a dict (the first length order's rows)."""
+    first_order = line_key(rows[0])[1] if rows else "drawn"
     by = {}
     for r in rows:
+        if line_key(r)[1] != first_order:
+            continue
         if r["dtype"] == dtype:
             by.setdefault(r["shape_id"], {})[r["impl"]] = r
     out = {"fd_vs_best_fi": {}, "fd_pct": {}, "misses_fi": [], "misses_pct": []}
@@ -828,12 +845,12 @@ def report(rows, dtypes, ceiling_gbps, plot_path):
             f"{'shape':<52} {'KV MiB':>7} | {'fd':>8} {'fi-cc':>8} {'fi-tc':>8} | {'fd%':>5} {'cc%':>5} {'tc%':>5} | "
             f"{'fd/FI':>6} | notes"
         )
-        ids = []
+        keys = []
         for r in here:
-            if r["shape_id"] not in ids:
-                ids.append(r["shape_id"])
-        for sid in ids:
-            impls = {r["impl"]: r for r in here if r["shape_id"] == sid}
+            if line_key(r) not in keys:
+                keys.append(line_key(r))
+        for key in keys:
+            impls = {r["impl"]: r for r in here if line_key(r) == key}
             first = next(iter(impls.values()))
             us = " ".join(f"{impls[i]['us']:>8.1f}" if "us" in impls.get(i, {}) else f"{'n/a':>8}" for i in IMPLS)
             pct = " ".join(
@@ -904,23 +921,23 @@ def plot(path, rows, dtypes):
     labels = {"fd": "flashdecode", "fi-cc": "FlashInfer CUDA cores", "fi-tc": "FlashInfer tensor cores"}
     for ax, dtype in zip(axes[:, 0], dtypes):
         here = [r for r in rows if r["dtype"] == dtype]
-        ids = []
+        keys = []
         for r in here:
-            if r["shape_id"] not in ids:
-                ids.append(r["shape_id"])
+            if line_key(r) not in keys:
+                keys.append(line_key(r))
         top = 100.0
         for j, impl in enumerate(IMPLS):
             xs, ys = [], []
-            for i, sid in enumerate(ids):
-                r = next((r for r in here if r["shape_id"] == sid and r["impl"] == impl and "pct_of_read" in r), None)
+            for i, key in enumerate(keys):
+                r = next((r for r in here if line_key(r) == key and r["impl"] == impl and "pct_of_read" in r), None)
                 if r is not None:
                     xs.append(i + (j - (len(IMPLS) - 1) / 2) * width)
                     ys.append(r["pct_of_read"])
             ax.bar(xs, ys, width, label=labels[impl])
             top = max([top] + ys)
         ax.axhline(TARGET_PCT, color="gray", linestyle="--", linewidth=0.8, label=f"{TARGET_PCT:.0f}% (target)")
-        ax.set_xticks(range(len(ids)))
-        names = [next(r["label"] for r in here if r["shape_id"] == sid) for sid in ids]
+        ax.set_xticks(range(len(keys)))
+        names = [next(r["label"] for r in here if line_key(r) == key) for key in keys]
         ax.set_xticklabels(names, rotation=15, ha="right", fontsize=8)
         ax.set_ylabel("% of streaming-read ceiling")
         ax.grid(axis="y", linewidth=0.3)
@@ -966,10 +983,10 @@ def main():
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths, tables and data")
     parser.add_argument(
         "--length-order",
-        choices=("drawn", "descending", "ascending"),
         default="drawn",
-        help="the batch's sequences in the order drawn, or sorted by length (the same lengths), "
-        "to see what the order of a batch costs a schedule",
+        help="comma-separated: drawn, descending, ascending: the batch's sequences in the order drawn, or sorted by "
+        "length (the same lengths); several time each shape once per order, in this process, to see what the "
+        "order of a batch costs a schedule (the targets use the first)",
     )
     parser.add_argument(
         "--page-size",
@@ -993,6 +1010,12 @@ def main():
     )
     parser.add_argument("--from-json", help="print the tables and draw the plot of an earlier run's JSON; run nothing")
     args = parser.parse_args()
+    args.length_orders = [o for o in args.length_order.split(",") if o]
+    for order in args.length_orders:
+        if order not in LENGTH_ORDERS:
+            parser.error(f"--length-order: {order} is not one of {', '.join(LENGTH_ORDERS)}")
+    if not args.length_orders or len(set(args.length_orders)) != len(args.length_orders):
+        parser.error("--length-order: one or more orders, each once")
     dtypes = [d for d in args.dtypes.split(",") if d]
     for d in dtypes:
         if d not in BOUNDS:
@@ -1071,7 +1094,8 @@ def main():
     rows = []
     for dtype_name in dtypes:
         for shape in shapes:
-            rows.extend(run_shape(fd, handle, anchor, shape, getattr(torch, dtype_name), args, bases))
+            for order in args.length_orders:
+                rows.extend(run_shape(fd, handle, anchor, shape, getattr(torch, dtype_name), args, bases, order))
             torch.cuda.empty_cache()  # the shape's pools, now unreferenced
     fd.lib.fd_destroy(handle)
     log("read ceiling at the end")
