@@ -1167,9 +1167,9 @@ static void test_ragged_batches(void **state) {
  * run of the batch's real keys, and units cut between runs merge in the
  * split kernel. Lengths that stress the cut, each against the reference and
  * twice bitwise equal: a few long sequences among many short and empty
- * ones, one long sequence (too few units to cut: the fixed schedule), 24
- * long ones of about 11 pieces each (two batches of the merge's loads on
- * 264 workers), head_dim 256 (four items a thread reuse its load slots),
+ * ones, one long sequence (too few units to cut: the fixed schedule), 40
+ * MQA units whose ten long ones take some 20 pieces each (several batches
+ * of the merge's loads on 264 workers), head_dim 256 (four items a thread reuse its load slots),
  * a batch past one warp's
  * scan with several query tokens under a window, float outputs on the
  * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
