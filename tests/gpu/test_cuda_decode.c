@@ -1169,9 +1169,9 @@ static void test_ragged_batches(void **state) {
  * twice bitwise equal: a few long sequences among many short and empty
  * ones, one long sequence (too few units to cut: the fixed schedule), 40
  * MQA units whose ten long ones take some 20 pieces each (several batches
- * of the merge's loads on 264 workers), head_dim 256 (four items a thread reuse its load slots),
- * a batch past one warp's
- * scan with several query tokens under a window, float outputs on the
+ * of the merge's loads on 264 workers), head_dim 256 (four items a thread
+ * reuse its load slots), a batch past one warp's scan with several query
+ * tokens under a window, float outputs on the
  * CUDA-core kernel, an 8-bit cache, and more units than the merge counters
  * hold (the fixed schedule). `long_every`: every long_every-th sequence is
  * kv_len long, the others at most kv_len / 16 (0: the generated lengths). */
