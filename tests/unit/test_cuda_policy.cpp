@@ -106,13 +106,14 @@ struct Shape {
   int64_t split_tokens = 0;
   uintptr_t k_offset = 0;  // bytes past an aligned address: unaligned rows
   int64_t window = 0;      // window_left
+  bool float_out = false;  // out in f32 instead of q's dtype
 };
 
 fd_decode_args args_of(const Shape &s) {
   fd_decode_args a;
   fd_decode_args_init(&a, sizeof a);
   a.q = tensor(s.dtype, {s.batch, s.q_len, s.q_heads, s.head_dim});
-  a.out = tensor(s.dtype, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  a.out = tensor(s.float_out ? FD_DTYPE_F32 : s.dtype, {s.batch, s.q_len, s.q_heads, s.head_dim});
   if (s.page_size > 0) {
     const int64_t pages_per_sequence = (s.capacity + s.page_size - 1) / s.page_size;
     const int64_t pool = s.batch * pages_per_sequence;
@@ -229,8 +230,6 @@ void test_serving_batches(void **) {
   expect_plan(serving(65, 32, 4, 8192, 128, 16), "tensor-core-128 0x64 fused", "260 units: standard tiles");
   // Units cut into more than 8 pieces on average (264 workers): the fixed schedule.
   expect_plan(serving(33, 8, 1, 65536, 128, 16), "tensor-core-128 0x64 fused", "33 MQA units: balanced");
-  expect_plan(serving(40, 8, 1, 20000, 128, 16), "tensor-core-128 0x64 fused",
-              "40 MQA units (test_balanced_schedule's case of many pieces): balanced");
   assert_true(plan_of(serving(32, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
   assert_true(plan_of(serving(16, 16, 2, 32768, 256, 16)).find(" 0x") == std::string::npos);
   assert_true(plan_of(serving(4, 8, 1, 65536, 128, 16)).find(" 0x") == std::string::npos);
@@ -250,6 +249,48 @@ void test_serving_batches(void **) {
   assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);   // 528 compact workers
   assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 5);    // 5 KV heads: 525 of the 528 workers
   assert_int_equal(group_of(serving(32, 32, 32, 3000, 128, 16)), 16);  // groups of 32 would idle 16 of 528
+}
+
+// tests/gpu/test_cuda_decode.c, test_balanced_schedule: each case must plan
+// the schedule the GPU test expects, at its full and its quick capacity, so
+// that a policy change that moves one fails here first.
+void test_balanced_schedule_cases(void **) {
+  struct Case {
+    const char *what;
+    fd_dtype dtype, kv_dtype;
+    bool float_out;
+    int64_t batch, q_heads, kv_heads, head_dim, capacity, q_len, window;
+    bool balanced;
+  };
+  const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16;
+  const Case cases[] = {
+      {"skewed", f16, f16, false, 60, 8, 2, 128, 6000, 1, 0, true},
+      {"one sequence: fixed splits", bf16, bf16, false, 1, 8, 1, 128, 30000, 1, 0, false},
+      {"40 units, a few long ones of many pieces", bf16, bf16, false, 40, 8, 1, 128, 20000, 1, 0, true},
+      {"head_dim 256, 2 KV heads", f16, f16, false, 20, 16, 2, 256, 12000, 1, 0, true},
+      {"q_len 3, window", bf16, bf16, false, 45, 16, 4, 64, 3000, 3, 700, true},
+      {"MHA, head_dim 64", f16, f16, false, 40, 16, 16, 64, 3000, 1, 0, true},
+      {"float out", f16, f16, true, 50, 8, 2, 96, 2000, 1, 0, true},
+      {"e4m3 cache", f16, FD_DTYPE_E4M3, false, 36, 32, 8, 128, 1500, 1, 0, true},
+      {"units past the counters", f16, f16, false, 2100, 8, 8, 32, 32, 1, 0, false},
+  };
+  for (const Case &c : cases) {
+    for (const bool quick : {false, true}) {
+      Shape s =
+          dense(c.batch, c.q_heads, c.kv_heads, quick && c.capacity > 1000 ? c.capacity / 4 : c.capacity, c.head_dim);
+      s.dtype = c.dtype;
+      s.kv_dtype = c.kv_dtype;
+      s.float_out = c.float_out;
+      s.q_len = c.q_len;
+      s.window = c.window;
+      s.page_size = 16;
+      s.seq_lens = true;
+      const std::string plan = plan_of(s);
+      if ((plan.find(" 0x") != std::string::npos) != c.balanced) {
+        fail_msg("balanced schedule, %s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan.c_str());
+      }
+    }
+  }
 }
 
 // Several query rows a KV head: the tensor-core kernel up to 16, the rows
@@ -577,10 +618,15 @@ void test_random_problems(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dense_shapes),    cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_query_rows),      cmocka_unit_test(test_8bit_caches),
-      cmocka_unit_test(test_fallbacks),       cmocka_unit_test(test_batch_invariant),
-      cmocka_unit_test(test_window_plans),    cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_dense_shapes),
+      cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_balanced_schedule_cases),
+      cmocka_unit_test(test_query_rows),
+      cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),
+      cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_window_plans),
+      cmocka_unit_test(test_manual_splits_and_tables),
       cmocka_unit_test(test_random_problems),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
