@@ -1199,7 +1199,7 @@ static fdt_case paged_lengths_case(fd_dtype dtype, fd_dtype kv_dtype, fdt_scale_
 
 /* Paged batches on the balanced schedule (and two that must not be). Each
  * case's schedule is pinned on the host by test_cuda_policy's
- * test_balanced_schedule_cases: change both together. */
+ * test_gpu_test_schedules: change both together. */
 static void test_balanced_schedule(void **state) {
   (void)state;
   static const struct {
@@ -1266,7 +1266,8 @@ static void test_balanced_schedule(void **state) {
  * merge kernel merges only the splits in use (policy.cpp,
  * fitted_split_floor). A cut that left a key out or read one twice, an
  * empty state not written, or a merge of a skipped split's stale state,
- * shows in the reference check (outputs poisoned first). */
+ * shows in the reference check (outputs poisoned first). Each case's plan
+ * is pinned on the host by test_cuda_policy's test_gpu_test_schedules. */
 static void test_fitted_splits(void **state) {
   (void)state;
   static const struct {
@@ -2992,7 +2993,8 @@ static void test_all_sequences_empty(void **state) {
  * bitwise equal; then each captured in a graph and replayed as the lengths
  * go from the generated ragged ones to all 0, to new ragged ones and back
  * to all 0 (with new data and block tables each round), checked against
- * the reference every replay. */
+ * the reference every replay. Each case's plan is pinned on the host by
+ * test_cuda_policy's test_gpu_test_schedules. */
 static void test_paged_all_sequences_empty(void **state) {
   (void)state;
   static const struct {

@@ -107,6 +107,8 @@ struct Shape {
   uintptr_t k_offset = 0;  // bytes past an aligned address: unaligned rows
   int64_t window = 0;      // window_left
   bool float_out = false;  // out in f32 instead of q's dtype
+  bool q_lens = false;     // per-sequence query lengths
+  bool sinks = false;      // attention-sink logits
 };
 
 fd_decode_args args_of(const Shape &s) {
@@ -125,20 +127,30 @@ fd_decode_args args_of(const Shape &s) {
     a.v = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim});
   }
   if (s.seq_lens) a.seq_lens = tensor(FD_DTYPE_I32, {s.batch});
+  if (s.q_lens) a.q_lens = tensor(FD_DTYPE_I32, {s.batch});
+  if (s.sinks) a.sinks = tensor(FD_DTYPE_F32, {s.q_heads});
   a.window_left = s.window;
   a.num_splits = s.num_splits;
   a.split_tokens = s.split_tokens;
   return a;
 }
 
-// What fd_describe_plan() would report, as the benchmarks print it:
-// "<kernel> <splits>x<tokens> <merge>", the balanced schedule as 0x<tile>.
-std::string plan_of(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
+// A problem's plan and what fd_describe_plan() reports of it.
+struct Planned {
+  fd::Plan plan;
+  fd::LaunchSummary summary;
+};
+Planned planned(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
   const fd_decode_args args = args_of(s);
   const fd::Problem problem = fd::validate_decode_args(&args);
   const fd::Plan plan = fd::cuda::plan_decode(problem, device);
-  const fd::cuda::LaunchChoice launch = fd::cuda::choose_launch(problem, plan, device);
-  const fd::LaunchSummary summary = fd::cuda::summarize(problem, plan, launch);
+  return {plan, fd::cuda::summarize(problem, plan, fd::cuda::choose_launch(problem, plan, device))};
+}
+
+// What fd_describe_plan() would report, as the benchmarks print it:
+// "<kernel> <splits>x<tokens> <merge>", the balanced schedule as 0x<tile>.
+std::string plan_of(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
+  const auto [plan, summary] = planned(s, device);
   const char *merge = summary.merge == FD_MERGE_NONE      ? "direct"
                       : summary.merge == FD_MERGE_FUSED   ? "fused"
                       : summary.merge == FD_MERGE_CLUSTER ? "cluster"
@@ -251,44 +263,72 @@ void test_serving_batches(void **) {
   assert_int_equal(group_of(serving(32, 32, 32, 3000, 128, 16)), 16);  // groups of 32 would idle 16 of 528
 }
 
-// tests/gpu/test_cuda_decode.c, test_balanced_schedule: each case must plan
-// the schedule the GPU test expects, at its full and its quick capacity, so
-// that a policy change that moves one fails here first.
-void test_balanced_schedule_cases(void **) {
+// The GPU tests' paged cases with device lengths (tests/gpu/test_cuda_decode.c:
+// test_balanced_schedule, test_fitted_splits, test_paged_all_sequences_empty)
+// must plan the schedule each expects, at its full and its quick capacity,
+// so that a policy change that moves one fails here, in CI, first.
+void test_gpu_test_schedules(void **) {
+  enum Schedule { kBalanced, kFixed, kFitted };  // kFitted: fixed, at least 2 splits
   struct Case {
     const char *what;
     fd_dtype dtype, kv_dtype;
     bool float_out;
-    int64_t batch, q_heads, kv_heads, head_dim, capacity, q_len, window;
-    bool balanced;
+    int64_t batch, q_heads, kv_heads, head_dim, capacity, quick_capacity, q_len, window;
+    bool q_lens, sinks;
+    Schedule schedule;
   };
-  const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16;
+  const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16, e4m3 = FD_DTYPE_E4M3;
   const Case cases[] = {
-      {"skewed", f16, f16, false, 60, 8, 2, 128, 6000, 1, 0, true},
-      {"one sequence: fixed splits", bf16, bf16, false, 1, 8, 1, 128, 30000, 1, 0, false},
-      {"40 units, a few long ones of many pieces", bf16, bf16, false, 40, 8, 1, 128, 20000, 1, 0, true},
-      {"head_dim 256, 2 KV heads", f16, f16, false, 20, 16, 2, 256, 12000, 1, 0, true},
-      {"q_len 3, window", bf16, bf16, false, 45, 16, 4, 64, 3000, 3, 700, true},
-      {"MHA, head_dim 64", f16, f16, false, 40, 16, 16, 64, 3000, 1, 0, true},
-      {"float out", f16, f16, true, 50, 8, 2, 96, 2000, 1, 0, true},
-      {"e4m3 cache", f16, FD_DTYPE_E4M3, false, 36, 32, 8, 128, 1500, 1, 0, true},
-      {"units past the counters", f16, f16, false, 2100, 8, 8, 32, 32, 1, 0, false},
+      // test_balanced_schedule (quick: capacities over 1000 divided by 4)
+      {"skewed", f16, f16, false, 60, 8, 2, 128, 6000, 1500, 1, 0, false, false, kBalanced},
+      {"one sequence: fixed splits", bf16, bf16, false, 1, 8, 1, 128, 30000, 7500, 1, 0, false, false, kFixed},
+      {"40 units, a few long ones of many pieces", bf16, bf16, false, 40, 8, 1, 128, 20000, 5000, 1, 0, false, false,
+       kBalanced},
+      {"head_dim 256, 2 KV heads", f16, f16, false, 20, 16, 2, 256, 12000, 3000, 1, 0, false, false, kBalanced},
+      {"q_len 3, window", bf16, bf16, false, 45, 16, 4, 64, 3000, 750, 3, 700, false, false, kBalanced},
+      {"MHA, head_dim 64", f16, f16, false, 40, 16, 16, 64, 3000, 750, 1, 0, false, false, kBalanced},
+      {"float out", f16, f16, true, 50, 8, 2, 96, 2000, 500, 1, 0, false, false, kBalanced},
+      {"e4m3 cache", f16, e4m3, false, 36, 32, 8, 128, 1500, 375, 1, 0, false, false, kBalanced},
+      {"units past the counters", f16, f16, false, 2100, 8, 8, 32, 32, 32, 1, 0, false, false, kFixed},
+      // test_fitted_splits (quick: capacity / 4)
+      {"paged, 4 units", f16, f16, false, 2, 16, 2, 64, 65536, 16384, 1, 0, false, false, kFitted},
+      {"a sequence of length 0", bf16, bf16, false, 3, 12, 3, 64, 32768, 8192, 1, 0, false, false, kFitted},
+      {"q_len 4, wide window, ragged queries", f16, f16, false, 2, 8, 2, 128, 32768, 8192, 4, 20000, true, false,
+       kFitted},
+      {"e4m3, head_dim 256", f16, e4m3, false, 1, 16, 2, 256, 32768, 8192, 1, 0, false, false, kFitted},
+      {"one long sequence among short and empty ones", f16, f16, false, 6, 8, 1, 128, 65536, 16384, 1, 0, false, false,
+       kFitted},
+      {"table as wide as the longest", bf16, bf16, false, 4, 8, 1, 128, 40000, 10000, 1, 0, false, false, kFitted},
+      {"every sequence within its first split", f16, f16, false, 5, 8, 1, 128, 65536, 16384, 1, 0, false, false,
+       kFitted},
+      {"one sequence within one split, q_len 3", bf16, bf16, false, 1, 32, 8, 128, 131072, 32768, 3, 0, false, false,
+       kFitted},
+      // test_paged_all_sequences_empty (quick: capacity / 2)
+      {"every length 0, 120 units", f16, f16, false, 60, 8, 2, 128, 500, 250, 1, 0, false, false, kBalanced},
+      {"every length 0, 320 units", bf16, bf16, false, 40, 32, 8, 128, 500, 250, 1, 0, false, false, kBalanced},
+      {"every length 0, f32 out", f16, f16, true, 50, 8, 2, 96, 500, 250, 1, 0, false, false, kBalanced},
+      {"every length 0, e4m3 cache", f16, e4m3, false, 36, 32, 8, 128, 500, 250, 1, 0, false, false, kBalanced},
+      {"every length 0, q_len 3, window, sinks", bf16, bf16, false, 45, 16, 4, 64, 500, 250, 3, 150, false, true,
+       kBalanced},
   };
   for (const Case &c : cases) {
     for (const bool quick : {false, true}) {
-      Shape s =
-          dense(c.batch, c.q_heads, c.kv_heads, quick && c.capacity > 1000 ? c.capacity / 4 : c.capacity, c.head_dim);
+      Shape s = dense(c.batch, c.q_heads, c.kv_heads, quick ? c.quick_capacity : c.capacity, c.head_dim);
       s.dtype = c.dtype;
       s.kv_dtype = c.kv_dtype;
       s.float_out = c.float_out;
       s.q_len = c.q_len;
       s.window = c.window;
+      s.q_lens = c.q_lens;
+      s.sinks = c.sinks;
       s.page_size = 16;
       s.seq_lens = true;
-      const std::string plan = plan_of(s);
-      if ((plan.find(" 0x") != std::string::npos) != c.balanced) {
-        fail_msg("balanced schedule, %s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan.c_str());
-      }
+      const Planned p = planned(s);
+      const bool balanced = p.summary.device_cut_tokens > 0;
+      const bool as_expected = c.schedule == kBalanced ? balanced
+                               : c.schedule == kFixed  ? !balanced
+                                                       : !balanced && p.plan.num_splits >= 2;
+      if (!as_expected) fail_msg("%s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan_of(s).c_str());
     }
   }
 }
@@ -620,7 +660,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dense_shapes),
       cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_balanced_schedule_cases),
+      cmocka_unit_test(test_gpu_test_schedules),
       cmocka_unit_test(test_query_rows),
       cmocka_unit_test(test_8bit_caches),
       cmocka_unit_test(test_fallbacks),
