@@ -135,22 +135,26 @@ fd_decode_args args_of(const Shape &s) {
   return a;
 }
 
-// A problem's plan and what fd_describe_plan() reports of it.
+// A problem's plan, its launch, and what fd_describe_plan() reports of them.
 struct Planned {
   fd::Plan plan;
+  fd::cuda::LaunchChoice launch;
   fd::LaunchSummary summary;
 };
 Planned planned(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
   const fd_decode_args args = args_of(s);
   const fd::Problem problem = fd::validate_decode_args(&args);
   const fd::Plan plan = fd::cuda::plan_decode(problem, device);
-  return {plan, fd::cuda::summarize(problem, plan, fd::cuda::choose_launch(problem, plan, device))};
+  const fd::cuda::LaunchChoice launch = fd::cuda::choose_launch(problem, plan, device);
+  return {plan, launch, fd::cuda::summarize(problem, plan, launch)};
 }
 
 // What fd_describe_plan() would report, as the benchmarks print it:
 // "<kernel> <splits>x<tokens> <merge>", the balanced schedule as 0x<tile>.
 std::string plan_of(const Shape &s, const fd::cuda::DeviceProfile &device = h200()) {
-  const auto [plan, summary] = planned(s, device);
+  const Planned p = planned(s, device);
+  const fd::Plan &plan = p.plan;
+  const fd::LaunchSummary &summary = p.summary;
   const char *merge = summary.merge == FD_MERGE_NONE      ? "direct"
                       : summary.merge == FD_MERGE_FUSED   ? "fused"
                       : summary.merge == FD_MERGE_CLUSTER ? "cluster"
@@ -251,11 +255,7 @@ void test_serving_batches(void **) {
   expect_plan(serving(48, 32, 8, 12288, 128, 0), "tensor-core-wide-128 2x6144 fused",
               "serving 8 (dense: the fixed schedule)");
   // Its workers take runs in groups as wide as a sequence's KV heads where both divide evenly.
-  const auto group_of = [](const Shape &s) {
-    const fd_decode_args args = args_of(s);
-    const fd::Problem p = fd::validate_decode_args(&args);
-    return fd::cuda::choose_launch(p, fd::cuda::plan_decode(p, h200()), h200()).balanced_group;
-  };
+  const auto group_of = [](const Shape &s) { return planned(s).launch.balanced_group; };
   assert_int_equal(group_of(serving(48, 32, 8, 12288, 128, 16)), 8);
   assert_int_equal(group_of(serving(6, 32, 8, 98304, 128, 32)), 8);
   assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);   // 528 compact workers
