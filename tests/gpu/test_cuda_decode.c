@@ -1863,7 +1863,8 @@ static void test_window_edges(void **state) {
  * with the variants' scoring and ragged query lengths, head_dim 64, 96 and
  * 128; small pages, few units and head_dim 256 keep the standard tiles.
  * Each against the reference and twice bitwise equal; the plan names the
- * kernel. */
+ * kernel. Each case's kernel is pinned on the host by test_cuda_policy's
+ * test_gpu_test_kernels: change both together. */
 static void test_compact_tiles(void **state) {
   (void)state;
   static const kernel_spec spec[] = {

@@ -109,6 +109,8 @@ struct Shape {
   bool float_out = false;  // out in f32 instead of q's dtype
   bool q_lens = false;     // per-sequence query lengths
   bool sinks = false;      // attention-sink logits
+  float softcap = 0.0f;    // logit_softcap
+  bool alibi = false;      // ALiBi slopes
 };
 
 fd_decode_args args_of(const Shape &s) {
@@ -129,6 +131,8 @@ fd_decode_args args_of(const Shape &s) {
   if (s.seq_lens) a.seq_lens = tensor(FD_DTYPE_I32, {s.batch});
   if (s.q_lens) a.q_lens = tensor(FD_DTYPE_I32, {s.batch});
   if (s.sinks) a.sinks = tensor(FD_DTYPE_F32, {s.q_heads});
+  if (s.alibi) a.alibi_slopes = tensor(FD_DTYPE_F32, {s.q_heads});
+  a.logit_softcap = s.softcap;
   a.window_left = s.window;
   a.num_splits = s.num_splits;
   a.split_tokens = s.split_tokens;
@@ -329,6 +333,61 @@ void test_gpu_test_schedules(void **) {
                                : c.schedule == kFixed  ? !balanced
                                                        : !balanced && p.plan.num_splits >= 2;
       if (!as_expected) fail_msg("%s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan_of(s).c_str());
+    }
+  }
+}
+
+// The kernel each case of the GPU suite's test_compact_tiles expects
+// (tests/gpu/test_cuda_decode.c, expect_spec_on_kernel: "tensor-core-" is
+// the standard or wide tiles), at its full and quick (kv_len / 4) capacity:
+// a policy change that moves one fails here, in CI, first. Paged, pages of
+// page_size tokens (the HND case plans as NHD: strides only decide 32-bit
+// offsets), lengths on the device.
+void test_gpu_test_kernels(void **) {
+  struct Case {
+    const char *what;
+    fd_dtype dtype;
+    int64_t batch, q_heads, kv_heads, head_dim, kv_len, page_size, q_len, window;
+    float softcap;
+    bool alibi, sinks, q_lens;
+    const char *kernel;
+  };
+  const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16;
+  const Case cases[] = {
+      {"many short sequences: fixed schedule", f16, 600, 32, 8, 128, 1200, 16, 1, 0, 0.0f, false, false, false,
+       "tensor-core-compact-128"},
+      {"balanced, group 2", bf16, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0f, false, false, false, "tensor-core-compact-128"},
+      {"MHA, head_dim 64", f16, 40, 8, 8, 64, 4000, 16, 1, 0, 0.0f, false, true, false, "tensor-core-compact-64"},
+      {"head_dim 96, softcap, ALiBi, sinks", bf16, 40, 32, 8, 96, 3000, 64, 1, 0, 30.0f, true, true, false,
+       "tensor-core-compact-128"},
+      {"q_len 4 x group 4, window, ragged q_lens", f16, 40, 32, 8, 128, 3000, 16, 4, 500, 0.0f, false, false, true,
+       "tensor-core-compact-128"},
+      {"pages of 8: standard tiles", f16, 40, 32, 8, 128, 3000, 8, 1, 0, 0.0f, false, false, false, "tensor-core-"},
+      {"4 sequences: standard tiles", bf16, 4, 32, 8, 128, 6000, 16, 1, 0, 0.0f, false, false, false, "tensor-core-"},
+      {"head_dim 256: standard tiles", f16, 40, 16, 8, 256, 2000, 16, 1, 0, 0.0f, false, false, false, "tensor-core-"},
+  };
+  const auto starts_with = [](const std::string &s, const char *prefix) { return s.rfind(prefix, 0) == 0; };
+  for (const Case &c : cases) {
+    for (const bool quick : {false, true}) {
+      Shape s = dense(c.batch, c.q_heads, c.kv_heads, quick ? c.kv_len / 4 : c.kv_len, c.head_dim);
+      s.dtype = s.kv_dtype = c.dtype;
+      s.page_size = c.page_size;
+      s.seq_lens = true;
+      s.q_len = c.q_len;
+      s.window = c.window;
+      s.softcap = c.softcap;
+      s.alibi = c.alibi;
+      s.sinks = c.sinks;
+      s.q_lens = c.q_lens;
+      const std::string plan = plan_of(s);
+      const std::string kernel = plan.substr(0, plan.find(' '));
+      const bool other_tensor_core = starts_with(kernel, "tensor-core-rows") ||
+                                     starts_with(kernel, "tensor-core-compact-") ||
+                                     starts_with(kernel, "tensor-core-8bit-");
+      const bool standard = std::string(c.kernel) == "tensor-core-";
+      if (!starts_with(kernel, c.kernel) || (standard && other_tensor_core)) {
+        fail_msg("%s%s: planned '%s', expected %s", c.what, quick ? " (quick)" : "", plan.c_str(), c.kernel);
+      }
     }
   }
 }
@@ -658,15 +717,11 @@ void test_random_problems(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dense_shapes),
-      cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_gpu_test_schedules),
-      cmocka_unit_test(test_query_rows),
-      cmocka_unit_test(test_8bit_caches),
-      cmocka_unit_test(test_fallbacks),
-      cmocka_unit_test(test_batch_invariant),
-      cmocka_unit_test(test_window_plans),
-      cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_dense_shapes),       cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_gpu_test_schedules), cmocka_unit_test(test_gpu_test_kernels),
+      cmocka_unit_test(test_query_rows),         cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),          cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_window_plans),       cmocka_unit_test(test_manual_splits_and_tables),
       cmocka_unit_test(test_random_problems),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
