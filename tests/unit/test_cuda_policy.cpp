@@ -197,6 +197,20 @@ Shape dense(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t capacity, 
   return s;
 }
 
+// A GPU test's paged case as tests/gpu/test_cuda_decode.c builds it: q and
+// the cache in these dtypes, lengths on the device, q_len query tokens.
+Shape gpu_test_case(fd_dtype dtype, fd_dtype kv_dtype, int64_t batch, int64_t q_heads, int64_t kv_heads,
+                    int64_t head_dim, int64_t capacity, int64_t page_size, int64_t q_len, int64_t window) {
+  Shape s = dense(batch, q_heads, kv_heads, capacity, head_dim);
+  s.dtype = dtype;
+  s.kv_dtype = kv_dtype;
+  s.page_size = page_size;
+  s.seq_lens = true;
+  s.q_len = q_len;
+  s.window = window;
+  return s;
+}
+
 // docs/performance.md, "Results": the dense shapes' plans.
 void test_dense_shapes(void **) {
   expect_plan(dense(1, 32, 8, 32768, 128), "tensor-core-wide-128 16x2048 fused", "shape 1");
@@ -317,16 +331,11 @@ void test_gpu_test_schedules(void **) {
   };
   for (const Case &c : cases) {
     for (const bool quick : {false, true}) {
-      Shape s = dense(c.batch, c.q_heads, c.kv_heads, quick ? c.quick_capacity : c.capacity, c.head_dim);
-      s.dtype = c.dtype;
-      s.kv_dtype = c.kv_dtype;
+      Shape s = gpu_test_case(c.dtype, c.kv_dtype, c.batch, c.q_heads, c.kv_heads, c.head_dim,
+                              quick ? c.quick_capacity : c.capacity, 16, c.q_len, c.window);
       s.float_out = c.float_out;
-      s.q_len = c.q_len;
-      s.window = c.window;
       s.q_lens = c.q_lens;
       s.sinks = c.sinks;
-      s.page_size = 16;
-      s.seq_lens = true;
       const Planned p = planned(s);
       const bool balanced = p.summary.device_cut_tokens > 0;
       const bool as_expected = c.schedule == kBalanced ? balanced
@@ -369,24 +378,19 @@ void test_gpu_test_kernels(void **) {
   const auto starts_with = [](const std::string &s, const char *prefix) { return s.rfind(prefix, 0) == 0; };
   for (const Case &c : cases) {
     for (const bool quick : {false, true}) {
-      Shape s = dense(c.batch, c.q_heads, c.kv_heads, quick ? c.kv_len / 4 : c.kv_len, c.head_dim);
-      s.dtype = s.kv_dtype = c.dtype;
-      s.page_size = c.page_size;
-      s.seq_lens = true;
-      s.q_len = c.q_len;
-      s.window = c.window;
+      Shape s = gpu_test_case(c.dtype, c.dtype, c.batch, c.q_heads, c.kv_heads, c.head_dim,
+                              quick ? c.kv_len / 4 : c.kv_len, c.page_size, c.q_len, c.window);
       s.softcap = c.softcap;
       s.alibi = c.alibi;
       s.sinks = c.sinks;
       s.q_lens = c.q_lens;
-      const std::string plan = plan_of(s);
-      const std::string kernel = plan.substr(0, plan.find(' '));
+      const std::string kernel = planned(s).summary.kernel;
       const bool other_tensor_core = starts_with(kernel, "tensor-core-rows") ||
                                      starts_with(kernel, "tensor-core-compact-") ||
                                      starts_with(kernel, "tensor-core-8bit-");
       const bool standard = std::string(c.kernel) == "tensor-core-";
       if (!starts_with(kernel, c.kernel) || (standard && other_tensor_core)) {
-        fail_msg("%s%s: planned '%s', expected %s", c.what, quick ? " (quick)" : "", plan.c_str(), c.kernel);
+        fail_msg("%s%s: planned '%s', expected %s", c.what, quick ? " (quick)" : "", plan_of(s).c_str(), c.kernel);
       }
     }
   }
