@@ -61,8 +61,9 @@ struct Plan {
   size_t m_offset = 0;
   size_t l_offset = 0;
   size_t acc_offset = 0;
-  // Backend scratch after the partials: the CPU backend's per-thread
-  // buffers, scratch_bytes each from scratch_offset (0 bytes: none).
+  // Backend scratch after the partials, scratch_bytes each from
+  // scratch_offset (0 bytes: none): the CPU backend's per-thread buffers,
+  // the CUDA backend's order of the sequences (one buffer).
   size_t scratch_offset = 0;
   size_t scratch_bytes = 0;
   size_t workspace_bytes = 0;

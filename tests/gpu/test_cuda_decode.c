@@ -77,7 +77,9 @@ static fd_plan_info describe(const fd_handle *h, const fd_decode_args *args) {
   fd_plan_info_init(&info, sizeof info);
   const fd_status s = fd_describe_plan(h, args, &info);
   if (s != FD_SUCCESS) fail_msg("fd_describe_plan failed: %s: %s", fd_status_string(s), last_message());
-  if (info.launches != (info.merge == FD_MERGE_SEPARATE ? 2 : 1)) {
+  /* One more ahead of a fixed grid ordered longest first (lengths on the device). */
+  const int extra = info.launches - (info.merge == FD_MERGE_SEPARATE ? 2 : 1);
+  if (extra < 0 || extra > 1 || (extra == 1 && (info.num_splits == 0 || args->seq_lens.data == NULL))) {
     fail_msg("plan of %d launches with merge %d", (int)info.launches, (int)info.merge);
   }
   return info;
@@ -107,10 +109,12 @@ static void decode_cuda(fd_handle *h, fdt_problem *p, fdt_device_problem *d, cud
  * particular) check_case, close_case, and only then fail_msg: failing
  * longjmps, and device buffers left behind (GiBs in the large-offset test)
  * would starve the tests after it. */
+enum { kReportBytes = 256 }; /* a case's fdt_check summary */
+
 typedef struct gpu_case {
-  fdt_problem p;        /* host storage and the float64 reference */
-  fdt_device_problem d; /* device copy; tests may repoint d.args or overwrite d's buffers */
-  char report[256];     /* fdt_check's summary; close_case keeps it for the failure message */
+  fdt_problem p;             /* host storage and the float64 reference */
+  fdt_device_problem d;      /* device copy; tests may repoint d.args or overwrite d's buffers */
+  char report[kReportBytes]; /* fdt_check's summary; close_case keeps it for the failure message */
   double out_error, lse_error;
 } gpu_case;
 
@@ -155,6 +159,32 @@ static int check_case_twice(gpu_case *t, int *same) {
 static void close_case(gpu_case *t) {
   fdt_cuda_free(&t->d);
   fdt_problem_free(&t->p);
+}
+
+/* A case planned on the shared handle and checked twice (check_case_twice):
+ * its plan, whether it missed the reference, whether the runs were bitwise
+ * equal, and the report. */
+typedef struct planned_check {
+  fd_plan_info plan;
+  int bad, same;
+  char report[kReportBytes];
+} planned_check;
+
+static planned_check check_planned_case(const fdt_case *c) {
+  planned_check r;
+  gpu_case t;
+  open_case(&t, c);
+  r.plan = describe(g_cuda, &t.d.args);
+  r.bad = check_case_twice(&t, &r.same);
+  memcpy(r.report, t.report, sizeof r.report);
+  close_case(&t);
+  return r;
+}
+
+/* Fails `test`'s case `what` where check_planned_case found a mismatch. */
+static void expect_checked(const planned_check *r, const char *test, const char *what) {
+  if (r->bad) fail_msg("%s, %s: %s", test, what, r->report);
+  if (!r->same) fail_msg("%s, %s: two runs differ", test, what);
 }
 
 /* open_case, check_case, a line naming the case (`what`) with the report,
@@ -1147,17 +1177,14 @@ static void test_ragged_batches(void **state) {
     c.layout = i % 2 ? FDT_BNHD : FDT_BHND;
     c.ragged = 1;
     c.with_lse = 1;
-    gpu_case t;
-    open_case(&t, &c);
-    const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    int same = 1;
-    const int bad = check_case_twice(&t, &same);
+    const planned_check r = check_planned_case(&c);
+    const fd_plan_info plan = r.plan;
     print_message("ragged batch %zu: %lldx%lld/%lldx%lldx%lld (%s, %d x %lld, merge %d): %s\n", i, (long long)c.batch,
                   (long long)c.q_heads, (long long)c.kv_heads, (long long)c.kv_len, (long long)c.head_dim, plan.kernel,
-                  (int)plan.num_splits, (long long)plan.split_tokens, (int)plan.merge, t.report);
-    close_case(&t);
-    if (bad) fail_msg("ragged batch %zu: %s", i, t.report);
-    if (!same) fail_msg("ragged batch %zu: two runs differ", i);
+                  (int)plan.num_splits, (long long)plan.split_tokens, (int)plan.merge, r.report);
+    char what[32];
+    snprintf(what, sizeof what, "%zu", i);
+    expect_checked(&r, "ragged batch", what);
   }
 }
 
@@ -1240,22 +1267,17 @@ static void test_balanced_schedule(void **state) {
       }
       c.lens = lens;
     }
-    gpu_case t;
-    open_case(&t, &c);
+    const planned_check r = check_planned_case(&c);
     free(lens);
-    const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    int same = 1;
-    const int bad = check_case_twice(&t, &same);
+    const fd_plan_info plan = r.plan;
     if ((plan.num_splits == 0) != spec[i].balanced) {
       fail_msg("balanced schedule, %s: planned %d splits of %lld", spec[i].what, (int)plan.num_splits,
                (long long)plan.split_tokens);
     }
     print_message("balanced schedule, %s: %lldx%lld/%lld, capacity %lld x %lld (%s, %lld blocks, merge %d): %s\n",
                   spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)kv_len,
-                  (long long)c.head_dim, plan.kernel, (long long)plan.blocks, (int)plan.merge, t.report);
-    close_case(&t);
-    if (bad) fail_msg("balanced schedule, %s: %s", spec[i].what, t.report);
-    if (!same) fail_msg("balanced schedule, %s: two runs differ", spec[i].what);
+                  (long long)c.head_dim, plan.kernel, (long long)plan.blocks, (int)plan.merge, r.report);
+    expect_checked(&r, "balanced schedule", spec[i].what);
   }
 }
 
@@ -1312,21 +1334,16 @@ static void test_fitted_splits(void **state) {
     }
     if (c.batch == 3) lens[1] = 0;
     c.lens = lens;
-    gpu_case t;
-    open_case(&t, &c);
-    const fd_plan_info plan = describe(g_cuda, &t.d.args);
-    int same = 1;
-    const int bad = check_case_twice(&t, &same);
+    const planned_check r = check_planned_case(&c);
+    const fd_plan_info plan = r.plan;
     print_message(
         "fitted splits, %s: %lldx%lld/%lld, capacity %lld, longest %lld x %lld (%s, %d splits of up to %lld, "
         "merge %d): %s\n",
         spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)capacity,
         (long long)longest, (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.split_tokens,
-        (int)plan.merge, t.report);
-    close_case(&t);
+        (int)plan.merge, r.report);
     if (plan.num_splits < 2) fail_msg("fitted splits, %s: planned %d splits", spec[i].what, (int)plan.num_splits);
-    if (bad) fail_msg("fitted splits, %s: %s", spec[i].what, t.report);
-    if (!same) fail_msg("fitted splits, %s: two runs differ", spec[i].what);
+    expect_checked(&r, "fitted splits", spec[i].what);
   }
   /* One captured graph, its lengths moving between one split in use and
    * many: the split kernel writes the output while every sequence is within
@@ -1337,29 +1354,99 @@ static void test_fitted_splits(void **state) {
   graph_replay_case(c, "fitted splits, one in use and many", &round_lens[0][0]);
 }
 
+/* Paged and dense batches on the fixed schedule, more than a wave of CTAs,
+ * lengths on the device: the grid's rows take their sequences longest
+ * first (policy.cpp, kLongestFirstMaxBatch), in the order a kernel ahead of
+ * the split kernel writes (kernels/sequence_order.cuh). An order that
+ * attended a sequence twice or left one out shows in the reference check
+ * (outputs poisoned first): lengths drawn, all alike, one long among short,
+ * many ties over several of the order kernel's chunks of 1024 sequences;
+ * a graph replayed over new lengths reorders without a new plan. */
+static void test_longest_first(void **state) {
+  (void)state;
+  enum { kDrawn, kAlike, kOneLong, kTies };
+  static const struct {
+    const char *what;
+    fd_dtype dtype, kv_dtype;
+    fdt_layout layout;
+    int64_t batch, q_heads, kv_heads, head_dim, capacity, q_len, window;
+    int lengths;
+  } spec[] = {
+      {"lengths drawn", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 384, 32, 8, 128, 1536, 1, 0, kDrawn},
+      {"all alike", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 300, 16, 8, 128, 1000, 1, 0, kAlike},
+      {"one long among short, q_len 2, window", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 300, 16, 8, 64, 4000, 2, 900, kOneLong},
+      {"many ties, 2500 sequences", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2500, 8, 4, 128, 600, 1, 0, kTies},
+      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 300, 32, 8, 128, 1200, 1, 0, kDrawn},
+      {"dense cache", FD_DTYPE_BF16, 0, FDT_BNHD, 96, 32, 8, 128, 6000, 1, 0, kDrawn},
+  };
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
+    const int64_t capacity = g_quick && spec[i].capacity > 1000 ? spec[i].capacity / 4 : spec[i].capacity;
+    fdt_case c =
+        paged_lengths_case(spec[i].dtype, spec[i].kv_dtype, FDT_SCALE_HEAD, spec[i].layout, spec[i].batch,
+                           spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim, capacity, g_seed + 1500 + (uint64_t)i);
+    if (spec[i].layout == FDT_BNHD) c.page_size = 0;
+    c.q_len = spec[i].q_len;
+    c.window = spec[i].window;
+    int64_t *lens = malloc((size_t)c.batch * sizeof *lens);
+    if (lens == NULL) fail_msg("out of host memory");
+    uint64_t rng = g_seed + 1550 + (uint64_t)i;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const int64_t ties[] = {0, 17, 300, 301, capacity};
+      switch (spec[i].lengths) {
+        case kDrawn: lens[b] = b % 13 == 5 ? 0 : draw_below(&rng, capacity + 1); break;
+        case kAlike: lens[b] = capacity - 5; break;
+        case kOneLong: lens[b] = b == c.batch / 2 ? capacity : b % 7 == 0 ? 0 : draw_below(&rng, capacity / 20); break;
+        default: lens[b] = ties[draw_below(&rng, 5)]; break;
+      }
+    }
+    c.lens = lens;
+    const planned_check r = check_planned_case(&c);
+    free(lens);
+    const fd_plan_info plan = r.plan;
+    print_message(
+        "longest first, %s: %lldx%lld/%lld, capacity %lld x %lld (%s, %d splits, %lld blocks, merge %d): %s\n",
+        spec[i].what, (long long)c.batch, (long long)c.q_heads, (long long)c.kv_heads, (long long)capacity,
+        (long long)c.head_dim, plan.kernel, (int)plan.num_splits, (long long)plan.blocks, (int)plan.merge, r.report);
+    /* Not balanced (0 splits) and more than a wave: at most 4 CTAs a multiprocessor. */
+    if (plan.num_splits == 0 || plan.blocks <= 4 * (int64_t)sms) {
+      fail_msg("longest first, %s: %d splits, %lld blocks", spec[i].what, (int)plan.num_splits, (long long)plan.blocks);
+    }
+    expect_checked(&r, "longest first", spec[i].what);
+  }
+  /* One graph over three rounds of lengths, each in another order. */
+  enum { kBatch = 320 };
+  static int64_t round_lens[3][kBatch];
+  uint64_t rng = g_seed + 1590;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    round_lens[0][b] = draw_below(&rng, 1025);
+    round_lens[1][b] = b % 9 == 0 ? 1024 : draw_below(&rng, 40);
+    round_lens[2][b] = 1024 - round_lens[0][b];
+  }
+  const fdt_case c =
+      paged_lengths_case(FD_DTYPE_F16, 0, FDT_SCALE_HEAD, FDT_PAGED_NHD, kBatch, 32, 8, 128, 1024, g_seed + 1595);
+  graph_replay_case(c, "longest first, lengths reordered between replays", &round_lens[0][0]);
+}
+
 /* Plans c on the shared handle, checks it twice against the reference
  * (bitwise equal runs) and that the plan's kernel starts with `kernel`
  * ("tensor-core-": the standard or wide tiles, not the rows, compact or
  * 8-bit kernels). */
 static void expect_case_on_kernel(const fdt_case *c, const char *test, const char *what, const char *kernel) {
-  gpu_case t;
-  open_case(&t, c);
-  const fd_plan_info plan = describe(g_cuda, &t.d.args);
-  int same = 1;
-  const int bad = check_case_twice(&t, &same);
+  const planned_check r = check_planned_case(c);
+  const fd_plan_info plan = r.plan;
   print_message("%s, %s: %lldx%lld/%lld x %lld x %lld, q_len %lld%s (%s, %d splits, merge %d): %s\n", test, what,
                 (long long)c->batch, (long long)c->q_heads, (long long)c->kv_heads, (long long)c->kv_len,
                 (long long)c->head_dim, (long long)c->q_len, c->ragged_q ? " ragged" : "", plan.kernel,
-                (int)plan.num_splits, (int)plan.merge, t.report);
-  close_case(&t);
+                (int)plan.num_splits, (int)plan.merge, r.report);
   const int other_tensor_core = starts_with(plan.kernel, "tensor-core-rows") ||
                                 starts_with(plan.kernel, "tensor-core-compact-") ||
                                 starts_with(plan.kernel, "tensor-core-8bit-");
   if (!starts_with(plan.kernel, kernel) || (strcmp(kernel, "tensor-core-") == 0 && other_tensor_core)) {
     fail_msg("%s, %s: kernel %s", test, what, plan.kernel);
   }
-  if (bad) fail_msg("%s, %s: %s", test, what, t.report);
-  if (!same) fail_msg("%s, %s: two runs differ", test, what);
+  expect_checked(&r, test, what);
 }
 
 /* A case of the kernel-family tests below, built by expect_spec_on_kernel:
@@ -3405,6 +3492,7 @@ int main(void) {
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ragged_batches);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_balanced_schedule);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fitted_splits);
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_longest_first);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_two_threads_two_streams);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_dense);
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_large_offsets_paged);

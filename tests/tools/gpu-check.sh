@@ -67,7 +67,7 @@ mkdir -p "$logs"
 steps=${FD_GPU_CHECK_STEPS:-tests python memcheck racecheck initcheck synccheck demo sdpa}
 racecheck_filters=${FD_GPU_CHECK_RACECHECK_FILTERS:-tensor_core_case_* matrix_case_00? test_compact_tiles test_rows_kernel
   test_balanced_schedule quantized_case_0? variant_case_00? test_append_matches_cpu test_merge_states
-  test_merge_paths_on_caller_workspace}
+  test_merge_paths_on_caller_workspace test_longest_first}
 step_timeout=${FD_GPU_CHECK_TIMEOUT:-240}
 shards=${FD_GPU_CHECK_SHARDS:-1}
 sdpa_timeout=${FD_GPU_CHECK_SDPA_TIMEOUT:-540}

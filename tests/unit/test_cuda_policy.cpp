@@ -279,6 +279,22 @@ void test_serving_batches(void **) {
   assert_int_equal(group_of(serving(32, 16, 16, 3000, 64, 16)), 16);   // 528 compact workers
   assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 5);    // 5 KV heads: 525 of the 528 workers
   assert_int_equal(group_of(serving(32, 32, 32, 3000, 128, 16)), 16);  // groups of 32 would idle 16 of 528
+  // Fixed grids of more than a wave with lengths on the device take their sequences longest first.
+  const auto longest_first = [](const Shape &s) {
+    const fd_decode_args args = args_of(s);
+    const fd::Problem p = fd::validate_decode_args(&args);
+    return fd::cuda::choose_launch(p, fd::cuda::plan_decode(p, h200()), h200()).longest_first;
+  };
+  assert_true(longest_first(serving(384, 32, 8, 1536, 128, 16)));                     // 3072 CTAs, 528 slots
+  assert_int_equal(planned(serving(384, 32, 8, 1536, 128, 16)).summary.launches, 2);  // the order kernel first
+  assert_int_equal(planned(serving(48, 32, 8, 12288, 128, 16)).summary.launches, 1);  // balanced: no order
+  assert_true(longest_first(serving(48, 32, 8, 12288, 128, 0)));                      // dense: 768 wide CTAs, 132 slots
+  assert_true(longest_first(serving(4096, 32, 8, 512, 128, 16)));   // up to kLongestFirstMaxBatch sequences
+  assert_false(longest_first(serving(4097, 32, 8, 512, 128, 16)));  // the order kernel would read too many lengths
+  assert_false(longest_first(serving(48, 32, 8, 12288, 128, 16)));  // balanced
+  assert_false(longest_first(serving(4, 8, 1, 65536, 128, 16)));    // fitted: a grid of one wave
+  assert_false(longest_first(dense(384, 32, 8, 1536, 128)));        // host lengths: all alike
+  assert_false(longest_first(serving(16, 32, 8, 1536, 128, 16)));   // 128 CTAs: one wave, order costs nothing
 }
 
 // The GPU tests' paged cases with device lengths (tests/gpu/test_cuda_decode.c:

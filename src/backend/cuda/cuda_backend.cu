@@ -3,10 +3,11 @@
 // Problem and Plan turned into kernel parameters and one launch call. Which
 // kernel and merge run is policy.cpp's; the kernels are behind dispatch.h.
 //
-// fd_decode on this backend enqueues one kernel (two when the merge is not
-// fused into the split kernel) on the caller's stream and nothing else: no
-// allocation (the api layer reserved the workspace), no copy, no
-// synchronisation, so it can be captured in a CUDA graph.
+// fd_decode on this backend enqueues the split kernel (after the kernel
+// that orders its grid, policy.cpp's kLongestFirstMaxBatch; before the
+// merge kernel when the merge is not fused into it) on the caller's stream
+// and nothing else: no allocation (the api layer reserved the workspace),
+// no copy, no synchronisation, so it can be captured in a CUDA graph.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -127,6 +128,14 @@ cuda::SplitParams split_params(const Problem &p, const Plan &plan, const cuda::L
                               static_cast<float>(std::max<int64_t>(1, launch.fitted_target_ctas));
   if (launch.fitted_split_floor > 0) s.used_splits = reinterpret_cast<int32_t *>(workspace + cuda::kUsedSplitsOffset);
   s.fitted_ctas = launch.fitted_ctas;
+  if (launch.longest_first) {
+    // plan_decode reserved the order as the plan's scratch.
+    if (p.batch > cuda::kMaxOrderedSequences || plan.scratch_bytes < static_cast<size_t>(p.batch) * sizeof(int32_t)) {
+      fail(FD_ERROR_INTERNAL, "CUDA backend: no workspace for the order of %lld sequences",
+           static_cast<long long>(p.batch));
+    }
+    s.sequence_order = reinterpret_cast<int32_t *>(workspace + plan.scratch_offset);
+  }
   s.balanced_workers = launch.balanced_workers;
   s.balanced_group = launch.balanced_group;
   s.piece_overhead_tiles = launch.piece_overhead_tiles;

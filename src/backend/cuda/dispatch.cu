@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels/check_contents.cuh"
 #include "backend/cuda/kernels/merge_kernel.cuh"
 #include "backend/cuda/kernels/merge_states.cuh"
+#include "backend/cuda/kernels/sequence_order.cuh"
 #include "backend/cuda/dispatch_families.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -150,6 +151,8 @@ SplitKernelShape split_kernel_shape(SplitVariant variant, fd_dtype kv_dtype, int
 
 cudaError_t prepare_kernels(KernelOccupancy *occupancy) {
   cudaFuncAttributes attributes;
+  // Loaded now, not on the first decode (which may be under graph capture).
+  if (const cudaError_t err = cudaFuncGetAttributes(&attributes, sequence_order_kernel); err != cudaSuccess) return err;
   for (fd_dtype dtype : kStorageDtypes) {
     const cudaError_t err =
         with_merge_kernel(dtype, [&](auto kernel) { return cudaFuncGetAttributes(&attributes, kernel.function); });
@@ -362,6 +365,10 @@ cudaError_t launch_check_contents(const CheckParams &check, cudaStream_t stream)
 
 cudaError_t launch_decode(SplitVariant variant, fd_dtype q_dtype, fd_dtype kv_dtype, fd_dtype out_dtype,
                           const SplitParams &split, const MergeParams *merge, bool programmatic, cudaStream_t stream) {
+  if (split.sequence_order != nullptr) {
+    const cudaError_t err = launch_on(stream, programmatic, dim3(1), kOrderThreads, sequence_order_kernel, split);
+    if (err != cudaSuccess) return err;
+  }
   const cudaError_t err =
       row_of(variant).launch(q_dtype, kv_dtype, head_dim_bucket(split.head_dim), split, programmatic, stream);
   if (err != cudaSuccess || merge == nullptr) return err;

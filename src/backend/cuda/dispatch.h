@@ -28,7 +28,8 @@ cudaError_t probe_kernel_image();
 cudaError_t merge_supports_programmatic_launch(bool *supported);
 
 // Enqueues the split kernel of `variant` for q of q_dtype and K/V of
-// kv_dtype (q's, or an 8-bit cache for the 8-bit variants) and, when merge
+// kv_dtype (q's, or an 8-bit cache for the 8-bit variants), after the
+// kernel that writes split.sequence_order when it is set, and, when merge
 // is not null, the merge kernel writing out_dtype; with programmatic set (see
 // merge_supports_programmatic_launch), each may be scheduled while the kernel
 // before it on the stream finishes (it waits for it before touching memory).

@@ -112,6 +112,11 @@ struct SplitParams {
   // empty states of the splits in use being shared out after them
   // (prims/schedule.cuh, next_fitted_pieces). 0: a CTA a (unit, split).
   int32_t fitted_ctas = 0;
+  // The fixed schedule's grid (not fitted, not clustered): the sequences
+  // in the order its rows take them, longest first (batch entries in the
+  // workspace, written by the order kernel ahead of the split kernel:
+  // kernels/sequence_order.cuh). Null: in index order.
+  int32_t *sequence_order = nullptr;
   // > 0: the balanced schedule (prims/schedule.cuh): the grid is this many
   // workers, each taking an equal run of the batch's units laid end to end,
   // a unit costing its tiles plus piece_overhead_tiles; partial states live
@@ -292,6 +297,10 @@ constexpr size_t kMergeCounterBytes = kMergeCounterSlots * sizeof(unsigned);
 // the whole header.
 constexpr size_t kUsedSplitsOffset = kMergeCounterBytes;
 constexpr size_t kWorkspaceHeaderBytes = kMergeCounterBytes + 128;
+
+// The most sequences the order kernel sorts (SplitParams::sequence_order):
+// it keeps each one's class in a byte of shared memory.
+constexpr int64_t kMaxOrderedSequences = 4096;
 
 // Callable from host and device code; plain inline for the host compiler.
 #ifdef __CUDACC__

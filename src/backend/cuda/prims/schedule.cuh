@@ -4,7 +4,8 @@
 //
 // Fixed (SplitParams::balanced_workers == 0): CTA (x, y) takes split
 // x / (head_chunks * kv_heads) of unit x % (head_chunks * kv_heads) for
-// sequences y, y + gridDim.y, ...: every split covers split_tokens of every
+// sequences of rank y, y + gridDim.y, ... (the index, or longest first:
+// SplitParams::sequence_order): every split covers split_tokens of every
 // sequence, so with per-sequence lengths most CTAs of short sequences find
 // nothing to do while the long ones' splits run late. Paged batches of few
 // units fit the split length to the lengths instead (start_fixed_walk) and
@@ -107,8 +108,8 @@ struct alignas(128) PieceBatch {
   Piece pieces[kPieceBatch];
   int count;
   int keyed_pieces;  // fitted grid: the batch's pieces with keys
-  // Where the walk stands: the next sequence (fixed schedule: the next of
-  // blockIdx.y, gridDim.y, ...; fitted grid: the CTA's pieces handed out);
+  // Where the walk stands: the next sequence (fixed schedule: the next rank
+  // of blockIdx.y, + gridDim.y, ...; fitted grid: the CTA's pieces handed out);
   // balanced: its next set of units (-1: the run's first, still to be
   // found), where its sets start on the line, and this worker's group's run
   // [run_begin, run_end) of a line cut in runs of `run`. Fixed: the split
@@ -389,6 +390,8 @@ __device__ inline void next_fitted_pieces(const SplitParams &p, PieceBatch &batc
 }
 
 // The next pieces of the fixed schedule (warp 0, all lanes; lane 0 writes).
+// Row y of the grid takes the sequences of rank y, y + gridDim.y, ...: the
+// rank is the sequence, or with sequence_order the sequence it names.
 template <bool kSplitFastest>
 __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
   if (!kSplitFastest && p.fitted_ctas > 0) {
@@ -403,13 +406,13 @@ __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
   piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
   piece.pieces = batch.used_splits;
   int count = 0;
-  int64_t b = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
-  for (; b < p.batch && count < kPieceBatch; b += gridDim.y) {
-    piece.b = b;
-    piece.range = split_range(p, b, piece.split, batch.split_tokens);
+  int64_t rank = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
+  for (; rank < p.batch && count < kPieceBatch; rank += gridDim.y) {
+    piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
+    piece.range = split_range(p, piece.b, piece.split, batch.split_tokens);
     batch.pieces[count++] = piece;
   }
-  batch.b = b;
+  batch.b = rank;
   batch.count = count;
 }
 
