@@ -280,11 +280,7 @@ void test_serving_batches(void **) {
   assert_int_equal(group_of(serving(32, 40, 5, 3000, 128, 16)), 5);    // 5 KV heads: 525 of the 528 workers
   assert_int_equal(group_of(serving(32, 32, 32, 3000, 128, 16)), 16);  // groups of 32 would idle 16 of 528
   // Fixed grids of more than a wave with lengths on the device take their sequences longest first.
-  const auto longest_first = [](const Shape &s) {
-    const fd_decode_args args = args_of(s);
-    const fd::Problem p = fd::validate_decode_args(&args);
-    return fd::cuda::choose_launch(p, fd::cuda::plan_decode(p, h200()), h200()).longest_first;
-  };
+  const auto longest_first = [](const Shape &s) { return planned(s).launch.longest_first; };
   assert_true(longest_first(serving(384, 32, 8, 1536, 128, 16)));                     // 3072 CTAs, 528 slots
   assert_int_equal(planned(serving(384, 32, 8, 1536, 128, 16)).summary.launches, 2);  // the order kernel first
   assert_int_equal(planned(serving(48, 32, 8, 12288, 128, 16)).summary.launches, 1);  // balanced: no order
