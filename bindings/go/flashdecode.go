@@ -410,7 +410,7 @@ type PlanInfo struct {
 	WorkspaceBytes int    // as WorkspaceSize reports
 	Kernel         string // the split kernel, e.g. "tensor-core-wide-128" or "cpu"; for logs
 	Merge          Merge
-	Launches       int // CUDA kernels per Decode (1 or 2); 0 on the CPU
+	Launches       int // CUDA kernels per Decode (1 to 3, one more when checking contents); 0 on the CPU
 	Blocks         int // CUDA thread blocks of the split kernel; CPU tasks of the split pass
 }
 

@@ -56,7 +56,7 @@ pub struct PlanInfo {
     pub kernel: String,
     /// How the splits are combined.
     pub merge: Merge,
-    /// CUDA kernels per decode (1 or 2); 0 on the CPU.
+    /// CUDA kernels per decode (1 to 3, one more when checking contents); 0 on the CPU.
     pub launches: i32,
     /// CUDA thread blocks of the split kernel; CPU tasks of the split pass.
     pub blocks: i64,

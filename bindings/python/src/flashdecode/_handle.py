@@ -130,7 +130,7 @@ class PlanInfo:
         workspace_bytes: as :meth:`Handle.workspace_size` reports.
         kernel: the split kernel, e.g. ``"tensor-core-wide-128"`` or ``"cpu"``; for logs.
         merge: how the splits are combined (a plain int for a kind a later library added).
-        launches: CUDA kernels per decode (1 or 2); 0 on the CPU.
+        launches: CUDA kernels per decode (1 to 3, one more when checking contents); 0 on the CPU.
         blocks: CUDA thread blocks of the split kernel; CPU tasks of the split pass.
     """
 
