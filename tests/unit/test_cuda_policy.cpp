@@ -298,7 +298,8 @@ void test_serving_batches(void **) {
 // must plan the schedule each expects, at its full and its quick capacity,
 // so that a policy change that moves one fails here, in CI, first.
 void test_gpu_test_schedules(void **) {
-  enum Schedule { kBalanced, kFixed, kFitted };  // kFitted: fixed, at least 2 splits
+  // kFitted: fixed, at least 2 splits; kLongestFirst: fixed, ordered, more than 4 CTAs a multiprocessor
+  enum Schedule { kBalanced, kFixed, kFitted, kLongestFirst };
   struct Case {
     const char *what;
     fd_dtype dtype, kv_dtype;
@@ -306,6 +307,7 @@ void test_gpu_test_schedules(void **) {
     int64_t batch, q_heads, kv_heads, head_dim, capacity, quick_capacity, q_len, window;
     bool q_lens, sinks;
     Schedule schedule;
+    bool dense_cache = false;  // else pages of 16
   };
   const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16, e4m3 = FD_DTYPE_E4M3;
   const Case cases[] = {
@@ -340,11 +342,21 @@ void test_gpu_test_schedules(void **) {
       {"every length 0, e4m3 cache", f16, e4m3, false, 36, 32, 8, 128, 500, 250, 1, 0, false, false, kBalanced},
       {"every length 0, q_len 3, window, sinks", bf16, bf16, false, 45, 16, 4, 64, 500, 250, 3, 150, false, true,
        kBalanced},
+      // test_longest_first (the same capacity quick)
+      {"lengths drawn", f16, f16, false, 320, 16, 8, 64, 256, 256, 1, 0, false, false, kLongestFirst},
+      {"all alike", bf16, bf16, false, 300, 16, 8, 128, 128, 128, 1, 0, false, false, kLongestFirst},
+      {"one long among short, q_len 2, window", f16, f16, false, 270, 16, 8, 64, 512, 512, 2, 300, false, false,
+       kLongestFirst},
+      {"many ties, 2500 sequences", f16, f16, false, 2500, 2, 1, 64, 320, 320, 1, 0, false, false, kLongestFirst},
+      {"e4m3 cache", f16, e4m3, false, 300, 32, 8, 64, 256, 256, 1, 0, false, false, kLongestFirst},
+      {"dense cache", bf16, bf16, false, 200, 8, 4, 64, 800, 800, 1, 0, false, false, kLongestFirst, true},
+      {"lengths reordered between replays", f16, f16, false, 320, 16, 8, 64, 256, 256, 1, 0, false, false,
+       kLongestFirst},
   };
   for (const Case &c : cases) {
     for (const bool quick : {false, true}) {
       Shape s = gpu_test_case(c.dtype, c.kv_dtype, c.batch, c.q_heads, c.kv_heads, c.head_dim,
-                              quick ? c.quick_capacity : c.capacity, 16, c.q_len, c.window);
+                              quick ? c.quick_capacity : c.capacity, c.dense_cache ? 0 : 16, c.q_len, c.window);
       s.float_out = c.float_out;
       s.q_lens = c.q_lens;
       s.sinks = c.sinks;
@@ -352,7 +364,9 @@ void test_gpu_test_schedules(void **) {
       const bool balanced = p.summary.device_cut_tokens > 0;
       const bool as_expected = c.schedule == kBalanced ? balanced
                                : c.schedule == kFixed  ? !balanced
-                                                       : !balanced && p.plan.num_splits >= 2;
+                               : c.schedule == kFitted
+                                   ? !balanced && p.plan.num_splits >= 2
+                                   : p.launch.longest_first && p.summary.blocks > 4 * h200().sm_count;
       if (!as_expected) fail_msg("%s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan_of(s).c_str());
     }
   }
