@@ -291,6 +291,8 @@ void test_serving_batches(void **) {
   assert_false(longest_first(serving(4, 8, 1, 65536, 128, 16)));    // fitted: a grid of one wave
   assert_false(longest_first(dense(384, 32, 8, 1536, 128)));        // host lengths: all alike
   assert_false(longest_first(serving(16, 32, 8, 1536, 128, 16)));   // 128 CTAs: one wave, order costs nothing
+  assert_false(longest_first(serving(16, 32, 8, 16384, 128, 0)));   // 5 splits a unit: whole splits, whatever the order
+  assert_false(longest_first(serving(32, 32, 8, 16384, 128, 0)));   // 3 splits
 }
 
 // The GPU tests' paged cases with device lengths (tests/gpu/test_cuda_decode.c:

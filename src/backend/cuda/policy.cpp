@@ -94,6 +94,13 @@ constexpr int64_t kBalancedMaxPiecesPerUnit = 8;
 // the lengths cost more than that (run 97). The order kernel reads every
 // length twice, in one CTA, so only batches up to this many sequences.
 constexpr int64_t kLongestFirstMaxBatch = kMaxOrderedSequences;
+// Only grids of at most this many splits a unit: a sequence's length sets
+// the size of its pieces, which the order then sorts. Cut into more, most
+// pieces are a whole split long whatever the order, and the split kernel
+// only waits for the order kernel: 16x32/8x1..16384 dense (5 splits) ran
+// 1.019x main's time ordered (run 98; 1.014x ordered per CTA, run 97),
+// where batches of one and two splits gained 2-3.4%.
+constexpr int32_t kLongestFirstMaxSplits = 2;
 
 // Whether a batch's fixed grid may be ordered: the plan reserves the order.
 bool may_order_sequences(const Problem &p) { return p.has_seq_lens && p.batch > 1 && p.batch <= kLongestFirstMaxBatch; }
@@ -529,8 +536,8 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
     launch.merge = FD_MERGE_FUSED;
     return launch;
   }
-  launch.longest_first =
-      may_order_sequences(p) && launch.units * plan.num_splits > resident_slots(p, launch.variant, device);
+  launch.longest_first = may_order_sequences(p) && plan.num_splits <= kLongestFirstMaxSplits &&
+                         launch.units * plan.num_splits > resident_slots(p, launch.variant, device);
   if (plan.num_splits == 1) return launch;
   // Paged batches of fewer units than the device runs CTAs at once, on
   // automatic fixed splits (the fewest-unit batches, kBalancedMaxPiecesPerUnit):
