@@ -102,8 +102,11 @@ constexpr int64_t kLongestFirstMaxBatch = kMaxOrderedSequences;
 // where batches of one and two splits gained 2-3.4%.
 constexpr int32_t kLongestFirstMaxSplits = 2;
 
-// Whether a batch's fixed grid may be ordered: the plan reserves the order.
-bool may_order_sequences(const Problem &p) { return p.has_seq_lens && p.batch > 1 && p.batch <= kLongestFirstMaxBatch; }
+// Whether a batch's fixed grid of num_splits splits a unit may be ordered:
+// the plan reserves the order only then.
+bool may_order_sequences(const Problem &p, int32_t num_splits) {
+  return p.has_seq_lens && p.batch > 1 && p.batch <= kLongestFirstMaxBatch && num_splits <= kLongestFirstMaxSplits;
+}
 
 // Compact tiles for paged serving batches ("Compact tensor-core tiles"):
 // four CTAs a multiprocessor hide one unit's pipeline fill and epilogue
@@ -506,7 +509,7 @@ Plan plan_decode(const Problem &p, const DeviceProfile &device) {
   }
   Plan plan =
       layout_plan(p, automatic, model.split_granularity, kWorkspaceHeaderBytes, static_cast<size_t>(min_states));
-  if (may_order_sequences(p)) add_scratch(plan, static_cast<size_t>(p.batch) * sizeof(int32_t), 1);
+  if (may_order_sequences(p, plan.num_splits)) add_scratch(plan, static_cast<size_t>(p.batch) * sizeof(int32_t), 1);
   plan.kernel_variant = static_cast<uint8_t>(index_of(choice.variant));
   return plan;
 }
@@ -536,7 +539,7 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
     launch.merge = FD_MERGE_FUSED;
     return launch;
   }
-  launch.longest_first = may_order_sequences(p) && plan.num_splits <= kLongestFirstMaxSplits &&
+  launch.longest_first = may_order_sequences(p, plan.num_splits) &&
                          launch.units * plan.num_splits > resident_slots(p, launch.variant, device);
   if (plan.num_splits == 1) return launch;
   // Paged batches of fewer units than the device runs CTAs at once, on
