@@ -101,6 +101,14 @@ constexpr int64_t kLongestFirstMaxBatch = kMaxOrderedSequences;
 // 1.019x main's time ordered (run 98; 1.014x ordered per CTA, run 97),
 // where batches of one and two splits gained 2-3.4%.
 constexpr int32_t kLongestFirstMaxSplits = 2;
+// Only grids whose split is at least this many tokens for every wave of
+// CTAs: what the order saves is about one long unit's time, a share that
+// shrinks with the waves, where what it costs grows with them as the units
+// shorten (likely the shortest, run last together, no longer hide their
+// fill and epilogue behind longer units' streams). On an H100, 66 tokens a wave and more ran
+// 0.96-0.99x the time in the drawn order, 33 and fewer 1.01-1.07x
+// (384..4096 sequences of 256..1536 tokens, run 99).
+constexpr int64_t kLongestFirstMinSplitTokensPerWave = 48;
 
 // Whether a batch's fixed grid of num_splits splits a unit may be ordered:
 // the plan reserves the order only then.
@@ -539,8 +547,10 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
     launch.merge = FD_MERGE_FUSED;
     return launch;
   }
-  launch.longest_first = may_order_sequences(p, plan.num_splits) &&
-                         launch.units * plan.num_splits > resident_slots(p, launch.variant, device);
+  const int64_t slots = resident_slots(p, launch.variant, device);
+  const int64_t ctas = launch.units * plan.num_splits;
+  launch.longest_first = may_order_sequences(p, plan.num_splits) && ctas > slots &&
+                         plan.split_tokens * slots >= kLongestFirstMinSplitTokensPerWave * ctas;
   if (plan.num_splits == 1) return launch;
   // Paged batches of fewer units than the device runs CTAs at once, on
   // automatic fixed splits (the fewest-unit batches, kBalancedMaxPiecesPerUnit):
@@ -558,7 +568,6 @@ LaunchChoice choose_launch(const Problem &p, const Plan &plan, const DeviceProfi
   // shorter start ("Fitted splits"). Each CTA reads every length, so only
   // batches this small. Dense caches keep the capacity's cut: fitted and
   // merged apart, ragged dense shape 9 ran 1.8% slower.
-  const int64_t slots = resident_slots(p, launch.variant, device);
   if (splits_fit_lengths(p, launch.units, slots)) {
     launch.fitted_split_floor = static_cast<int32_t>(kMinSplitTokens);
     launch.fitted_target_ctas = static_cast<int32_t>(slots - launch.units);
