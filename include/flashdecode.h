@@ -967,10 +967,10 @@ typedef struct fd_plan_info {
   fd_merge merge;   /**< How the splits' partial results are combined. */
   int32_t launches; /**< Kernels fd_decode() enqueues: 1 to 3 on CUDA (the split kernel; the merge
                          kernel with #FD_MERGE_SEPARATE; a one-block kernel ahead that orders a fixed
-                         grid of more than one wave and at most two splits a sequence longest
-                         first, for lengths on the device; one
-                         more on a handle with #FD_CHECK_CONTENTS), 0 on the CPU (and for an empty
-                         batch). */
+                         grid longest first, for lengths on the device, where the grid is more
+                         than one wave, at most two splits a sequence and its units long enough
+                         for the waves; one more on a handle with #FD_CHECK_CONTENTS), 0 on the
+                         CPU (and for an empty batch). */
   int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
                          covered by fewer, looping blocks; splits fitted to the lengths of two or
                          more sequences run on one wave of blocks); CPU: tasks of the split pass. */
