@@ -4,10 +4,11 @@
 // kernel and merge run is policy.cpp's; the kernels are behind dispatch.h.
 //
 // fd_decode on this backend enqueues the split kernel (after the kernel
-// that orders its grid, policy.cpp's kLongestFirstMaxBatch; before the
-// merge kernel when the merge is not fused into it) on the caller's stream
-// and nothing else: no allocation (the api layer reserved the workspace),
-// no copy, no synchronisation, so it can be captured in a CUDA graph.
+// that orders its grid longest first where choose_launch says so; before
+// the merge kernel when the merge is not fused into it) on the caller's
+// stream and nothing else: no allocation (the api layer reserved the
+// workspace), no copy, no synchronisation, so it can be captured in a CUDA
+// graph.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

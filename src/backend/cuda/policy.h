@@ -50,7 +50,7 @@ struct LaunchChoice {
   int32_t fitted_split_floor = 0;  // SplitParams::fitted_split_floor (and then the merge kernel)
   int32_t fitted_target_ctas = 1;  // the CTAs of keys that cut aims at (SplitParams::fitted_tokens_per_total)
   int32_t fitted_ctas = 0;         // SplitParams::fitted_ctas: the fitted launch's grid
-  bool longest_first = false;      // SplitParams::sequence_order, in the plan's scratch (kLongestFirstMaxBatch)
+  bool longest_first = false;      // SplitParams::sequence_order, in the plan's scratch (may_order_sequences)
 };
 
 bool needs_variant_scores(const Problem &problem);
