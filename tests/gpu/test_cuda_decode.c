@@ -1375,11 +1375,11 @@ static void test_longest_first(void **state) {
     int64_t batch, q_heads, kv_heads, head_dim, capacity, q_len, window;
     int lengths;
   } spec[] = {
-      {"lengths drawn", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 320, 16, 8, 64, 256, 1, 0, kDrawn},
-      {"all alike", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 270, 16, 8, 128, 256, 1, 0, kAlike},
-      {"one long among short, q_len 2, window", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 270, 16, 8, 64, 512, 2, 300, kOneLong},
-      {"many ties, 2500 sequences", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2500, 2, 1, 64, 320, 1, 0, kTies},
-      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 270, 32, 8, 64, 512, 1, 0, kDrawn},
+      {"lengths drawn", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 270, 16, 8, 64, 512, 1, 0, kDrawn},
+      {"all alike", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 270, 16, 8, 64, 512, 1, 0, kAlike},
+      {"one long among short, q_len 2, window", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 270, 16, 8, 64, 512, 2, 450, kOneLong},
+      {"many ties, 2500 sequences", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 2500, 2, 1, 64, 512, 1, 0, kTies},
+      {"e4m3 cache, dense", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 72, 32, 8, 64, 800, 1, 0, kDrawn},
       {"dense cache", FD_DTYPE_BF16, 0, FDT_BNHD, 200, 8, 4, 64, 800, 1, 0, kDrawn},
   };
   int sms = 0;
@@ -1419,16 +1419,16 @@ static void test_longest_first(void **state) {
     expect_checked(&r, "longest first", spec[i].what);
   }
   /* One graph over three rounds of lengths, each in another order. */
-  enum { kBatch = 320 };
+  enum { kBatch = 270, kCapacity = 512 };
   static int64_t round_lens[3][kBatch];
   uint64_t rng = g_seed + 1590;
   for (int64_t b = 0; b < kBatch; ++b) {
-    round_lens[0][b] = draw_below(&rng, 257);
-    round_lens[1][b] = b % 9 == 0 ? 256 : draw_below(&rng, 20);
-    round_lens[2][b] = 256 - round_lens[0][b];
+    round_lens[0][b] = draw_below(&rng, kCapacity + 1);
+    round_lens[1][b] = b % 9 == 0 ? kCapacity : draw_below(&rng, 20);
+    round_lens[2][b] = kCapacity - round_lens[0][b];
   }
   const fdt_case c =
-      paged_lengths_case(FD_DTYPE_F16, 0, FDT_SCALE_HEAD, FDT_PAGED_NHD, kBatch, 16, 8, 64, 256, g_seed + 1595);
+      paged_lengths_case(FD_DTYPE_F16, 0, FDT_SCALE_HEAD, FDT_PAGED_NHD, kBatch, 16, 8, 64, kCapacity, g_seed + 1595);
   graph_replay_case(c, "longest first, lengths reordered between replays", &round_lens[0][0]);
 }
 

@@ -285,17 +285,17 @@ void test_serving_batches(void **) {
   assert_int_equal(planned(serving(384, 32, 8, 1536, 128, 16)).summary.launches, 2);  // the order kernel first
   assert_int_equal(planned(serving(48, 32, 8, 12288, 128, 16)).summary.launches, 1);  // balanced: no order
   assert_true(longest_first(serving(48, 32, 8, 12288, 128, 0)));                      // dense: 768 wide CTAs, 132 slots
-  assert_true(longest_first(serving(4096, 8, 1, 512, 128, 16)));    // up to kLongestFirstMaxBatch sequences
-  assert_false(longest_first(serving(4097, 8, 1, 512, 128, 16)));   // the order kernel would read too many lengths
-  assert_true(longest_first(serving(1024, 32, 8, 1024, 128, 16)));  // 8192 CTAs: 66 tokens a wave
-  assert_false(longest_first(serving(1024, 32, 8, 512, 128, 16)));  // 33 tokens a wave: too many waves of short units
-  assert_false(longest_first(serving(4096, 32, 8, 256, 128, 16)));  // 4 tokens a wave
-  assert_false(longest_first(serving(48, 32, 8, 12288, 128, 16)));  // balanced
-  assert_false(longest_first(serving(4, 8, 1, 65536, 128, 16)));    // fitted: a grid of one wave
-  assert_false(longest_first(dense(384, 32, 8, 1536, 128)));        // host lengths: all alike
-  assert_false(longest_first(serving(16, 32, 8, 1536, 128, 16)));   // 128 CTAs: one wave, order costs nothing
-  assert_false(longest_first(serving(16, 32, 8, 16384, 128, 0)));   // 5 splits a unit: whole splits, whatever the order
-  assert_false(longest_first(serving(32, 32, 8, 16384, 128, 0)));   // 3 splits
+  assert_true(longest_first(serving(4096, 8, 1, 1024, 128, 16)));    // up to kLongestFirstMaxBatch sequences
+  assert_false(longest_first(serving(4097, 8, 1, 1024, 128, 16)));   // the order kernel would read too many lengths
+  assert_true(longest_first(serving(640, 32, 8, 1024, 128, 16)));    // 5120 CTAs: 106 tokens a wave
+  assert_false(longest_first(serving(1024, 32, 8, 1024, 128, 16)));  // 66 tokens a wave: too many waves of short units
+  assert_false(longest_first(serving(4096, 32, 8, 256, 128, 16)));   // 4 tokens a wave
+  assert_false(longest_first(serving(48, 32, 8, 12288, 128, 16)));   // balanced
+  assert_false(longest_first(serving(4, 8, 1, 65536, 128, 16)));     // fitted: a grid of one wave
+  assert_false(longest_first(dense(384, 32, 8, 1536, 128)));         // host lengths: all alike
+  assert_false(longest_first(serving(16, 32, 8, 1536, 128, 16)));    // 128 CTAs: one wave, order costs nothing
+  assert_false(longest_first(serving(16, 32, 8, 16384, 128, 0)));  // 5 splits a unit: whole splits, whatever the order
+  assert_false(longest_first(serving(32, 32, 8, 16384, 128, 0)));  // 3 splits
 }
 
 // The GPU tests' paged cases with device lengths (tests/gpu/test_cuda_decode.c:
@@ -348,14 +348,14 @@ void test_gpu_test_schedules(void **) {
       {"every length 0, q_len 3, window, sinks", bf16, bf16, false, 45, 16, 4, 64, 500, 250, 3, 150, false, true,
        kBalanced},
       // test_longest_first (the same capacity quick)
-      {"lengths drawn", f16, f16, false, 320, 16, 8, 64, 256, 256, 1, 0, false, false, kLongestFirst},
-      {"all alike", bf16, bf16, false, 270, 16, 8, 128, 256, 256, 1, 0, false, false, kLongestFirst},
-      {"one long among short, q_len 2, window", f16, f16, false, 270, 16, 8, 64, 512, 512, 2, 300, false, false,
+      {"lengths drawn", f16, f16, false, 270, 16, 8, 64, 512, 512, 1, 0, false, false, kLongestFirst},
+      {"all alike", bf16, bf16, false, 270, 16, 8, 64, 512, 512, 1, 0, false, false, kLongestFirst},
+      {"one long among short, q_len 2, window", f16, f16, false, 270, 16, 8, 64, 512, 512, 2, 450, false, false,
        kLongestFirst},
-      {"many ties, 2500 sequences", f16, f16, false, 2500, 2, 1, 64, 320, 320, 1, 0, false, false, kLongestFirst},
-      {"e4m3 cache", f16, e4m3, false, 270, 32, 8, 64, 512, 512, 1, 0, false, false, kLongestFirst},
+      {"many ties, 2500 sequences", f16, f16, false, 2500, 2, 1, 64, 512, 512, 1, 0, false, false, kLongestFirst},
+      {"e4m3 cache, dense", f16, e4m3, false, 72, 32, 8, 64, 800, 800, 1, 0, false, false, kLongestFirst, true},
       {"dense cache", bf16, bf16, false, 200, 8, 4, 64, 800, 800, 1, 0, false, false, kLongestFirst, true},
-      {"lengths reordered between replays", f16, f16, false, 320, 16, 8, 64, 256, 256, 1, 0, false, false,
+      {"lengths reordered between replays", f16, f16, false, 270, 16, 8, 64, 512, 512, 1, 0, false, false,
        kLongestFirst},
   };
   for (const Case &c : cases) {

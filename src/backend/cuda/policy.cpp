@@ -105,10 +105,11 @@ constexpr int32_t kLongestFirstMaxSplits = 2;
 // CTAs: what the order saves is about one long unit's time, a share that
 // shrinks with the waves, where what it costs grows with them as the units
 // shorten (likely the shortest, run last together, no longer hide their
-// fill and epilogue behind longer units' streams). On an H100, 66 tokens a wave and more ran
-// 0.96-0.99x the time in the drawn order, 33 and fewer 1.01-1.07x
-// (384..4096 sequences of 256..1536 tokens, run 99).
-constexpr int64_t kLongestFirstMinSplitTokensPerWave = 48;
+// fill and epilogue behind longer units' streams). Ordered against the
+// drawn order (run 99): 106-264 tokens a wave 0.96-0.99x the time on an
+// H100, 264 0.96x on an H200; 66 0.99x on an H100 but 1.008x on an H200;
+// 33 and fewer 1.01-1.07x on both.
+constexpr int64_t kLongestFirstMinSplitTokensPerWave = 96;
 
 // Whether a batch's fixed grid of num_splits splits a unit may be ordered:
 // the plan reserves the order only then.
