@@ -1958,7 +1958,7 @@ static void test_window_edges(void **state) {
 static void test_compact_tiles(void **state) {
   (void)state;
   static const kernel_spec spec[] = {
-      {"many short sequences: fixed schedule", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 600, 32, 8, 128, 1200, 16, 1, 0, 0.0, 0,
+      {"many short sequences: fixed schedule", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 270, 32, 8, 128, 512, 16, 1, 0, 0.0, 0,
        0, 1, 0, 0, "tensor-core-compact-128"},
       {"balanced, group 2", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0, 0, 0, 1, 0, 0,
        "tensor-core-compact-128"},

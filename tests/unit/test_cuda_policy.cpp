@@ -394,7 +394,7 @@ void test_gpu_test_kernels(void **) {
   };
   const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16;
   const Case cases[] = {
-      {"many short sequences: fixed schedule", f16, 600, 32, 8, 128, 1200, 16, 1, 0, 0.0f, false, false, false,
+      {"many short sequences: fixed schedule", f16, 270, 32, 8, 128, 512, 16, 1, 0, 0.0f, false, false, false,
        "tensor-core-compact-128"},
       {"balanced, group 2", bf16, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0f, false, false, false, "tensor-core-compact-128"},
       {"MHA, head_dim 64", f16, 40, 8, 8, 64, 4000, 16, 1, 0, 0.0f, false, true, false, "tensor-core-compact-64"},
