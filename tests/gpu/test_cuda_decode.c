@@ -35,6 +35,7 @@
 #include "fdt.h"
 #include "fdt_cuda.h"
 #include "flashdecode.h"
+#include "kernel_specs.h"
 
 #define CUDA_CHECK(call)                                                          \
   do {                                                                            \
@@ -1452,35 +1453,13 @@ static void expect_case_on_kernel(const fdt_case *c, const char *test, const cha
   expect_checked(&r, test, what);
 }
 
-/* A case of the kernel-family tests below, built by expect_spec_on_kernel:
- * q's dtype (kv_dtype 0: the same cache dtype; an 8-bit one gets per-head
- * scales), the shape, the options, and the kernel its plan must name. */
-typedef struct {
-  const char *what;
-  fd_dtype dtype, kv_dtype;
-  fdt_layout layout;
-  int64_t batch, q_heads, kv_heads, head_dim, kv_len, page_size, q_len, window;
-  double softcap;
-  int alibi, sinks, ragged, ragged_q;
-  int32_t splits;
-  const char *kernel; /* the plan's kernel starts with this (expect_case_on_kernel) */
-} kernel_spec;
-
 /* Whether the CUDA backend plans compact tiles for spec on this device
- * (policy.cpp, compact_tiles_take): a paged 16-bit cache with per-sequence
- * lengths and automatic splits, pages of 16+ tokens, head_dim up to 128, up
- * to 16 query rows a KV head, at least two units (sequence, KV head) a
- * multiprocessor, on a device that holds four compact CTAs a multiprocessor
- * against two standard ones (sm_90, sm_100). */
+ * (kernel_spec_compact_planned). */
 static int compact_tiles_planned(const kernel_spec *spec) {
   int sms = 0, cc_major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
-  const int paged = spec->layout == FDT_PAGED_NHD || spec->layout == FDT_PAGED_HND;
-  const int sixteen_bit = (spec->dtype == FD_DTYPE_F16 || spec->dtype == FD_DTYPE_BF16) && spec->kv_dtype == 0;
-  const int64_t rows = spec->q_len * (spec->q_heads / spec->kv_heads);
-  return (cc_major == 9 || cc_major == 10) && paged && sixteen_bit && spec->ragged && spec->splits == 0 &&
-         spec->page_size >= 16 && spec->head_dim <= 128 && rows <= 16 && spec->batch * spec->kv_heads >= 2 * sms;
+  return kernel_spec_compact_planned(spec, sms, cc_major);
 }
 
 /* Whether this device and build plan the wide 64-row rows kernel (sm_90 in
@@ -1499,24 +1478,13 @@ static int wide_rows_kernel_planned(void) {
 }
 
 /* Builds spec's case (a quarter of kv_len in quick mode), with LSE, and
- * checks it with expect_case_on_kernel. spec's kernel is the H200's: where
- * this device decides between compact and standard tiles otherwise
- * (compact_tiles_planned), the other is expected; 17-32 rows planned on the
- * wide 64-row kernel expect it only where it is planned and the splits
- * (asked ones; automatic ones in full mode) stay 4096 tokens or longer, else
- * the 32-row kernel. */
+ * checks it with expect_case_on_kernel on the kernel kernel_spec_expected
+ * names for this device. */
 static void expect_spec_on_kernel_scaled(const kernel_spec *spec, const char *test, uint64_t seed,
                                          fdt_scale_mode scale_mode, int wide_scales) {
-  const char *kernel = spec->kernel;
-  const int wants_compact = starts_with(kernel, "tensor-core-compact-");
-  if ((wants_compact || strcmp(kernel, "tensor-core-") == 0) && compact_tiles_planned(spec) != wants_compact) {
-    kernel = wants_compact ? "tensor-core-" : "tensor-core-compact-";
-  }
   const int64_t kv_len = g_quick ? spec->kv_len / 4 : spec->kv_len;
-  if (starts_with(kernel, "tensor-core-rows64-wide-") && spec->q_len * (spec->q_heads / spec->kv_heads) <= 32) {
-    const int long_splits = spec->splits > 0 ? kv_len / spec->splits >= 4096 : !g_quick;
-    if (!long_splits || !wide_rows_kernel_planned()) kernel = "tensor-core-rows-";
-  }
+  const char *kernel =
+      kernel_spec_expected(spec, kv_len, g_quick, compact_tiles_planned(spec), wide_rows_kernel_planned());
   fdt_case c = dense_case(spec->dtype, spec->batch, spec->q_heads, spec->kv_heads, spec->head_dim, kv_len, seed);
   c.kv_dtype = spec->kv_dtype;
   c.scale_mode = spec->kv_dtype ? scale_mode : FDT_SCALE_NONE;
@@ -1553,42 +1521,8 @@ static void expect_spec_on_kernel(const kernel_spec *spec, const char *test, uin
  * head_dim 64/96/128; 16 rows and head_dim 256 keep the standard tiles. */
 static void test_rows_kernel(void **state) {
   (void)state;
-  static const kernel_spec spec[] = {
-      {"q_len 4 x group 4: 16 rows", FD_DTYPE_F16, 0, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 4, 0, 0.0, 0, 0, 0, 0, 0,
-       "tensor-core-"},
-      {"q_len 5 x group 4: 20 rows", FD_DTYPE_F16, 0, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 5, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-rows-"},
-      {"q_len 8 x group 8, window", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 64, 8, 128, 2500, 16, 8, 700, 0.0, 0, 0, 1, 0,
-       0, "tensor-core-rows64-"},
-      {"q_len 16 x group 8: two chunks", FD_DTYPE_F16, 0, FDT_BHND, 2, 16, 2, 128, 2000, 16, 16, 0, 0.0, 0, 1, 1, 0, 3,
-       "tensor-core-rows64-"},
-      {"q_len 9 x group 4, softcap, ALiBi", FD_DTYPE_BF16, 0, FDT_BNHD_PADDED, 3, 16, 4, 96, 1800, 16, 9, 0, 30.0, 1, 0,
-       1, 0, 0, "tensor-core-rows64-"},
-      {"q_len 7 x group 4, ALiBi", FD_DTYPE_F16, 0, FDT_BNHD, 2, 16, 4, 128, 2100, 16, 7, 0, 0.0, 1, 0, 0, 0, 0,
-       "tensor-core-rows-"},
-      {"group 32, one token", FD_DTYPE_F16, 0, FDT_BNHD, 4, 64, 2, 64, 4000, 16, 1, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-rows-"},
-      {"q_len 3 x group 12, manual splits", FD_DTYPE_F16, 0, FDT_PAGED_HND, 5, 24, 2, 64, 3000, 16, 3, 0, 0.0, 0, 1, 0,
-       0, 9, "tensor-core-rows64-"},
-      {"q_len 8 x group 8, head_dim 64", FD_DTYPE_BF16, 0, FDT_BNHD, 2, 32, 4, 64, 2600, 16, 8, 0, 0.0, 0, 0, 0, 0, 0,
-       "tensor-core-rows64-"},
-      {"q_len 6 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 16, 6, 0, 0.0, 0, 0, 1, 0,
-       0, "tensor-core-rows64-"},
-      /* 17-32 rows in long splits of one wave: the wide 64-row kernel where it is planned (sm_90 in sm_90a builds;
-       * expect_spec_on_kernel_scaled), else 32 rows; pages of 8 go through the block-table ring */
-      {"q_len 2 x group 12, two long splits, pages of 8", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 2, 24, 2, 128, 36000, 8, 2,
-       0, 0.0, 0, 1, 1, 0, 2, "tensor-core-rows64-wide-"},
-      {"q_len 3 x group 8, head_dim 64, two long splits", FD_DTYPE_F16, 0, FDT_BHND, 3, 16, 2, 64, 40000, 16, 3, 0,
-       30.0, 1, 0, 0, 0, 2, "tensor-core-rows64-wide-"},
-      {"q_len 4 x group 8, one wave of long splits", FD_DTYPE_F16, 0, FDT_BNHD, 32, 32, 4, 64, 4096, 16, 4, 0, 0.0, 0,
-       0, 0, 0, 0, "tensor-core-rows64-wide-"},
-      {"head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD, 2, 32, 4, 256, 1500, 16, 8, 0, 0.0, 0, 0, 0, 0, 0, "tensor-core-"},
-      /* 64 rows x 2 splits: 64 KiB of partials a unit, merged by the last CTA in several passes */
-      {"q_len 8 x group 8, two splits merged fused", FD_DTYPE_F16, 0, FDT_BNHD, 2, 16, 2, 128, 12000, 16, 8, 0, 0.0, 0,
-       0, 0, 0, 2, "tensor-core-rows64-"},
-  };
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
-    expect_spec_on_kernel(&spec[i], "rows", g_seed + 1400 + (uint64_t)i);
+  for (size_t i = 0; i < sizeof rows_kernel_specs / sizeof rows_kernel_specs[0]; ++i)
+    expect_spec_on_kernel(&rows_kernel_specs[i], "rows", g_seed + 1400 + (uint64_t)i);
 }
 
 /* ---- ragged query lengths --------------------------------------------------------- */
@@ -1597,25 +1531,8 @@ static void test_rows_kernel(void **state) {
  * tokens NaN (never read); against the reference and twice bitwise equal. */
 static void test_ragged_query_lengths(void **state) {
   (void)state;
-  static const kernel_spec spec[] = {
-      {"q_len 1 (0 or 1 tokens)", FD_DTYPE_F16, 0, FDT_BNHD, 7, 32, 8, 128, 2000, 16, 1, 0, 0.0, 0, 1, 1, 1, 0,
-       "tensor-core-"},
-      {"q_len 4 x group 4", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 9, 32, 8, 128, 2500, 16, 4, 0, 0.0, 0, 0, 1, 1, 0,
-       "tensor-core-"},
-      {"q_len 6 x group 4, window", FD_DTYPE_F16, 0, FDT_BNHD, 6, 16, 4, 128, 3000, 16, 6, 500, 0.0, 0, 1, 1, 1, 0,
-       "tensor-core-rows-"},
-      {"q_len 8 x group 8, balanced", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 4, 128, 3000, 16, 8, 0, 0.0, 0, 0, 1, 1,
-       0, "tensor-core-rows64-"},
-      {"q_len 16 x group 4, manual splits", FD_DTYPE_F16, 0, FDT_BHND, 5, 8, 2, 64, 2000, 16, 16, 0, 0.0, 0, 1, 0, 1, 5,
-       "tensor-core-rows64-"},
-      {"f32 q: CUDA cores", FD_DTYPE_F32, 0, FDT_BNHD, 6, 16, 4, 128, 1500, 16, 5, 0, 0.0, 0, 1, 1, 1, 0, "cuda-core-"},
-      {"e4m3 cache", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_HND, 8, 32, 8, 128, 2000, 16, 3, 0, 0.0, 0, 0, 1, 1, 0,
-       "tensor-core-8bit-"},
-      {"MHA head_dim 256", FD_DTYPE_F16, 0, FDT_BNHD_PADDED, 4, 8, 8, 256, 1200, 16, 4, 0, 0.0, 0, 1, 1, 1, 3,
-       "tensor-core-"},
-  };
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
-    expect_spec_on_kernel(&spec[i], "ragged q_lens", g_seed + 1500 + (uint64_t)i);
+  for (size_t i = 0; i < sizeof ragged_query_specs / sizeof ragged_query_specs[0]; ++i)
+    expect_spec_on_kernel(&ragged_query_specs[i], "ragged q_lens", g_seed + 1500 + (uint64_t)i);
 }
 
 /* ---- 8-bit caches on tensor cores ------------------------------------------- */
@@ -1630,52 +1547,12 @@ static void test_ragged_query_lengths(void **state) {
  * plan names the kernel. */
 static void test_8bit_kernels(void **state) {
   (void)state;
-  static const kernel_spec spec[] = {
-      {"e4m3, group 4", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 3, 32, 8, 128, 3000, 16, 1, 0, 0.0, 0, 0, 0, 0, 0,
-       "tensor-core-8bit-keys-128"},
-      {"e5m2, group 8, paged, per-token scales", FD_DTYPE_BF16, FD_DTYPE_E5M2, FDT_PAGED_NHD, 5, 64, 8, 128, 2500, 16,
-       1, 0, 0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-keys-128"},
-      {"int8, MHA, head_dim 64, pages of 7", FD_DTYPE_F16, FD_DTYPE_I8, FDT_PAGED_HND, 4, 8, 8, 64, 2000, 7, 1, 0, 0.0,
-       0, 0, 1, 0, 0, "tensor-core-8bit-keys-64"},
-      {"e4m3, q_len 2 x group 4, softcap, ALiBi, sinks", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BHND, 3, 16, 4, 128, 2200, 16,
-       2, 0, 30.0, 1, 1, 1, 0, 0, "tensor-core-8bit-keys-128"},
-      {"int8, q_len 3 x group 2, window, ragged q_lens, per-token", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_BHND, 5, 8, 4, 96,
-       2600, 16, 3, 700, 0.0, 0, 1, 1, 1, 0, "tensor-core-8bit-keys-128"},
-      {"e5m2, group 6, manual splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BNHD, 2, 12, 2, 128, 4000, 16, 1, 0, 0.0, 0, 0,
-       1, 0, 9, "tensor-core-8bit-keys-128"},
-      {"e4m3, one long sequence: merge kernel", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_BNHD, 1, 8, 1, 128, 60000, 16, 1, 0,
-       0.0, 0, 0, 0, 0, 0, "tensor-core-8bit-keys-128"},
-      {"e4m3, balanced schedule, pages of 1", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 40, 32, 8, 64, 3000, 1, 1, 0,
-       0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
-      {"int8, group 16: 16 rows", FD_DTYPE_F16, FD_DTYPE_I8, FDT_BNHD, 2, 32, 2, 128, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0,
-       0, "tensor-core-8bit-128"},
-      {"e4m3, q_len 3 x group 4: 12 rows", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_PAGED_NHD, 3, 32, 8, 128, 2000, 16, 3, 0,
-       0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-128"},
-      {"e5m2, head_dim 256", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BNHD, 2, 16, 4, 256, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-8bit-keys-256"},
-      {"e4m3, group 8, wide per-token scales", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 4, 32, 4, 128, 3000, 16, 1, 0,
-       0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-keys-128"},
-      {"int8, head_dim 256, paged, softcap, sinks, splits", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_PAGED_HND, 3, 16, 2, 256,
-       3000, 16, 1, 0, 20.0, 0, 1, 1, 0, 5, "tensor-core-8bit-keys-256"},
-      {"e4m3, head_dim 256, q_len 3 x group 4: 12 rows", FD_DTYPE_F16, FD_DTYPE_E4M3, FDT_BNHD, 2, 16, 4, 256, 1500, 16,
-       3, 0, 0.0, 0, 0, 1, 0, 0, "tensor-core-8bit-256"},
-      {"int8, MHA, paged, wide per-token scales", FD_DTYPE_BF16, FD_DTYPE_I8, FDT_PAGED_NHD, 6, 8, 8, 64, 2500, 16, 1,
-       0, 0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
-      {"e5m2, group 4, wide per-head scales, splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BHND, 2, 16, 4, 128, 5000, 16, 1,
-       0, 0.0, 0, 0, 1, 0, 6, "tensor-core-8bit-keys-128"},
-  };
-  /* Scales: mode, and whether drawn over 2^-12 .. 2^12 with zeros (fdt_case::wide_scales). */
-  static const struct {
-    fdt_scale_mode mode;
-    int wide;
-  } scales[] = {{FDT_SCALE_TENSOR, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},
-                {FDT_SCALE_TOKEN, 0},  {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 0},
-                {FDT_SCALE_HEAD, 0},   {FDT_SCALE_TOKEN, 0}, {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 1},
-                {FDT_SCALE_TOKEN, 0},  {FDT_SCALE_HEAD, 0},  {FDT_SCALE_TOKEN, 1}, {FDT_SCALE_HEAD, 1}};
-  _Static_assert(sizeof scales / sizeof scales[0] == sizeof spec / sizeof spec[0], "a scale mode a case");
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i) {
-    expect_spec_on_kernel_scaled(&spec[i], "8-bit kernels", g_seed + 1700 + (uint64_t)i, scales[i].mode,
-                                 scales[i].wide);
+  _Static_assert(sizeof kernel_8bit_scales / sizeof kernel_8bit_scales[0] ==
+                     sizeof kernel_8bit_specs / sizeof kernel_8bit_specs[0],
+                 "a scale mode a case");
+  for (size_t i = 0; i < sizeof kernel_8bit_specs / sizeof kernel_8bit_specs[0]; ++i) {
+    expect_spec_on_kernel_scaled(&kernel_8bit_specs[i], "8-bit kernels", g_seed + 1700 + (uint64_t)i,
+                                 kernel_8bit_scales[i].mode, kernel_8bit_scales[i].wide);
   }
 }
 
@@ -1953,30 +1830,12 @@ static void test_window_edges(void **state) {
  * with the variants' scoring and ragged query lengths, head_dim 64, 96 and
  * 128; small pages, few units and head_dim 256 keep the standard tiles.
  * Each against the reference and twice bitwise equal; the plan names the
- * kernel. Each case's kernel is pinned on the host by test_cuda_policy's
- * test_gpu_test_kernels: change both together. */
+ * kernel. The cases are kernel_specs.h's, whose kernels test_cuda_policy's
+ * test_gpu_test_kernels pins on the host. */
 static void test_compact_tiles(void **state) {
   (void)state;
-  static const kernel_spec spec[] = {
-      {"many short sequences: fixed schedule", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 270, 32, 8, 128, 512, 16, 1, 0, 0.0, 0,
-       0, 1, 0, 0, "tensor-core-compact-128"},
-      {"balanced, group 2", FD_DTYPE_BF16, 0, FDT_PAGED_HND, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-compact-128"},
-      {"MHA, head_dim 64", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 8, 8, 64, 4000, 16, 1, 0, 0.0, 0, 1, 1, 0, 0,
-       "tensor-core-compact-64"},
-      {"head_dim 96, softcap, ALiBi, sinks", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 40, 32, 8, 96, 3000, 64, 1, 0, 30.0, 1, 1,
-       1, 0, 0, "tensor-core-compact-128"},
-      {"q_len 4 x group 4, window, ragged q_lens", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 32, 8, 128, 3000, 16, 4, 500,
-       0.0, 0, 0, 1, 1, 0, "tensor-core-compact-128"},
-      {"pages of 8: standard tiles", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 32, 8, 128, 3000, 8, 1, 0, 0.0, 0, 0, 1, 0, 0,
-       "tensor-core-"},
-      {"4 sequences: standard tiles", FD_DTYPE_BF16, 0, FDT_PAGED_NHD, 4, 32, 8, 128, 6000, 16, 1, 0, 0.0, 0, 0, 1, 0,
-       0, "tensor-core-"},
-      {"head_dim 256: standard tiles", FD_DTYPE_F16, 0, FDT_PAGED_NHD, 40, 16, 8, 256, 2000, 16, 1, 0, 0.0, 0, 0, 1, 0,
-       0, "tensor-core-"},
-  };
-  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; ++i)
-    expect_spec_on_kernel(&spec[i], "compact tiles", g_seed + 1600 + (uint64_t)i);
+  for (size_t i = 0; i < sizeof compact_tile_specs / sizeof compact_tile_specs[0]; ++i)
+    expect_spec_on_kernel(&compact_tile_specs[i], "compact tiles", g_seed + 1600 + (uint64_t)i);
 }
 
 /* ---- the merge paths and the workspace's counters ---------------------------- */

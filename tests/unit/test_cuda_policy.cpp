@@ -14,6 +14,7 @@
 #include "backend/cuda/policy.h"
 #include "core/error.h"
 #include "core/problem.h"
+#include "kernel_specs.h"  // the GPU suite's kernel-family cases (tests/gpu)
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -104,14 +105,51 @@ struct Shape {
   bool seq_lens = false;
   int32_t num_splits = 0;
   int64_t split_tokens = 0;
-  uintptr_t k_offset = 0;  // bytes past an aligned address: unaligned rows
-  int64_t window = 0;      // window_left
-  bool float_out = false;  // out in f32 instead of q's dtype
-  bool q_lens = false;     // per-sequence query lengths
-  bool sinks = false;      // attention-sink logits
-  float softcap = 0.0f;    // logit_softcap
-  bool alibi = false;      // ALiBi slopes
+  uintptr_t k_offset = 0;        // bytes past an aligned address: unaligned rows
+  int64_t window = 0;            // window_left
+  bool float_out = false;        // out in f32 instead of q's dtype
+  bool q_lens = false;           // per-sequence query lengths
+  bool sinks = false;            // attention-sink logits
+  float softcap = 0.0f;          // logit_softcap
+  bool alibi = false;            // ALiBi slopes
+  fdt_layout layout = FDT_BNHD;  // the strides tests/support/fdt.c gives it (paged ones need page_size)
 };
+
+// Bytes of an element of dtype.
+int64_t element_bytes(fd_dtype dtype) {
+  switch (dtype) {
+    case FD_DTYPE_F32:
+    case FD_DTYPE_I32: return 4;
+    case FD_DTYPE_F16:
+    case FD_DTYPE_BF16: return 2;
+    default: return 1;
+  }
+}
+
+// Strides of s.layout over the contiguous tensors args_of made, as
+// tests/support/fdt.c lays out its storage: head-major (BHND, paged HND),
+// or the padded slice of [B, N + 3, Hkv + 1, D + 8] from head 1, whose q
+// and out rows are D + 8 apart.
+void lay_out(fd_decode_args &a, const Shape &s) {
+  const int64_t n = s.page_size > 0 ? s.page_size : s.capacity, h = s.kv_heads, d = s.head_dim;
+  for (fd_tensor *cache : {&a.k, &a.v}) {
+    if (s.layout == FDT_BHND || s.layout == FDT_PAGED_HND) {
+      cache->strides[1] = d;
+      cache->strides[2] = n * d;
+    } else if (s.layout == FDT_BNHD_PADDED) {
+      cache->strides[0] = (n + 3) * (h + 1) * (d + 8);
+      cache->strides[1] = (h + 1) * (d + 8);
+      cache->strides[2] = d + 8;
+      cache->data = static_cast<char *>(cache->data) + (d + 8) * element_bytes(cache->dtype);
+    }
+  }
+  if (s.layout != FDT_BNHD_PADDED) return;
+  for (fd_tensor *rows : {&a.q, &a.out}) {
+    rows->strides[2] = d + 8;
+    rows->strides[1] = s.q_heads * (d + 8);
+    rows->strides[0] = s.q_len * s.q_heads * (d + 8);
+  }
+}
 
 fd_decode_args args_of(const Shape &s) {
   fd_decode_args a;
@@ -128,6 +166,7 @@ fd_decode_args args_of(const Shape &s) {
     a.k = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim}, s.k_offset);
     a.v = tensor(s.kv_dtype, {s.batch, s.capacity, s.kv_heads, s.head_dim});
   }
+  lay_out(a, s);
   if (s.seq_lens) a.seq_lens = tensor(FD_DTYPE_I32, {s.batch});
   if (s.q_lens) a.q_lens = tensor(FD_DTYPE_I32, {s.batch});
   if (s.sinks) a.sinks = tensor(FD_DTYPE_F32, {s.q_heads});
@@ -377,51 +416,56 @@ void test_gpu_test_schedules(void **) {
   }
 }
 
-// The kernel each case of the GPU suite's test_compact_tiles expects
-// (tests/gpu/test_cuda_decode.c, expect_spec_on_kernel: "tensor-core-" is
-// the standard or wide tiles), at its full and quick (kv_len / 4) capacity:
-// a policy change that moves one fails here, in CI, first. Paged, pages of
-// page_size tokens (the HND case plans as NHD: strides only decide 32-bit
-// offsets), lengths on the device.
+// The kernel each kernel-family case of the GPU suite expects
+// (tests/gpu/kernel_specs.h: test_rows_kernel, test_ragged_query_lengths,
+// test_8bit_kernels, test_compact_tiles), at its full and quick (kv_len / 4)
+// capacity, as kernel_spec_expected names it on an H200: a policy change
+// that moves one fails here, in CI, first. "tensor-core-" is the standard or
+// wide tiles, no other family.
 void test_gpu_test_kernels(void **) {
-  struct Case {
-    const char *what;
-    fd_dtype dtype;
-    int64_t batch, q_heads, kv_heads, head_dim, kv_len, page_size, q_len, window;
-    float softcap;
-    bool alibi, sinks, q_lens;
-    const char *kernel;
+  struct Family {
+    const char *test;
+    const kernel_spec *specs;
+    size_t count;
   };
-  const fd_dtype f16 = FD_DTYPE_F16, bf16 = FD_DTYPE_BF16;
-  const Case cases[] = {
-      {"many short sequences: fixed schedule", f16, 270, 32, 8, 128, 512, 16, 1, 0, 0.0f, false, false, false,
-       "tensor-core-compact-128"},
-      {"balanced, group 2", bf16, 40, 16, 8, 128, 5000, 32, 1, 0, 0.0f, false, false, false, "tensor-core-compact-128"},
-      {"MHA, head_dim 64", f16, 40, 8, 8, 64, 4000, 16, 1, 0, 0.0f, false, true, false, "tensor-core-compact-64"},
-      {"head_dim 96, softcap, ALiBi, sinks", bf16, 40, 32, 8, 96, 3000, 64, 1, 0, 30.0f, true, true, false,
-       "tensor-core-compact-128"},
-      {"q_len 4 x group 4, window, ragged q_lens", f16, 40, 32, 8, 128, 3000, 16, 4, 500, 0.0f, false, false, true,
-       "tensor-core-compact-128"},
-      {"pages of 8: standard tiles", f16, 40, 32, 8, 128, 3000, 8, 1, 0, 0.0f, false, false, false, "tensor-core-"},
-      {"4 sequences: standard tiles", bf16, 4, 32, 8, 128, 6000, 16, 1, 0, 0.0f, false, false, false, "tensor-core-"},
-      {"head_dim 256: standard tiles", f16, 40, 16, 8, 256, 2000, 16, 1, 0, 0.0f, false, false, false, "tensor-core-"},
+  const Family families[] = {
+      {"rows", rows_kernel_specs, sizeof rows_kernel_specs / sizeof rows_kernel_specs[0]},
+      {"ragged q_lens", ragged_query_specs, sizeof ragged_query_specs / sizeof ragged_query_specs[0]},
+      {"8-bit kernels", kernel_8bit_specs, sizeof kernel_8bit_specs / sizeof kernel_8bit_specs[0]},
+      {"compact tiles", compact_tile_specs, sizeof compact_tile_specs / sizeof compact_tile_specs[0]},
   };
   const auto starts_with = [](const std::string &s, const char *prefix) { return s.rfind(prefix, 0) == 0; };
-  for (const Case &c : cases) {
-    for (const bool quick : {false, true}) {
-      Shape s = gpu_test_case(c.dtype, c.dtype, c.batch, c.q_heads, c.kv_heads, c.head_dim,
-                              quick ? c.kv_len / 4 : c.kv_len, c.page_size, c.q_len, c.window);
-      s.softcap = c.softcap;
-      s.alibi = c.alibi;
-      s.sinks = c.sinks;
-      s.q_lens = c.q_lens;
-      const std::string kernel = planned(s).summary.kernel;
-      const bool other_tensor_core = starts_with(kernel, "tensor-core-rows") ||
-                                     starts_with(kernel, "tensor-core-compact-") ||
-                                     starts_with(kernel, "tensor-core-8bit-");
-      const bool standard = std::string(c.kernel) == "tensor-core-";
-      if (!starts_with(kernel, c.kernel) || (standard && other_tensor_core)) {
-        fail_msg("%s%s: planned '%s', expected %s", c.what, quick ? " (quick)" : "", plan_of(s).c_str(), c.kernel);
+  const int sms = h200().sm_count, cc_major = 9;
+  for (const Family &family : families) {
+    for (size_t i = 0; i < family.count; ++i) {
+      const kernel_spec &c = family.specs[i];
+      for (const bool quick : {false, true}) {
+        const int64_t kv_len = quick ? c.kv_len / 4 : c.kv_len;
+        const bool paged = c.layout == FDT_PAGED_NHD || c.layout == FDT_PAGED_HND;
+        Shape s = gpu_test_case(c.dtype, c.kv_dtype == FDT_KV_AS_Q ? c.dtype : c.kv_dtype, c.batch, c.q_heads,
+                                c.kv_heads, c.head_dim, kv_len, paged ? c.page_size : 0, c.q_len, c.window);
+        s.layout = c.layout;
+        s.seq_lens = c.ragged != 0;
+        s.q_lens = c.ragged_q != 0;
+        s.softcap = static_cast<float>(c.softcap);
+        s.alibi = c.alibi != 0;
+        s.sinks = c.sinks != 0;
+        s.num_splits = c.splits;
+        const char *want =
+            kernel_spec_expected(&c, kv_len, quick, kernel_spec_compact_planned(&c, sms, cc_major), /*wide rows*/ 1);
+        std::string kernel;
+        try {
+          kernel = planned(s).summary.kernel;
+        } catch (const fd::Error &error) {
+          kernel = std::string("error: ") + error.what();
+        }
+        const bool other_tensor_core = starts_with(kernel, "tensor-core-rows") ||
+                                       starts_with(kernel, "tensor-core-compact-") ||
+                                       starts_with(kernel, "tensor-core-8bit-");
+        if (!starts_with(kernel, want) || (std::string(want) == "tensor-core-" && other_tensor_core)) {
+          fail_msg("%s, %s%s: planned '%s', expected %s", family.test, c.what, quick ? " (quick)" : "", kernel.c_str(),
+                   want);
+        }
       }
     }
   }
