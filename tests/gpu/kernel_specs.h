@@ -2,7 +2,7 @@
 /*
  * The kernel-family cases of the GPU suite (tests/gpu/test_cuda_decode.c:
  * test_rows_kernel, test_ragged_query_lengths, test_8bit_kernels,
- * test_compact_tiles), shared with the host's policy test
+ * test_compact_tiles, test_merge_paths_on_caller_workspace), shared with the host's policy test
  * (tests/unit/test_cuda_policy.cpp, test_gpu_test_kernels), which pins the
  * kernel each case's plan must name on an H200: a policy change that moves
  * one fails there, in CI, before any device run. C and C++.
@@ -194,5 +194,57 @@ static const kernel_spec compact_tile_specs[] = {
     {"head_dim 256: standard tiles", FD_DTYPE_F16, FDT_KV_AS_Q, FDT_PAGED_NHD, 40, 16, 8, 256, 2000, 16, 1, 0, 0.0, 0,
      0, 1, 0, 0, "tensor-core-"},
 };
+
+/* test_merge_paths_on_caller_workspace: each case's merge (BHND, LSE; a
+ * quarter of kv_len in quick mode). */
+/* merge_path_spec::merge: FD_MERGE_CLUSTER on compute capability 9.0+, else FD_MERGE_FUSED. */
+#define FDT_MERGE_CLUSTER_ON_SM90 (-1)
+
+typedef struct {
+  const char *what;
+  fd_dtype dtype, out_dtype;
+  int64_t batch, q_heads, kv_heads, head_dim, kv_len;
+  int32_t splits;
+  int merge;  /* the fd_merge fd_describe_plan must report */
+  int ragged; /* per-sequence lengths */
+} merge_path_spec;
+
+static const merge_path_spec merge_path_specs[] = {
+    {"cluster (sm_90+; else fused), tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128, 3000,
+     8, FDT_MERGE_CLUSTER_ON_SM90, 0},
+    {"cluster (sm_90+; else fused), 8 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128, 300,
+     8, FDT_MERGE_CLUSTER_ON_SM90, 0},
+    {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2,
+     FDT_MERGE_CLUSTER_ON_SM90, 0},
+    {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64, FD_MERGE_SEPARATE,
+     0},
+    {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000, 40,
+     FD_MERGE_SEPARATE, 0},
+    {"merge kernel, MHA, 640 units of 1 row x 80 splits x 256", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 256, 2600, 80,
+     FD_MERGE_SEPARATE, 0},
+    {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000, 64,
+     FD_MERGE_SEPARATE, 0},
+    {"merge kernel, ragged (16 rows x 33 splits, trailing ones empty)", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 32, 2, 128,
+     3300, 33, FD_MERGE_SEPARATE, 1},
+    {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED, 0},
+    {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16,
+     FD_MERGE_FUSED, 0},
+    {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13, FD_MERGE_FUSED, 0},
+    {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48,
+     FD_MERGE_FUSED, 0},
+    {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED, 1},
+    {"fused, 50 KiB a unit (MHA, 1 row x 100 splits, the trailing ones empty)", FD_DTYPE_F16, FD_DTYPE_F16, 4, 16, 16,
+     128, 3000, 100, FD_MERGE_FUSED, 0},
+    {"fused, 48 KiB a unit (4 rows x 24 splits), ragged", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 32, 8, 128, 6000, 24,
+     FD_MERGE_FUSED, 1},
+    {"fused, CUDA cores, 64 KiB a unit (2 rows x 64 splits x 128, f32)", FD_DTYPE_F32, FD_DTYPE_F32, 2, 8, 4, 128, 8000,
+     64, FD_MERGE_FUSED, 0},
+};
+
+/* The fd_merge fd_describe_plan must report for spec on a device of compute capability cc_major. */
+static inline int merge_path_expected(const merge_path_spec *spec, int cc_major) {
+  if (spec->merge != FDT_MERGE_CLUSTER_ON_SM90) return spec->merge;
+  return cc_major >= 9 ? FD_MERGE_CLUSTER : FD_MERGE_FUSED;
+}
 
 #endif /* KERNEL_SPECS_H_INCLUDED */

@@ -1854,63 +1854,26 @@ static void test_compact_tiles(void **state) {
  * fused merges on both split kernels (odd row and split counts, more splits
  * than a warp has lanes, empty trailing splits, units of 48-64 KiB of
  * partials), each against the
- * reference, and the counters read back as zero after every case. */
+ * reference, and the counters read back as zero after every case. The
+ * cases are kernel_specs.h's, whose merges test_cuda_policy's
+ * test_gpu_test_merges pins on the host. */
 static void test_merge_paths_on_caller_workspace(void **state) {
   (void)state;
-  /* kClusterOnSm90: FD_MERGE_CLUSTER on compute capability 9.0+, else FD_MERGE_FUSED. */
-  enum { kClusterOnSm90 = -1 };
-  static const struct {
-    const char *what;
-    fd_dtype dtype, out_dtype;
-    int64_t batch, q_heads, kv_heads, head_dim, kv_len;
-    int32_t splits;
-    int merge;  /* the fd_merge fd_describe_plan must report */
-    int ragged; /* per-sequence lengths */
-  } spec[] = {
-      {"cluster (sm_90+; else fused), tensor cores (4 rows x 8 splits)", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       3000, 8, kClusterOnSm90, 0},
-      {"cluster (sm_90+; else fused), 8 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 2, 16, 4, 128,
-       300, 8, kClusterOnSm90, 0},
-      {"cluster (sm_90+; else fused), MHA, head_dim 64, 2 splits", FD_DTYPE_BF16, FD_DTYPE_BF16, 3, 8, 8, 64, 2000, 2,
-       kClusterOnSm90, 0},
-      {"merge kernel (8 rows x 64 splits x 128)", FD_DTYPE_BF16, FD_DTYPE_BF16, 1, 8, 1, 128, 4096, 64,
-       FD_MERGE_SEPARATE, 0},
-      {"merge kernel, group 24 in 2 chunks of 12 rows x 40 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 48, 2, 128, 5000, 40,
-       FD_MERGE_SEPARATE, 0},
-      {"merge kernel, MHA, 640 units of 1 row x 80 splits x 256", FD_DTYPE_F16, FD_DTYPE_F16, 20, 32, 32, 256, 2600, 80,
-       FD_MERGE_SEPARATE, 0},
-      {"merge kernel, CUDA cores, f32 out (4 rows x 64 splits x 64)", FD_DTYPE_F16, FD_DTYPE_F32, 2, 8, 2, 64, 4000, 64,
-       FD_MERGE_SEPARATE, 0},
-      {"merge kernel, ragged (16 rows x 33 splits, trailing ones empty)", FD_DTYPE_BF16, FD_DTYPE_BF16, 4, 32, 2, 128,
-       3300, 33, FD_MERGE_SEPARATE, 1},
-      {"fused, CUDA cores, f32 out (16 splits)", FD_DTYPE_BF16, FD_DTYPE_F32, 3, 4, 4, 64, 2000, 16, FD_MERGE_FUSED, 0},
-      {"fused, tensor cores, head_dim 256 (2 rows x 16 splits)", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 8, 4, 256, 2500, 16,
-       FD_MERGE_FUSED, 0},
-      {"fused, 3 rows x 13 splits", FD_DTYPE_F16, FD_DTYPE_F16, 3, 6, 2, 64, 2600, 13, FD_MERGE_FUSED, 0},
-      {"fused, 2 rows x 48 splits, the trailing ones empty", FD_DTYPE_F16, FD_DTYPE_F16, 1, 2, 1, 32, 3000, 48,
-       FD_MERGE_FUSED, 0},
-      {"fused, tensor cores again, ragged", FD_DTYPE_F16, FD_DTYPE_F16, 5, 16, 4, 128, 3000, 8, FD_MERGE_FUSED, 1},
-      {"fused, 50 KiB a unit (MHA, 1 row x 100 splits, the trailing ones empty)", FD_DTYPE_F16, FD_DTYPE_F16, 4, 16, 16,
-       128, 3000, 100, FD_MERGE_FUSED, 0},
-      {"fused, 48 KiB a unit (4 rows x 24 splits), ragged", FD_DTYPE_BF16, FD_DTYPE_BF16, 2, 32, 8, 128, 6000, 24,
-       FD_MERGE_FUSED, 1},
-      {"fused, CUDA cores, 64 KiB a unit (2 rows x 64 splits x 128, f32)", FD_DTYPE_F32, FD_DTYPE_F32, 2, 8, 4, 128,
-       8000, 64, FD_MERGE_FUSED, 0},
-  };
-  enum { kCases = sizeof spec / sizeof spec[0] };
+  enum { kCases = sizeof merge_path_specs / sizeof merge_path_specs[0] };
   int cc_major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
   fd_handle *h = make_handle(FD_BACKEND_CUDA);
   gpu_case cases[kCases];
   size_t bytes = 0;
   for (int i = 0; i < kCases; ++i) {
-    fdt_case c = dense_case(spec[i].dtype, spec[i].batch, spec[i].q_heads, spec[i].kv_heads, spec[i].head_dim,
-                            g_quick ? spec[i].kv_len / 4 : spec[i].kv_len, g_seed + 700 + (uint64_t)i);
-    c.out_dtype = spec[i].out_dtype;
+    const merge_path_spec *spec = &merge_path_specs[i];
+    fdt_case c = dense_case(spec->dtype, spec->batch, spec->q_heads, spec->kv_heads, spec->head_dim,
+                            g_quick ? spec->kv_len / 4 : spec->kv_len, g_seed + 700 + (uint64_t)i);
+    c.out_dtype = spec->out_dtype;
     c.layout = FDT_BHND;
-    c.ragged = spec[i].ragged;
+    c.ragged = spec->ragged;
     c.with_lse = 1;
-    c.num_splits = spec[i].splits;
+    c.num_splits = spec->splits;
     open_case(&cases[i], &c);
     size_t needed = 0;
     assert_int_equal(fd_workspace_size(h, &cases[i].d.args, &needed), FD_SUCCESS);
@@ -1924,14 +1887,14 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   int failed = -1, wrong_path = -1, counters_left = -1;
   fd_merge planned[kCases];
   for (int i = 0; i < kCases; ++i) {
+    const merge_path_spec *spec = &merge_path_specs[i];
     const fd_plan_info plan = describe(h, &cases[i].d.args);
     planned[i] = plan.merge;
-    const int expected =
-        spec[i].merge == kClusterOnSm90 ? (cc_major >= 9 ? FD_MERGE_CLUSTER : FD_MERGE_FUSED) : spec[i].merge;
+    const int expected = merge_path_expected(spec, cc_major);
     if ((int)plan.merge != expected && wrong_path < 0) wrong_path = i;
     decode_cuda(h, &cases[i].p, &cases[i].d, g_stream);
     const int bad = fdt_check(&cases[i].p, cases[i].report, sizeof cases[i].report, NULL, NULL);
-    print_message("merge path: %s (%s, merge %d): %s\n", spec[i].what, plan.kernel, (int)plan.merge, cases[i].report);
+    print_message("merge path: %s (%s, merge %d): %s\n", spec->what, plan.kernel, (int)plan.merge, cases[i].report);
     if (bad && failed < 0) failed = i;
     /* Every launch leaves the counters (the workspace's first
      * cuda::kMergeCounterSlots words) at zero, whichever merge counted in them. */
@@ -1945,12 +1908,12 @@ static void test_merge_paths_on_caller_workspace(void **state) {
   assert_int_equal(fd_destroy(h), FD_SUCCESS);
   CUDA_CHECK(cudaFree(workspace));
   for (int i = 0; i < kCases; ++i) close_case(&cases[i]);
-  if (failed >= 0) fail_msg("merge path %s: %s", spec[failed].what, cases[failed].report);
+  if (failed >= 0) fail_msg("merge path %s: %s", merge_path_specs[failed].what, cases[failed].report);
   if (wrong_path >= 0) {
-    fail_msg("merge path %s: planned merge %d, expected %d", spec[wrong_path].what, (int)planned[wrong_path],
-             spec[wrong_path].merge);
+    fail_msg("merge path %s: planned merge %d, expected %d", merge_path_specs[wrong_path].what,
+             (int)planned[wrong_path], merge_path_expected(&merge_path_specs[wrong_path], cc_major));
   }
-  if (counters_left >= 0) fail_msg("merge path %s left a merge counter nonzero", spec[counters_left].what);
+  if (counters_left >= 0) fail_msg("merge path %s left a merge counter nonzero", merge_path_specs[counters_left].what);
 }
 
 /* ---- the caller's device and context --------------------------------------- */
@@ -3160,7 +3123,8 @@ static void test_plan_rules(void **state) {
  * sequence-heads (16+ waves of tensor-core CTAs: 4224 on a 132-SM H200) and
  * the tensor cores below that (kMhaCudaCoreMinWaves, policy.cpp): one
  * problem on each side, each dtype, with automatic splits; fd_describe_plan
- * must name the kernel family that ran. */
+ * must name the kernel family that ran (pinned on the host by
+ * test_cuda_policy's test_gpu_test_merges). */
 static void test_mha_128_both_kernels(void **state) {
   (void)state;
   const int64_t batches[] = {6, 160}; /* x 32 heads: 192 and 5120 units */

@@ -471,6 +471,33 @@ void test_gpu_test_kernels(void **) {
   }
 }
 
+// The merge each case of the GPU suite's test_merge_paths_on_caller_workspace
+// expects (tests/gpu/kernel_specs.h: BHND, asked splits) at its full and
+// quick (kv_len / 4) length, and the kernels of test_mha_128_both_kernels.
+void test_gpu_test_merges(void **) {
+  for (const merge_path_spec &c : merge_path_specs) {
+    for (const bool quick : {false, true}) {
+      Shape s = dense(c.batch, c.q_heads, c.kv_heads, quick ? c.kv_len / 4 : c.kv_len, c.head_dim);
+      s.dtype = s.kv_dtype = c.dtype;
+      s.float_out = c.out_dtype == FD_DTYPE_F32;
+      s.layout = FDT_BHND;
+      s.seq_lens = c.ragged != 0;
+      s.num_splits = c.splits;
+      const int want = merge_path_expected(&c, 9);
+      const int got = planned(s).summary.merge;
+      if (got != want) fail_msg("%s%s: planned merge %d, expected %d", c.what, quick ? " (quick)" : "", got, want);
+    }
+  }
+  // MHA at head_dim 128: tensor cores below 16 waves of tensor-core CTAs, CUDA cores above.
+  for (const fd_dtype dtype : {FD_DTYPE_F16, FD_DTYPE_BF16}) {
+    Shape few = dense(6, 32, 32, 1500, 128), many = dense(160, 32, 32, 96, 128);
+    few.dtype = few.kv_dtype = many.dtype = many.kv_dtype = dtype;
+    const std::string few_kernel = planned(few).summary.kernel, many_kernel = planned(many).summary.kernel;
+    assert_true(few_kernel.rfind("tensor-core-128", 0) == 0 || few_kernel.rfind("tensor-core-wide-128", 0) == 0);
+    assert_true(many_kernel.rfind("cuda-core-128", 0) == 0);
+  }
+}
+
 // Several query rows a KV head: the tensor-core kernel up to 16, the rows
 // kernels above (up to 32 on two m-tiles, up to 64 a CTA on four).
 void test_query_rows(void **) {
@@ -796,11 +823,17 @@ void test_random_problems(void **) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_dense_shapes),       cmocka_unit_test(test_serving_batches),
-      cmocka_unit_test(test_gpu_test_schedules), cmocka_unit_test(test_gpu_test_kernels),
-      cmocka_unit_test(test_query_rows),         cmocka_unit_test(test_8bit_caches),
-      cmocka_unit_test(test_fallbacks),          cmocka_unit_test(test_batch_invariant),
-      cmocka_unit_test(test_window_plans),       cmocka_unit_test(test_manual_splits_and_tables),
+      cmocka_unit_test(test_dense_shapes),
+      cmocka_unit_test(test_serving_batches),
+      cmocka_unit_test(test_gpu_test_schedules),
+      cmocka_unit_test(test_gpu_test_kernels),
+      cmocka_unit_test(test_gpu_test_merges),
+      cmocka_unit_test(test_query_rows),
+      cmocka_unit_test(test_8bit_caches),
+      cmocka_unit_test(test_fallbacks),
+      cmocka_unit_test(test_batch_invariant),
+      cmocka_unit_test(test_window_plans),
+      cmocka_unit_test(test_manual_splits_and_tables),
       cmocka_unit_test(test_random_problems),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
