@@ -919,6 +919,25 @@ typedef enum fd_merge {
 } fd_merge;
 
 /**
+ * @brief How the split kernel's work is laid out over a batch
+ *        (fd_plan_info::schedule). Since 0.3. Values are pinned.
+ */
+typedef enum fd_schedule {
+  FD_SCHEDULE_FIXED = 0,         /**< num_splits splits of split_tokens keys for every (sequence, KV head), in
+                                      index order: the CPU backend, and CUDA where none of the others applies. */
+  FD_SCHEDULE_LONGEST_FIRST = 1, /**< CUDA: the fixed splits, handed out longest sequence first by a one-block
+                                      kernel ahead of the split kernel (lengths on the device; a grid of more
+                                      than one wave of blocks, at most two splits a sequence, and splits long
+                                      enough for the waves). One of fd_plan_info::launches. */
+  FD_SCHEDULE_FITTED = 2,        /**< CUDA: num_splits splits whose length the device fits to the lengths at run
+                                      time (lengths on the device in a paged cache, automatic splits, fewer
+                                      (sequence, KV head) pairs than the device runs blocks at once); two or
+                                      more sequences run on one wave of `blocks`. */
+  FD_SCHEDULE_BALANCED = 3       /**< CUDA: each of `blocks` blocks takes an equal share of the batch's keys, cut
+                                      at multiples of split_tokens; num_splits is 0. */
+} fd_schedule;
+
+/**
  * @brief A description of the work fd_decode() would do for one problem.
  *        Initialise with `fd_plan_info_init(&info, sizeof info)`; filled by
  *        fd_describe_plan().
@@ -964,16 +983,16 @@ typedef struct fd_plan_info {
    * whose code runs. For logs: the names may change between versions.
    */
   const char *kernel;
-  fd_merge merge;   /**< How the splits' partial results are combined. */
-  int32_t launches; /**< Kernels fd_decode() enqueues: 1 to 3 on CUDA (the split kernel; the merge
-                         kernel with #FD_MERGE_SEPARATE; a one-block kernel ahead that orders a fixed
-                         grid longest first, for lengths on the device, where the grid is more
-                         than one wave, at most two splits a sequence and its units long enough
-                         for the waves; one more on a handle with #FD_CHECK_CONTENTS), 0 on the
-                         CPU (and for an empty batch). */
-  int64_t blocks;   /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
-                         covered by fewer, looping blocks; splits fitted to the lengths of two or
-                         more sequences run on one wave of blocks); CPU: tasks of the split pass. */
+  fd_merge merge;       /**< How the splits' partial results are combined. */
+  int32_t launches;     /**< Kernels fd_decode() enqueues: 1 to 3 on CUDA (the split kernel; the merge
+                             kernel with #FD_MERGE_SEPARATE; the ordering kernel of
+                             #FD_SCHEDULE_LONGEST_FIRST; one more on a handle with #FD_CHECK_CONTENTS),
+                             0 on the CPU (and for an empty batch). */
+  int64_t blocks;       /**< CUDA: thread blocks of the split kernel's work (batches beyond 65535 are
+                             covered by fewer, looping blocks; splits fitted to the lengths of two or
+                             more sequences run on one wave of blocks); CPU: tasks of the split pass. */
+  fd_schedule schedule; /**< Since 0.3: how the splits are laid out over the batch (#fd_schedule);
+                             #FD_SCHEDULE_FIXED on the CPU and for an empty batch. */
 } fd_plan_info;
 
 /**

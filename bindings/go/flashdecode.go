@@ -69,6 +69,7 @@ static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_sca
 }
 static void fdgo_set_q_lens(fd_decode_args *args, fd_tensor q_lens) { args->q_lens = q_lens; }
 static void fdgo_set_q_lens_data(fd_decode_args *args, void *q_lens) { args->q_lens.data = q_lens; }
+static int fdgo_plan_schedule(const fd_plan_info *info) { return (int)info->schedule; }
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   return fd_check_contents(handle, (fd_cuda_stream)stream);
 }
@@ -91,6 +92,7 @@ static void fdgo_set_scale_data(fd_decode_args *args, void *k_scale, void *v_sca
 }
 static void fdgo_set_q_lens(fd_decode_args *args, fd_tensor q_lens) { (void)args; (void)q_lens; }
 static void fdgo_set_q_lens_data(fd_decode_args *args, void *q_lens) { (void)args; (void)q_lens; }
+static int fdgo_plan_schedule(const fd_plan_info *info) { (void)info; return 0; } // FD_SCHEDULE_FIXED
 static fd_status fdgo_check_contents(fd_handle *handle, uintptr_t stream) {
   (void)handle;
   (void)stream;
@@ -402,6 +404,35 @@ func (m Merge) String() string {
 	return fmt.Sprintf("Merge(%d)", int(m))
 }
 
+// Schedule is how a decode lays its splits out over the batch (fd_schedule, since 0.3).
+type Schedule int
+
+// Schedules (fd_schedule's pinned values: a 0.2 header has none).
+const (
+	// ScheduleFixed: NumSplits splits of SplitTokens keys for every (sequence, KV head), in index order.
+	ScheduleFixed Schedule = 0
+	// ScheduleLongestFirst: CUDA; the fixed splits, longest sequence first (one more launch orders them).
+	ScheduleLongestFirst Schedule = 1
+	// ScheduleFitted: CUDA; splits whose length the device fits to the lengths at run time.
+	ScheduleFitted Schedule = 2
+	// ScheduleBalanced: CUDA; every thread block takes an equal share of the batch's keys (0 splits).
+	ScheduleBalanced Schedule = 3
+)
+
+func (s Schedule) String() string {
+	switch s {
+	case ScheduleFixed:
+		return "fixed"
+	case ScheduleLongestFirst:
+		return "longest-first"
+	case ScheduleFitted:
+		return "fitted"
+	case ScheduleBalanced:
+		return "balanced"
+	}
+	return fmt.Sprintf("Schedule(%d)", int(s))
+}
+
 // PlanInfo is what Decode would run for a problem (fd_plan_info).
 type PlanInfo struct {
 	Backend        Backend
@@ -410,8 +441,9 @@ type PlanInfo struct {
 	WorkspaceBytes int    // as WorkspaceSize reports
 	Kernel         string // the split kernel, e.g. "tensor-core-wide-128" or "cpu"; for logs
 	Merge          Merge
-	Launches       int // CUDA kernels per Decode (1 to 3, one more when checking contents); 0 on the CPU
-	Blocks         int // CUDA thread blocks of the split kernel; CPU tasks of the split pass
+	Launches       int      // CUDA kernels per Decode (1 to 3, one more when checking contents); 0 on the CPU
+	Blocks         int      // CUDA thread blocks of the split kernel; CPU tasks of the split pass
+	Schedule       Schedule // how the splits are laid out over the batch (ScheduleFixed from a 0.2 library)
 }
 
 // DescribePlan says what Decode would run for args on this handle, without
@@ -431,6 +463,7 @@ func (h *Handle) DescribePlan(args *DecodeArgs) (PlanInfo, error) {
 		Merge:          Merge(info.merge),
 		Launches:       int(info.launches),
 		Blocks:         int(info.blocks),
+		Schedule:       Schedule(C.fdgo_plan_schedule(&info)),
 	}, nil
 }
 

@@ -500,12 +500,16 @@ func TestDescribePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := flashdecode.PlanInfo{Backend: flashdecode.BackendCPU, NumSplits: 5, SplitTokens: 103, WorkspaceBytes: bytes,
-		Kernel: "cpu", Merge: flashdecode.MergeSeparate, Launches: 0, Blocks: 2 * 5}
+		Kernel: "cpu", Merge: flashdecode.MergeSeparate, Launches: 0, Blocks: 2 * 5,
+		Schedule: flashdecode.ScheduleFixed}
 	if info != want {
 		t.Fatalf("plan %+v, want %+v", info, want)
 	}
 	if info.Merge.String() != "separate" {
 		t.Fatalf("merge %q", info.Merge.String())
+	}
+	if info.Schedule.String() != "fixed" || flashdecode.Schedule(9).String() != "Schedule(9)" {
+		t.Fatalf("schedule %q", info.Schedule.String())
 	}
 	args.NumSplits = -1
 	_, err = handle.DescribePlan(&args)

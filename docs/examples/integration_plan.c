@@ -28,15 +28,25 @@ static const char *merge_name(fd_merge merge) {
   return "unknown";
 }
 
+static const char *schedule_name(fd_schedule schedule) {
+  switch (schedule) {
+    case FD_SCHEDULE_FIXED: return "fixed";
+    case FD_SCHEDULE_LONGEST_FIRST: return "longest first";
+    case FD_SCHEDULE_FITTED: return "fitted";
+    case FD_SCHEDULE_BALANCED: return "balanced";
+  }
+  return "unknown";
+}
+
 /* Logs what fd_decode would run for args on this handle. */
 static fd_status log_plan(const char *label, const fd_handle *handle, const fd_decode_args *args, fd_plan_info *info) {
   fd_plan_info_init(info, sizeof *info);
   const fd_status status = fd_describe_plan(handle, args, info);
   if (status != FD_SUCCESS) return status;
-  printf("%s: %s, kernel %s, splits %d x %lld tokens, merge %s, launches %d, blocks %lld, workspace %zu bytes\n", label,
-         info->backend == FD_BACKEND_CUDA ? "CUDA" : "CPU", info->kernel, (int)info->num_splits,
-         (long long)info->split_tokens, merge_name(info->merge), (int)info->launches, (long long)info->blocks,
-         info->workspace_bytes);
+  printf("%s: %s, kernel %s, splits %d x %lld tokens (%s), merge %s, launches %d, blocks %lld, workspace %zu bytes\n",
+         label, info->backend == FD_BACKEND_CUDA ? "CUDA" : "CPU", info->kernel, (int)info->num_splits,
+         (long long)info->split_tokens, schedule_name(info->schedule), merge_name(info->merge), (int)info->launches,
+         (long long)info->blocks, info->workspace_bytes);
   return FD_SUCCESS;
 }
 
@@ -84,6 +94,7 @@ int main(void) {
   if (status == FD_SUCCESS) status = fd_workspace_size(handle, &args, &bytes);
   if (status != FD_SUCCESS) return report_failure("fd_describe_plan", status);
   failures += expect(info.backend == FD_BACKEND_CPU && info.launches == 0, "a CPU plan launches no kernel");
+  failures += expect(info.schedule == FD_SCHEDULE_FIXED, "the CPU runs every split of every sequence in order");
   failures += expect(info.workspace_bytes == bytes, "workspace_bytes is fd_workspace_size's answer");
   failures += expect(info.num_splits * info.split_tokens >= KV_CAPACITY, "the splits cover the capacity");
 

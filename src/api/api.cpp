@@ -339,6 +339,7 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
       launch.merge = FD_MERGE_NONE;
       launch.launches = 0;
       launch.blocks = 0;
+      launch.schedule = FD_SCHEDULE_FIXED;
     }
     fd_plan_info described;
     std::memset(&described, 0, sizeof described);
@@ -351,6 +352,7 @@ FD_API fd_status fd_describe_plan(const fd_handle *handle, const fd_decode_args 
     described.merge = launch.merge;
     described.launches = launch.launches;
     described.blocks = launch.blocks;
+    described.schedule = launch.schedule;
     // A caller compiled against a later header keeps its trailing fields.
     std::memcpy(static_cast<void *>(info), &described, caller_size < sizeof described ? caller_size : sizeof described);
   });

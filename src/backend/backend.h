@@ -23,6 +23,7 @@ struct LaunchSummary {
   // at multiples of this many tokens (the CUDA backend's balanced schedule):
   // fd_plan_info reports 0 splits of this many tokens.
   int64_t device_cut_tokens = 0;
+  fd_schedule schedule = FD_SCHEDULE_FIXED;  // fd_plan_info::schedule
 };
 
 class Backend {

@@ -1138,11 +1138,18 @@ static void test_describe_plan(void **state) {
   assert_true(info.num_splits >= 1);
   assert_true(info.split_tokens * info.num_splits >= 100 && info.split_tokens * (info.num_splits - 1) < 100);
   assert_int_equal(info.blocks, 2 * 2 * info.num_splits); /* batch x kv_heads x splits */
+  assert_int_equal(info.schedule, FD_SCHEDULE_FIXED);
+  /* Pinned values: bindings hard-code them. */
+  assert_int_equal(FD_SCHEDULE_LONGEST_FIRST, 1);
+  assert_int_equal(FD_SCHEDULE_FITTED, 2);
+  assert_int_equal(FD_SCHEDULE_BALANCED, 3);
 
   /* A requested split count is kept, and the workspace grows with it. */
   fd_decode_args a = f->problem.args;
   a.num_splits = 7;
+  info.schedule = (fd_schedule)77; /* written by every call */
   assert_int_equal(fd_describe_plan(f->handle, &a, &info), FD_SUCCESS);
+  assert_int_equal(info.schedule, FD_SCHEDULE_FIXED);
   assert_int_equal(info.num_splits, 7);
   assert_int_equal(info.split_tokens, 15); /* ceil(100 / 7) */
   assert_int_equal(info.blocks, 2 * 2 * 7);
@@ -1164,6 +1171,7 @@ static void test_describe_plan(void **state) {
   assert_int_equal(info.blocks, 0);
   assert_int_equal(info.launches, 0);
   assert_int_equal(info.merge, FD_MERGE_NONE);
+  assert_int_equal(info.schedule, FD_SCHEDULE_FIXED);
 }
 
 /* The output struct is versioned like the inputs: an older, smaller struct
@@ -1181,6 +1189,13 @@ static void test_describe_plan_struct_size(void **state) {
   assert_int_equal(old.struct_size, old_size);
   assert_int_equal(old.backend, FD_BACKEND_CPU);
   assert_true(old.num_splits >= 1);
+
+  /* A 0.2 caller's struct ends before schedule (0.3): its bytes are all it gets. */
+  const size_t v02_size = offsetof(fd_plan_info, schedule);
+  memset(buffer, 0xab, sizeof buffer);
+  assert_int_equal(fd_plan_info_init((fd_plan_info *)buffer, v02_size), sizeof(fd_plan_info));
+  assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, (fd_plan_info *)buffer), FD_SUCCESS);
+  for (size_t i = v02_size; i < sizeof buffer; ++i) assert_int_equal(buffer[i], 0xab);
 
   assert_int_equal(fd_describe_plan(f->handle, &f->problem.args, NULL), FD_ERROR_NULL_POINTER);
   assert_non_null(strstr(last_message(), "info"));

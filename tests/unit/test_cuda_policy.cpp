@@ -335,6 +335,16 @@ void test_serving_batches(void **) {
   assert_false(longest_first(serving(16, 32, 8, 1536, 128, 16)));    // 128 CTAs: one wave, order costs nothing
   assert_false(longest_first(serving(16, 32, 8, 16384, 128, 0)));  // 5 splits a unit: whole splits, whatever the order
   assert_false(longest_first(serving(32, 32, 8, 16384, 128, 0)));  // 3 splits
+  // fd_plan_info::schedule names each.
+  const auto schedule_of = [](const Shape &s) { return planned(s).summary.schedule; };
+  assert_int_equal(schedule_of(serving(48, 32, 8, 12288, 128, 16)), FD_SCHEDULE_BALANCED);
+  assert_int_equal(schedule_of(serving(384, 32, 8, 1536, 128, 16)), FD_SCHEDULE_LONGEST_FIRST);
+  assert_int_equal(schedule_of(serving(48, 32, 8, 12288, 128, 0)), FD_SCHEDULE_LONGEST_FIRST);
+  assert_int_equal(schedule_of(serving(4, 8, 1, 65536, 128, 16)), FD_SCHEDULE_FITTED);    // a wave of fitted pieces
+  assert_int_equal(schedule_of(serving(1, 8, 1, 65536, 128, 16)), FD_SCHEDULE_FITTED);    // one sequence: planned grid
+  assert_int_equal(schedule_of(serving(16, 32, 8, 16384, 128, 0)), FD_SCHEDULE_FIXED);    // dense, 5 splits
+  assert_int_equal(schedule_of(serving(1024, 32, 8, 1024, 128, 16)), FD_SCHEDULE_FIXED);  // too few tokens a wave
+  assert_int_equal(schedule_of(dense(1, 32, 8, 32768, 128)), FD_SCHEDULE_FIXED);
 }
 
 // The GPU tests' paged cases with device lengths (tests/gpu/test_cuda_decode.c:
@@ -406,11 +416,12 @@ void test_gpu_test_schedules(void **) {
       s.sinks = c.sinks;
       const Planned p = planned(s);
       const bool balanced = p.summary.device_cut_tokens > 0;
-      const bool as_expected = c.schedule == kBalanced ? balanced
+      const bool as_expected = c.schedule == kBalanced ? balanced && p.summary.schedule == FD_SCHEDULE_BALANCED
                                : c.schedule == kFixed  ? !balanced
                                : c.schedule == kFitted
-                                   ? !balanced && p.plan.num_splits >= 2
-                                   : p.launch.longest_first && p.summary.blocks > 4 * h200().sm_count;
+                                   ? p.summary.schedule == FD_SCHEDULE_FITTED && p.plan.num_splits >= 2
+                                   : p.summary.schedule == FD_SCHEDULE_LONGEST_FIRST && p.launch.longest_first &&
+                                         p.summary.blocks > 4 * h200().sm_count;
       if (!as_expected) fail_msg("%s%s: planned '%s'", c.what, quick ? " (quick)" : "", plan_of(s).c_str());
     }
   }

@@ -232,7 +232,9 @@ def test_describe_plan(cpu, rng) -> None:
         merge=flashdecode.Merge.SEPARATE,
         launches=0,
         blocks=2 * 2 * 4,
+        schedule=flashdecode.Schedule.FIXED,
     )
+    assert flashdecode.Schedule.BALANCED == 3 and flashdecode.Schedule.LONGEST_FIRST == 1
     automatic = cpu.describe_plan(q, k, k, layout="NHD")
     assert automatic.num_splits >= 1 and automatic.split_tokens * automatic.num_splits >= 300
     with pytest.raises(flashdecode.InvalidSplitsError, match="num_splits"):

@@ -39,6 +39,22 @@ pub enum Merge {
     Other(i32),
 }
 
+/// How a decode lays its splits out over the batch (`fd_schedule`: 0, 1, 2, 3; since 0.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Schedule {
+    /// `FD_SCHEDULE_FIXED`: `num_splits` splits of `split_tokens` keys for every (sequence, KV head), in index order.
+    Fixed,
+    /// `FD_SCHEDULE_LONGEST_FIRST`: CUDA; the fixed splits, longest sequence first (one more launch orders them).
+    LongestFirst,
+    /// `FD_SCHEDULE_FITTED`: CUDA; splits whose length the device fits to the lengths at run time.
+    Fitted,
+    /// `FD_SCHEDULE_BALANCED`: CUDA; every thread block takes an equal share of the batch's keys (0 splits).
+    Balanced,
+    /// A value a later library added, unknown to this crate.
+    Other(i32),
+}
+
 /// What [`Handle::decode`] would run for a problem (`fd_plan_info`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanInfo {
@@ -60,6 +76,8 @@ pub struct PlanInfo {
     pub launches: i32,
     /// CUDA thread blocks of the split kernel; CPU tasks of the split pass.
     pub blocks: i64,
+    /// How the splits are laid out over the batch ([`Schedule::Fixed`] from a 0.2 library).
+    pub schedule: Schedule,
 }
 
 /// Options for [`Handle::new`].
@@ -924,6 +942,13 @@ impl Handle {
             3 => Merge::Cluster,
             other => Merge::Other(other),
         };
+        let schedule = match info.schedule {
+            0 => Schedule::Fixed,
+            1 => Schedule::LongestFirst,
+            2 => Schedule::Fitted,
+            3 => Schedule::Balanced,
+            other => Schedule::Other(other),
+        };
         Ok(PlanInfo {
             backend: if info.backend == Backend::Cuda as i32 {
                 Backend::Cuda
@@ -937,6 +962,7 @@ impl Handle {
             merge,
             launches: info.launches,
             blocks: info.blocks,
+            schedule,
         })
     }
 

@@ -81,6 +81,7 @@ mod tensor;
 pub use error::{Error, Result, Status};
 pub use handle::{
     AppendArgs, AttentionMask, Backend, DecodeArgs, Handle, HostWorkspace, Merge, MergeArgs, Options, PlanInfo,
+    Schedule,
 };
 pub use library::Library;
 pub use tensor::{CudaStream, DType, Memory, Tensor, TensorMut};

@@ -357,7 +357,11 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
     fn offset<S, F>(base: &S, field: &F) -> usize {
         field as *const F as usize - base as *const S as usize
     }
-    let (options, args) = (sys::fd_options::default(), sys::fd_decode_args::default());
+    let (options, args, info) = (
+        sys::fd_options::default(),
+        sys::fd_decode_args::default(),
+        sys::fd_plan_info::default(),
+    );
     // (struct, field, the minor that added it): after 0.2.
     let added = [
         ("fd_options", offset(&options, &options.checks), 3),
@@ -370,6 +374,7 @@ pub(crate) fn struct_size_of_minor(name: &str, minor: u32) -> usize {
         ("fd_decode_args", offset(&args, &args.k_scale), 3),
         ("fd_decode_args", offset(&args, &args.v_scale), 3),
         ("fd_decode_args", offset(&args, &args.q_lens), 3),
+        ("fd_plan_info", offset(&info, &info.schedule), 3),
     ];
     let ours = match name {
         "fd_options" => std::mem::size_of::<sys::fd_options>(),
@@ -470,6 +475,7 @@ mod tests {
         assert_eq!(struct_size_of_minor("fd_decode_args", 3), 1008);
         assert_eq!(struct_size_of_minor("fd_append_args", 3), 648);
         assert_eq!(struct_size_of_minor("fd_merge_args", 3), 192);
+        assert_eq!(struct_size_of_minor("fd_plan_info", 3), 64);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub type fd_dtype = c_int;
 pub type fd_backend = c_int;
 /// `fd_merge` (an `int`-sized enum).
 pub type fd_merge = c_int;
+/// `fd_schedule` (an `int`-sized enum, since 0.3).
+pub type fd_schedule = c_int;
 /// `fd_attention_mask` (an `int`-sized enum, since 0.3).
 pub type fd_attention_mask = c_int;
 /// `fd_cuda_stream`: a `cudaStream_t`; null is the legacy default stream.
@@ -211,6 +213,8 @@ pub struct fd_plan_info {
     pub launches: i32,
     /// CUDA thread blocks of the split kernel; CPU tasks.
     pub blocks: i64,
+    /// How the splits are laid out over the batch (since 0.3; a 0.2 library leaves the 0 `fd_plan_info_init` wrote).
+    pub schedule: fd_schedule,
 }
 
 impl Default for fd_plan_info {
@@ -226,6 +230,7 @@ impl Default for fd_plan_info {
             merge: 0,
             launches: 0,
             blocks: 0,
+            schedule: 0,
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use flashdecode::{
     Backend, CudaStream, DType, DecodeArgs, Error, Handle, HostWorkspace, Library, Memory, Merge, MergeArgs, Options,
-    PlanInfo, Status, Tensor, TensorMut,
+    PlanInfo, Schedule, Status, Tensor, TensorMut,
 };
 
 mod common;
@@ -361,6 +361,7 @@ fn describe_plan_reports_the_cpu_plan() {
             merge: Merge::Separate,
             launches: 0,
             blocks: 2 * 5,
+            schedule: Schedule::Fixed,
         }
     );
 }

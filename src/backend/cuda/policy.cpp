@@ -610,6 +610,10 @@ LaunchSummary summarize(const Problem &p, const Plan &plan, const LaunchChoice &
                    : launch.fitted_ctas > 0    ? launch.fitted_ctas
                                                : launch.units * plan.num_splits;
   if (launch.balanced_workers > 0) summary.device_cut_tokens = shape_of(p, launch.variant).tile_tokens;
+  summary.schedule = launch.balanced_workers > 0     ? FD_SCHEDULE_BALANCED
+                     : launch.fitted_split_floor > 0 ? FD_SCHEDULE_FITTED
+                     : launch.longest_first          ? FD_SCHEDULE_LONGEST_FIRST
+                                                     : FD_SCHEDULE_FIXED;
   return summary;
 }
 

@@ -67,7 +67,7 @@ from ._errors import (
 from . import _torch
 from ._describe import LAYOUTS, Layout
 from ._functions import append_kv, flash_decode, flash_decode_splitk, merge_states
-from ._handle import Backend, Handle, Merge, PlanInfo, host_workspace
+from ._handle import Backend, Handle, Merge, PlanInfo, Schedule, host_workspace
 from ._library import LIBRARY_ENV, SONAME, LibraryInfo, load_library
 
 __version__ = "0.3.0"
@@ -133,6 +133,7 @@ __all__ = [
     "NullPointerError",
     "OutOfMemoryError",
     "PlanInfo",
+    "Schedule",
     "Status",
     "UnsupportedError",
     "WorkspaceTooSmallError",

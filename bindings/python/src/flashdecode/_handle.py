@@ -109,6 +109,27 @@ class Merge(enum.IntEnum):
     """CUDA sm_90+: each (sequence, KV head)'s splits run as one thread-block cluster."""
 
 
+class Schedule(enum.IntEnum):
+    """``fd_schedule``: how a decode lays its splits out over the batch (since 0.3). Values are pinned."""
+
+    FIXED = 0
+    """``num_splits`` splits of ``split_tokens`` keys for every (sequence, KV head), in index order."""
+    LONGEST_FIRST = 1
+    """CUDA: the fixed splits, handed out longest sequence first by a one-block kernel ahead (one more launch)."""
+    FITTED = 2
+    """CUDA: splits whose length the device fits to the lengths at run time (few (sequence, KV head) pairs)."""
+    BALANCED = 3
+    """CUDA: every thread block takes an equal share of the batch's keys; ``num_splits`` is 0."""
+
+
+def _schedule(value: int) -> Union[Schedule, int]:
+    """``fd_schedule`` as a :class:`Schedule`, or the plain number for a value a later library added."""
+    try:
+        return Schedule(value)
+    except ValueError:
+        return int(value)
+
+
 def _merge(value: int) -> Union[Merge, int]:
     """``fd_merge`` as a :class:`Merge`, or the plain number for a value a later library added."""
     try:
@@ -132,6 +153,8 @@ class PlanInfo:
         merge: how the splits are combined (a plain int for a kind a later library added).
         launches: CUDA kernels per decode (1 to 3, one more when checking contents); 0 on the CPU.
         blocks: CUDA thread blocks of the split kernel; CPU tasks of the split pass.
+        schedule: how the splits are laid out over the batch (a plain int for a kind a later
+            library added; :attr:`Schedule.FIXED` from a 0.2 library).
     """
 
     backend: "Backend"
@@ -142,6 +165,7 @@ class PlanInfo:
     merge: Union[Merge, int]
     launches: int
     blocks: int
+    schedule: Union[Schedule, int]
 
 
 def host_workspace(nbytes: int) -> np.ndarray:
@@ -756,6 +780,7 @@ class Handle:
             merge=_merge(info.merge),
             launches=info.launches,
             blocks=info.blocks,
+            schedule=_schedule(info.schedule),
         )
 
     def _shape_query(self, function: Any, output: Any, q: Any, k: Any, v: Any, **options: Any) -> None:

@@ -126,6 +126,7 @@ class FdPlanInfo(ctypes.Structure):
         ("merge", c_enum),
         ("launches", ctypes.c_int32),
         ("blocks", ctypes.c_int64),
+        ("schedule", c_enum),  # since 0.3; a 0.2 library leaves it as fd_plan_info_init set it (0: fixed)
     ]
 
 
@@ -233,6 +234,7 @@ SINCE: Dict[str, int] = {
     "fd_dtype.e4m3": 3,
     "fd_dtype.e5m2": 3,
     "fd_dtype.i8": 3,
+    "fd_plan_info.schedule": 3,
 }
 """The minor version that added each function and struct field of a later minor than 0.1."""
 
