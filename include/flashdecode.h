@@ -929,12 +929,13 @@ typedef enum fd_schedule {
                                       kernel ahead of the split kernel (lengths on the device; a grid of more
                                       than one wave of blocks, at most two splits a sequence, and splits long
                                       enough for the waves). One of fd_plan_info::launches. */
-  FD_SCHEDULE_FITTED = 2,        /**< CUDA: num_splits splits whose length the device fits to the lengths at run
-                                      time (lengths on the device in a paged cache, automatic splits, fewer
-                                      (sequence, KV head) pairs than the device runs blocks at once); two or
-                                      more sequences run on one wave of `blocks`. */
+  FD_SCHEDULE_FITTED = 2,        /**< CUDA: num_splits (2 or more) splits whose length the device fits to the
+                                      lengths at run time (lengths on the device in a paged cache, automatic
+                                      splits, fewer (sequence, KV head) pairs than the device runs blocks at
+                                      once); two or more sequences run on one wave of `blocks`. */
   FD_SCHEDULE_BALANCED = 3       /**< CUDA: each of `blocks` blocks takes an equal share of the batch's keys, cut
-                                      at multiples of split_tokens; num_splits is 0. */
+                                      at multiples of split_tokens; num_splits is 0 (lengths on the device in
+                                      a paged cache, automatic splits). */
 } fd_schedule;
 
 /**
@@ -993,6 +994,7 @@ typedef struct fd_plan_info {
                              more sequences run on one wave of blocks); CPU: tasks of the split pass. */
   fd_schedule schedule; /**< Since 0.3: how the splits are laid out over the batch (#fd_schedule);
                              #FD_SCHEDULE_FIXED on the CPU and for an empty batch. */
+  int32_t reserved_0;   /**< Since 0.3: padding, written as 0, named so that no later field lands in it. */
 } fd_plan_info;
 
 /**

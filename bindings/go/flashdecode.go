@@ -25,7 +25,8 @@
 // DecodeArgs.SplitTokens, the attention variants of DecodeArgs,
 // DecodeArgs.QLens,
 // Handle.CheckContents and Handle.MergeStates then fail with
-// ErrUnsupported, naming the version they need.
+// ErrUnsupported, naming the version they need, and PlanInfo.Schedule is
+// always ScheduleFixed.
 //
 // Partial results of a cache decoded in parts, each with its LSE (a shared
 // prefix and each sequence's suffix in cascade attention, or the shards of
@@ -443,7 +444,7 @@ type PlanInfo struct {
 	Merge          Merge
 	Launches       int      // CUDA kernels per Decode (1 to 3, one more when checking contents); 0 on the CPU
 	Blocks         int      // CUDA thread blocks of the split kernel; CPU tasks of the split pass
-	Schedule       Schedule // how the splits are laid out over the batch (ScheduleFixed from a 0.2 library)
+	Schedule       Schedule // how the splits are laid out over the batch (ScheduleFixed from a 0.2 library, or in a build against a 0.2 header)
 }
 
 // DescribePlan says what Decode would run for args on this handle, without

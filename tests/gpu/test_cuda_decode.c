@@ -79,11 +79,11 @@ static fd_plan_info describe(const fd_handle *h, const fd_decode_args *args) {
   const fd_status s = fd_describe_plan(h, args, &info);
   if (s != FD_SUCCESS) fail_msg("fd_describe_plan failed: %s: %s", fd_status_string(s), last_message());
   /* The ordering kernel of a fixed grid ordered longest first (lengths on
-   * the device) is one more launch; a handle that checks contents adds one
-   * (test_contents_checked_on_device counts it). The balanced schedule reports 0 splits. */
+   * the device) is one more launch (handles that check contents, which add
+   * one, are described apart). The balanced schedule reports 0 splits. */
   const int ordered = info.schedule == FD_SCHEDULE_LONGEST_FIRST;
   const int extra = info.launches - (info.merge == FD_MERGE_SEPARATE ? 2 : 1) - ordered;
-  if (extra < 0 || extra > 1 || (ordered && (info.num_splits == 0 || args->seq_lens.data == NULL)) ||
+  if (extra != 0 || (ordered && (info.num_splits == 0 || args->seq_lens.data == NULL)) ||
       (info.schedule == FD_SCHEDULE_BALANCED) != (info.num_splits == 0)) {
     fail_msg("plan of %d launches with merge %d, schedule %d and %d splits", (int)info.launches, (int)info.merge,
              (int)info.schedule, (int)info.num_splits);

@@ -352,7 +352,8 @@ void test_serving_batches(void **) {
 // must plan the schedule each expects, at its full and its quick capacity,
 // so that a policy change that moves one fails here, in CI, first.
 void test_gpu_test_schedules(void **) {
-  // kFitted: fixed, at least 2 splits; kLongestFirst: fixed, ordered, more than 4 CTAs a multiprocessor
+  // kFixed: fixed splits in index order; kFitted: splits fitted to the lengths, at least 2; kLongestFirst: fixed,
+  // ordered, more than 4 CTAs a multiprocessor
   enum Schedule { kBalanced, kFixed, kFitted, kLongestFirst };
   struct Case {
     const char *what;
@@ -367,7 +368,7 @@ void test_gpu_test_schedules(void **) {
   const Case cases[] = {
       // test_balanced_schedule (quick: capacities over 1000 divided by 4)
       {"skewed", f16, f16, false, 60, 8, 2, 128, 6000, 1500, 1, 0, false, false, kBalanced},
-      {"one sequence: fixed splits", bf16, bf16, false, 1, 8, 1, 128, 30000, 7500, 1, 0, false, false, kFixed},
+      {"one sequence: fixed splits", bf16, bf16, false, 1, 8, 1, 128, 30000, 7500, 1, 0, false, false, kFitted},
       {"40 units, a few long ones of many pieces", bf16, bf16, false, 40, 8, 1, 128, 20000, 5000, 1, 0, false, false,
        kBalanced},
       {"head_dim 256, 2 KV heads", f16, f16, false, 20, 16, 2, 256, 12000, 3000, 1, 0, false, false, kBalanced},
@@ -417,7 +418,7 @@ void test_gpu_test_schedules(void **) {
       const Planned p = planned(s);
       const bool balanced = p.summary.device_cut_tokens > 0;
       const bool as_expected = c.schedule == kBalanced ? balanced && p.summary.schedule == FD_SCHEDULE_BALANCED
-                               : c.schedule == kFixed  ? !balanced
+                               : c.schedule == kFixed  ? p.summary.schedule == FD_SCHEDULE_FIXED
                                : c.schedule == kFitted
                                    ? p.summary.schedule == FD_SCHEDULE_FITTED && p.plan.num_splits >= 2
                                    : p.summary.schedule == FD_SCHEDULE_LONGEST_FIRST && p.launch.longest_first &&

@@ -141,6 +141,7 @@ def test_struct_sizes_of_older_minors() -> None:
     assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 2) == 24
     assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 2) == 584
     assert _library.struct_size_of_minor("fd_plan_info", _library.FdPlanInfo, 2) == 56
+    assert _library.struct_size_of_minor("fd_plan_info", _library.FdPlanInfo, 3) == 64
     assert _library.struct_size_of_minor("fd_options", _library.FdOptions, 3) == 32
     assert _library.struct_size_of_minor("fd_decode_args", _library.FdDecodeArgs, 3) == 1008
     assert ctypes.sizeof(_library.FdAppendArgs) == 648

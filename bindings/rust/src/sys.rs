@@ -213,8 +213,10 @@ pub struct fd_plan_info {
     pub launches: i32,
     /// CUDA thread blocks of the split kernel; CPU tasks.
     pub blocks: i64,
-    /// How the splits are laid out over the batch (since 0.3; a 0.2 library leaves the 0 `fd_plan_info_init` wrote).
+    /// How the splits are laid out over the batch (since 0.3; a 0.2 library leaves the 0 of `Default`).
     pub schedule: fd_schedule,
+    /// Padding (since 0.3).
+    pub reserved_0: i32,
 }
 
 impl Default for fd_plan_info {
@@ -231,6 +233,7 @@ impl Default for fd_plan_info {
             launches: 0,
             blocks: 0,
             schedule: 0,
+            reserved_0: 0,
         }
     }
 }

@@ -126,7 +126,8 @@ class FdPlanInfo(ctypes.Structure):
         ("merge", c_enum),
         ("launches", ctypes.c_int32),
         ("blocks", ctypes.c_int64),
-        ("schedule", c_enum),  # since 0.3; a 0.2 library leaves it as fd_plan_info_init set it (0: fixed)
+        ("schedule", c_enum),  # since 0.3; a 0.2 library leaves the zero ctypes starts it with (fixed)
+        ("reserved_0", ctypes.c_int32),  # since 0.3: padding
     ]
 
 
