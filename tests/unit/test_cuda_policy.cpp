@@ -12,6 +12,7 @@
 // addresses: planning reads shapes and alignment, never memory.
 // The library's headers first: cmocka.h defines a fail() macro.
 #include "backend/cuda/policy.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/problem.h"
 #include "kernel_specs.h"  // the GPU suite's kernel-family cases (tests/gpu)
@@ -115,17 +116,6 @@ struct Shape {
   fdt_layout layout = FDT_BNHD;  // the strides tests/support/fdt.c gives it (paged ones need page_size)
 };
 
-// Bytes of an element of dtype.
-int64_t element_bytes(fd_dtype dtype) {
-  switch (dtype) {
-    case FD_DTYPE_F32:
-    case FD_DTYPE_I32: return 4;
-    case FD_DTYPE_F16:
-    case FD_DTYPE_BF16: return 2;
-    default: return 1;
-  }
-}
-
 // Strides of s.layout over the contiguous tensors args_of made, as
 // tests/support/fdt.c lays out its storage: head-major (BHND, paged HND),
 // or the padded slice of [B, N + 3, Hkv + 1, D + 8] from head 1, whose q
@@ -140,7 +130,7 @@ void lay_out(fd_decode_args &a, const Shape &s) {
       cache->strides[0] = (n + 3) * (h + 1) * (d + 8);
       cache->strides[1] = (h + 1) * (d + 8);
       cache->strides[2] = d + 8;
-      cache->data = static_cast<char *>(cache->data) + (d + 8) * element_bytes(cache->dtype);
+      cache->data = static_cast<char *>(cache->data) + (d + 8) * fd::dtype_bytes(cache->dtype);
     }
   }
   if (s.layout != FDT_BNHD_PADDED) return;
