@@ -22,7 +22,8 @@ namespace cuda {
 namespace dispatch {
 
 // A kernel family: a kernel template, the storage types it is built for,
-// whether it has a cluster-merge instantiation, whether it is built only
+// whether it has a cluster-merge instantiation and one for host-planned
+// pieces (SplitSchedule, prims/schedule.cuh), whether it is built only
 // with the variants' scoring, its largest head-dim bucket (larger ones have
 // no kernel: 0 resident CTAs), and the shared memory a block must be able
 // to opt into for the family to be used at all.
@@ -33,12 +34,13 @@ struct CudaCoreFamily {
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kHasPlanned = false;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = SplitTraits<T, kBucket>;
     static constexpr auto function = split_kernel<T, kBucket, kVariants>;
@@ -57,15 +59,16 @@ struct TensorCoreFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = kTiles != MmaTiles::compact;
+  static constexpr bool kHasPlanned = kTiles != MmaTiles::compact;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = kTiles == MmaTiles::compact ? 128 : 256;
   static constexpr int kMinSmemOptin = kTiles == MmaTiles::wide ? 200 * 1024 : 0;
   static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, kTiles>;
-    static constexpr auto function = mma_split_kernel<T, kBucket, kTiles, kCluster, kVariants>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, kTiles, kSchedule, kVariants>;
   };
 };
 
@@ -77,12 +80,13 @@ struct CudaCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kHasPlanned = false;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = false;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = SplitTraits<uint8_t, kBucket>;
     static constexpr auto function = split_kernel<T, kBucket, kVariants, true>;
@@ -94,16 +98,17 @@ struct TensorCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kHasPlanned = false;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = true;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, true>;
     static constexpr auto function =
-        mma_split_kernel<T, kBucket, MmaTiles::standard, false, kVariants, true, 1, kFormat>;
+        mma_split_kernel<T, kBucket, MmaTiles::standard, SplitSchedule::walked, kVariants, true, 1, kFormat>;
   };
 };
 
@@ -119,12 +124,13 @@ struct TensorCoreQuantizedKeysFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kHasPlanned = false;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
   static constexpr int kComputeMajor = 0;
   static constexpr bool kFormatKernels = true;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = KeysTraits<T, kBucket, FD_Q8_KEYS_STAGES>;
     static constexpr auto function = mma_keys_split_kernel<T, kBucket, kVariants, kFormat, Traits>;
@@ -147,6 +153,7 @@ struct TensorCoreRowsFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
+  static constexpr bool kHasPlanned = false;
   static constexpr bool kVariantsOnly = true;
   static constexpr int kMaxBucket = 128;
   // Two token groups: 192 KiB of stages, one CTA a multiprocessor, on sm_90
@@ -155,66 +162,86 @@ struct TensorCoreRowsFamily {
   static constexpr int kMinSmemOptin = kWholeTileGroups > 1 ? 200 * 1024 : 0;
   static constexpr int kComputeMajor = kWholeTileGroups > 1 ? (FD_SM90A_BUILD ? 9 : -1) : 0;
   static constexpr bool kFormatKernels = false;
-  template <class T, int kBucket, bool kCluster, bool kVariants, int kFormat>
+  template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, false, kMTiles, kWholeTileGroups>;
-    static constexpr auto function =
-        mma_split_kernel<T, kBucket, MmaTiles::standard, false, true, false, kMTiles, 0, kWholeTileGroups>;
+    static constexpr auto function = mma_split_kernel<T, kBucket, MmaTiles::standard, SplitSchedule::walked, true,
+                                                      false, kMTiles, 0, kWholeTileGroups>;
   };
 };
 
 // The 64-row kernel in two token groups (tensor_core_rows64_wide).
 using TensorCoreRows64WideFamily = TensorCoreRowsFamily<4, 2>;
 
-template <class Family, class T, int kFormat, bool kCluster, bool kVariants, class Body>
+template <class Family, class T, int kFormat, SplitSchedule kSchedule, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
-    case 64: return body(typename Family::template Kernel<T, 64, kCluster, kVariants, kFormat>{});
-    case 128: return body(typename Family::template Kernel<T, 128, kCluster, kVariants, kFormat>{});
+    case 64: return body(typename Family::template Kernel<T, 64, kSchedule, kVariants, kFormat>{});
+    case 128: return body(typename Family::template Kernel<T, 128, kSchedule, kVariants, kFormat>{});
     case 256:
       if constexpr (Family::kMaxBucket >= 256)
-        return body(typename Family::template Kernel<T, 256, kCluster, kVariants, kFormat>{});
+        return body(typename Family::template Kernel<T, 256, kSchedule, kVariants, kFormat>{});
       break;
     default: break;
   }
   fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for head-dim bucket %d", bucket);
 }
 
-// Kernels with the variants' scoring have no cluster merge (policy.cpp does
-// not choose it for them): one instantiation less per bucket.
+// Kernels with the variants' scoring walk their pieces (policy.cpp chooses
+// no cluster merge for them, and their host-planned calls run the walked
+// kernel): instantiations fewer per bucket.
 template <class Family, class T, int kFormat, class Body>
-auto with_cluster(int bucket, bool cluster, bool variants, Body &&body) {
+auto with_schedule(int bucket, SplitSchedule schedule, bool variants, Body &&body) {
   if constexpr (Family::kHasClusters) {
-    if (cluster && !variants) return with_bucket<Family, T, kFormat, true, false>(bucket, body);
+    if (schedule == SplitSchedule::cluster && !variants)
+      return with_bucket<Family, T, kFormat, SplitSchedule::cluster, false>(bucket, body);
   }
-  if (cluster) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
+  if constexpr (Family::kHasPlanned) {
+    if (schedule == SplitSchedule::planned && !variants)
+      return with_bucket<Family, T, kFormat, SplitSchedule::planned, false>(bucket, body);
+  }
+  if (schedule == SplitSchedule::cluster)
+    fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no cluster merge");
+  if (schedule != SplitSchedule::walked) {
+    fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has no kernel for host-planned pieces");
+  }
   if constexpr (Family::kVariantsOnly) {
     if (!variants) fail(FD_ERROR_INTERNAL, "CUDA backend: this split kernel has only the variants' scoring");
-    return with_bucket<Family, T, kFormat, false, true>(bucket, body);
+    return with_bucket<Family, T, kFormat, SplitSchedule::walked, true>(bucket, body);
   } else {
-    if (variants) return with_bucket<Family, T, kFormat, false, true>(bucket, body);
-    return with_bucket<Family, T, kFormat, false, false>(bucket, body);
+    if (variants) return with_bucket<Family, T, kFormat, SplitSchedule::walked, true>(bucket, body);
+    return with_bucket<Family, T, kFormat, SplitSchedule::walked, false>(bucket, body);
   }
 }
 
-// Calls body(Family::Kernel<T, bucket, cluster, variants, kFormat>{}) for
+// The kernel a launch of the family runs: the cluster schedule for the
+// cluster merge, the planned one for the host's pieces where the family
+// has it (not with the variants' scoring), else the walked one.
+template <class Family>
+SplitSchedule schedule_of(const SplitParams &split) {
+  if (split.cluster_merge) return SplitSchedule::cluster;
+  if (Family::kHasPlanned && !split.variant_scores && host_planned(split)) return SplitSchedule::planned;
+  return SplitSchedule::walked;
+}
+
+// Calls body(Family::Kernel<T, bucket, schedule, variants, kFormat>{}) for
 // the storage type T of q_dtype.
 template <class Family, int kFormat, class Body>
-auto with_query(fd_dtype q_dtype, int bucket, bool cluster, bool variants, Body &&body) {
+auto with_query(fd_dtype q_dtype, int bucket, SplitSchedule schedule, bool variants, Body &&body) {
   switch (q_dtype) {
     case FD_DTYPE_F32:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F32>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F32>::type, kFormat>(bucket, cluster, variants, body);
+        return with_schedule<Family, StorageOf<FD_DTYPE_F32>::type, kFormat>(bucket, schedule, variants, body);
       }
       break;
     case FD_DTYPE_F16:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_F16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_F16>::type, kFormat>(bucket, cluster, variants, body);
+        return with_schedule<Family, StorageOf<FD_DTYPE_F16>::type, kFormat>(bucket, schedule, variants, body);
       }
       break;
     case FD_DTYPE_BF16:
       if constexpr (Family::template kTakes<StorageOf<FD_DTYPE_BF16>::type>) {
-        return with_cluster<Family, StorageOf<FD_DTYPE_BF16>::type, kFormat>(bucket, cluster, variants, body);
+        return with_schedule<Family, StorageOf<FD_DTYPE_BF16>::type, kFormat>(bucket, schedule, variants, body);
       }
       break;
     default: break;
@@ -222,26 +249,26 @@ auto with_query(fd_dtype q_dtype, int bucket, bool cluster, bool variants, Body 
   fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for q dtype %d", static_cast<int>(q_dtype));
 }
 
-// Calls body(Family::Kernel<T, bucket, cluster, variants, kFormat>{}) for the
+// Calls body(Family::Kernel<T, bucket, schedule, variants, kFormat>{}) for the
 // storage type T of q_dtype, K/V being kv_dtype: q's type, or 8-bit for the
 // quantized families, whose kFormatKernels ones have a kernel per format
 // (kFormat the 8-bit fd_dtype; 0 elsewhere: the format is read at run time).
 template <class Family, class Body>
-auto with_kernel(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, bool cluster, bool variants, Body &&body) {
+auto with_kernel(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, SplitSchedule schedule, bool variants, Body &&body) {
   if (is_quantized_dtype(kv_dtype) != Family::kQuantized || (!Family::kQuantized && q_dtype != kv_dtype)) {
     fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel of this family for %s K/V with %s q", dtype_name(kv_dtype),
          dtype_name(q_dtype));
   }
   if constexpr (Family::kFormatKernels) {
     switch (kv_dtype) {
-      case FD_DTYPE_E4M3: return with_query<Family, FD_DTYPE_E4M3>(q_dtype, bucket, cluster, variants, body);
-      case FD_DTYPE_E5M2: return with_query<Family, FD_DTYPE_E5M2>(q_dtype, bucket, cluster, variants, body);
-      case FD_DTYPE_I8: return with_query<Family, FD_DTYPE_I8>(q_dtype, bucket, cluster, variants, body);
+      case FD_DTYPE_E4M3: return with_query<Family, FD_DTYPE_E4M3>(q_dtype, bucket, schedule, variants, body);
+      case FD_DTYPE_E5M2: return with_query<Family, FD_DTYPE_E5M2>(q_dtype, bucket, schedule, variants, body);
+      case FD_DTYPE_I8: return with_query<Family, FD_DTYPE_I8>(q_dtype, bucket, schedule, variants, body);
       default: break;
     }
     fail(FD_ERROR_INTERNAL, "CUDA backend: no split kernel for the 8-bit format %d", static_cast<int>(kv_dtype));
   } else {
-    return with_query<Family, 0>(q_dtype, bucket, cluster, variants, body);
+    return with_query<Family, 0>(q_dtype, bucket, schedule, variants, body);
   }
 }
 
@@ -389,7 +416,7 @@ SplitKernelShape shape_of() {
 
 template <class Family>
 SplitKernelShape family_shape(fd_dtype dtype, int bucket) {
-  return with_kernel<Family>(representative_q(dtype), dtype, bucket, false, Family::kVariantsOnly,
+  return with_kernel<Family>(representative_q(dtype), dtype, bucket, SplitSchedule::walked, Family::kVariantsOnly,
                              [](auto kernel) { return shape_of<typename decltype(kernel)::Traits>(); });
 }
 
@@ -419,7 +446,7 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
   }
   const fd_dtype q_dtype = representative_q(dtype);
   const bool planned_variants = Family::kVariantsOnly;  // the kernel whose occupancy plans are made with
-  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, false, planned_variants,
+  cudaError_t err = with_kernel<Family>(q_dtype, dtype, bucket, SplitSchedule::walked, planned_variants,
                                         [&](auto kernel) { return prepare<decltype(kernel)>(ctas); });
   // The variants' kernel has the plain one's shape, and so do the other q
   // types' kernels of an 8-bit family and its other formats' (which share
@@ -435,13 +462,18 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
       if (!family_takes_q<Family>(q, kv)) continue;
       for (int variants = Family::kVariantsOnly ? 1 : 0; variants < 2 && err == cudaSuccess; ++variants) {
         if (kv == dtype && q == q_dtype && (variants == 1) == planned_variants) continue;
-        err = with_kernel<Family>(q, kv, bucket, false, variants == 1,
+        err = with_kernel<Family>(q, kv, bucket, SplitSchedule::walked, variants == 1,
+                                  [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
+      }
+      // The host-planned kernel has the walked one's shape and launch bounds.
+      if (Family::kHasPlanned && err == cudaSuccess) {
+        err = with_kernel<Family>(q, kv, bucket, SplitSchedule::planned, false,
                                   [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
       }
     }
   }
   if (err == cudaSuccess && Family::kHasClusters && device.cluster_launch) {
-    err = with_kernel<Family>(q_dtype, dtype, bucket, true, false,
+    err = with_kernel<Family>(q_dtype, dtype, bucket, SplitSchedule::cluster, false,
                               [&](auto kernel) { return prepare_clusters<decltype(kernel)>(clusters); });
   }
   return err;
@@ -450,7 +482,7 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
 template <class Family>
 cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &split, bool programmatic,
                           cudaStream_t stream) {
-  return with_kernel<Family>(q_dtype, kv_dtype, bucket, split.cluster_merge, split.variant_scores,
+  return with_kernel<Family>(q_dtype, kv_dtype, bucket, schedule_of<Family>(split), split.variant_scores,
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }
 

@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
   // The query tile's staging area: the last pipeline stage.
   unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
-  for_each_piece<Traits::kTileTokens, false>(p, [&](const Piece &piece) {
+  for_each_piece<Traits::kTileTokens>(p, [&](const Piece &piece) {
     const int64_t b = piece.b;
     const int kv_head = piece.kv_head;
     const int first_row = piece.chunk * p.heads_per_chunk;  // within the KV head's rows
@@ -420,9 +420,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
       }
     }
     __syncthreads();
-    write_token_groups<T, Traits, false>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
+    write_token_groups<T, Traits, SplitSchedule::walked>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
     FD_TIMELINE_MARK(timeline, 4);
-    if (merge_piece<T, Traits, false>(p, piece, b, kv_head, piece.chunk, smem, first_row, heads_here)) {
+    if (merge_piece<T, Traits, SplitSchedule::walked>(p, piece, b, kv_head, piece.chunk, smem, first_row, heads_here)) {
       FD_TIMELINE_MERGED(timeline);
     }
     __syncthreads();  // shared memory is reused by the next piece

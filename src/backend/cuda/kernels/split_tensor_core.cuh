@@ -22,7 +22,7 @@
 // and the result goes to out/lse (one split) or to the workspace as a partial
 // state, exactly as split_cuda_core.cuh does; with a fused merge, the last CTA of a
 // (sequence, KV head, chunk) merges its splits, and with the cluster merge
-// (kCluster) the unit's splits merge from each other's shared memory
+// (the cluster schedule) the unit's splits merge from each other's shared memory
 // (fused_merge.cuh, cluster_merge.cuh).
 //
 // K/V tiles move with 16-byte cp.async (.cg: past L1; TileLoader in
@@ -641,8 +641,8 @@ struct TokenGroupParts {
 // Merges the token groups' states (TokenGroupParts, written and synced) in
 // group order and writes the piece's real rows: to out and lse where the
 // piece writes the output, else as the piece's partial state (in the
-// cluster's shared memory with kCluster, else the workspace).
-template <class T, class Traits, bool kCluster>
+// cluster's shared memory with the cluster schedule, else the workspace).
+template <class T, class Traits, SplitSchedule kSchedule>
 __device__ __forceinline__ void write_token_groups(const SplitParams &p, const Piece &piece, int64_t b, int kv_head,
                                                    const TokenGroupParts<Traits> &parts, unsigned char *smem,
                                                    int first_row, int heads_here) {
@@ -687,14 +687,14 @@ __device__ __forceinline__ void write_token_groups(const SplitParams &p, const P
     const float acc[4] = {sum.x, sum.y, sum.z, sum.w};
     const float m_max = parts.row_max[row];
     const float l_sum = parts.row_l[row];
-    if (piece_writes_output(p, piece)) {
+    if (piece_writes_output<kSchedule>(p, piece)) {
       const QueryRow query = query_row(first_row + row, p.group_size, kv_head);
       if (p.out_f32) {
         write_output<float>(p.output, b, query.token, query.q_head, d, acc, m_max, l_sum, d == 0);
       } else {
         write_output<T>(p.output, b, query.token, query.q_head, d, acc, m_max, l_sum, d == 0);
       }
-    } else if (kCluster) {
+    } else if (kSchedule == SplitSchedule::cluster) {
       using Partial = ClusterPartial<Traits::kRows, kBucket>;
 #pragma unroll
       for (int e = 0; e < 4; ++e) Partial::acc(cluster_partial, row, d + e) = acc[e];
@@ -703,7 +703,7 @@ __device__ __forceinline__ void write_token_groups(const SplitParams &p, const P
         Partial::l(cluster_partial, row) = l_sum;
       }
     } else {
-      const int64_t index = partial_state_index(p, piece, row);
+      const int64_t index = partial_state_index<kSchedule>(p, piece, row);
       *reinterpret_cast<float4 *>(p.acc + index * p.head_dim + d) = sum;  // rows of head_dim floats, 16-byte aligned
       if (d == 0) {
         p.m[index] = m_max;
@@ -713,27 +713,30 @@ __device__ __forceinline__ void write_token_groups(const SplitParams &p, const P
   }
 }
 
-// After write_token_groups: the unit's splits merged by the cluster
-// (kCluster), the balanced schedule's last piece of a unit (kMergeBatch
-// pieces' loads at a time: merge_pieces_if_last), or the fused merge's last
-// CTA of it. Returns whether this CTA merged.
-template <class T, class Traits, bool kCluster, int kMergeBatch = 1>
+// After write_token_groups: the unit's splits merged by the cluster (the
+// cluster schedule), the balanced schedule's last piece of a unit
+// (kMergeBatch pieces' loads at a time: merge_pieces_if_last), or the fused
+// merge's last CTA of it. Returns whether this CTA merged.
+template <class T, class Traits, SplitSchedule kSchedule, int kMergeBatch = 1>
 __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &piece, int64_t b, int kv_head, int chunk,
                                             unsigned char *smem, int first_row, int heads_here) {
-  if constexpr (kCluster) {
+  if constexpr (kSchedule == SplitSchedule::cluster) {
     float *cluster_partial = reinterpret_cast<float *>(smem + Traits::kClusterPartialOffset);
     merge_in_cluster<T, Traits::kThreads, Traits::kRows, Traits::kBucket>(p, b, kv_head, first_row, heads_here,
                                                                           cluster_partial);
     return false;
+  } else if constexpr (kSchedule == SplitSchedule::planned) {
+    return fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem);
   } else {
     return p.balanced_workers > 0 ? merge_pieces_if_last<T, Traits::kThreads, false, kMergeBatch>(p, piece)
                                   : fused_merge_if_last<T, Traits::kThreads, false>(p, b, kv_head, chunk, smem);
   }
 }
 
-// kCluster: launched in clusters of a unit's splits, which merge through
+// kSchedule: the pieces it takes (prims/schedule.cuh); the cluster schedule
+// is launched in clusters of a unit's splits, which merge through
 // distributed shared memory (SplitParams::cluster_merge, merge_in_cluster).
-// A template parameter rather than a runtime flag, whose branches cost the
+// Template parameters rather than runtime flags, whose branches cost the
 // other launches time (tests/bench/policy.md, "Kernel variants as template
 // parameters"). kVariants: scores go through the attention variants.
 // kQuantized: K/V are an 8-bit cache (MmaTraits' Quantized; T is q's type)
@@ -741,12 +744,13 @@ __device__ __forceinline__ bool merge_piece(const SplitParams &p, const Piece &p
 // a kernel per format, so that each carries only its own dequantization.
 // kMTiles: m-tiles of query rows (MmaTraits' MTiles); kWholeTileGroups:
 // token groups of whole tiles (MmaTraits' WholeTileGroups).
-template <class T, int kBucket, MmaTiles kTiles, bool kCluster, bool kVariants, bool kQuantized = false,
+template <class T, int kBucket, MmaTiles kTiles, SplitSchedule kSchedule, bool kVariants, bool kQuantized = false,
           int kMTiles = 1, int kFormat = 0, int kWholeTileGroups = 1>
 __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>::kThreads,
                                   MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>::kMinBlocks)
     mma_split_kernel(const SplitParams p) {
   using Traits = MmaTraits<T, kBucket, kTiles, kQuantized, kMTiles, kWholeTileGroups>;
+  constexpr bool kCluster = kSchedule == SplitSchedule::cluster;
   static_assert(!kQuantized || !kCluster, "8-bit caches: no cluster merge");
   static_assert(kQuantized == (kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8),
                 "8-bit kernels have one 8-bit format, the others none");
@@ -774,7 +778,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       Traits::kQueryFromSmem ? smem + Traits::kQueryFragmentOffset : smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
   // The CTA's pieces of work (prims/schedule.cuh).
-  for_each_piece<Traits::kTileTokens, kCluster>(p, [&](const Piece &piece) {
+  for_each_piece<Traits::kTileTokens, kSchedule>(p, [&](const Piece &piece) {
     const int64_t b = piece.b;
     const int kv_head = piece.kv_head;
     const int chunk = piece.chunk;
@@ -958,7 +962,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
       }
     }
     __syncthreads();
-    write_token_groups<T, Traits, kCluster>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
+    write_token_groups<T, Traits, kSchedule>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
     FD_TIMELINE_MARK(timeline, 4);
     // Batched merge loads where a unit's pieces are many (few units) and the
     // kernel's registers leave room; the compact tiles (two units a
@@ -967,7 +971,7 @@ __global__ void __launch_bounds__(MmaTraits<T, kBucket, kTiles, kQuantized, kMTi
     constexpr int kMergeBatch = kVariants || kQuantized || Traits::kCompact
                                     ? 1
                                     : kMergeLoadBatch<Traits::kThreads, Traits::kSmemBytes - Traits::kSmemSlack>;
-    if (merge_piece<T, Traits, kCluster, kMergeBatch>(p, piece, b, kv_head, chunk, smem, first_row, heads_here)) {
+    if (merge_piece<T, Traits, kSchedule, kMergeBatch>(p, piece, b, kv_head, chunk, smem, first_row, heads_here)) {
       FD_TIMELINE_MERGED(timeline);
     }
     __syncthreads();  // shared memory is reused by the next piece

@@ -56,6 +56,24 @@ struct Piece {
   int first_worker = 0;  // balanced: the worker of the unit's first piece
 };
 
+// Which pieces a split kernel can take: a template parameter, so that each
+// kernel carries only the code of its own (the walks and the balanced
+// merge cost the host-planned calls of a kernel that also has them: dense
+// shape 5, 2.4%, instruction fetch; tests/bench/policy.md).
+// - walked: any schedule (balanced, fitted, fixed), pieces handed out by
+//   warp 0 through shared memory;
+// - planned: the fixed schedule with the host's split length
+//   (balanced_workers == 0, fitted_split_floor == 0): every thread knows its
+//   pieces from the grid, CTAs numbered chunk-fastest;
+// - cluster: planned, CTAs numbered split-fastest, a unit's splits one
+//   cluster (the cluster merge).
+enum class SplitSchedule { walked, planned, cluster };
+
+// Whether a launch's pieces are the host's (a planned kernel can run it).
+__host__ __device__ __forceinline__ bool host_planned(const SplitParams &p) {
+  return p.balanced_workers == 0 && p.fitted_split_floor == 0;
+}
+
 namespace schedule_detail {
 
 __device__ __forceinline__ int64_t warp_sum(int64_t v) {
@@ -291,13 +309,12 @@ __device__ inline bool locate_fitted_piece(const SplitParams &p, const PieceBatc
 // splits past the longest span's last are not run; CTA 0 publishes how many
 // are in use for the merge kernel (used_splits). On the fitted grid, this
 // CTA's piece with keys goes to pieces[0] (next_fitted_pieces).
-// kMayFit: false for the cluster merge's kernels, which never have lengths.
-template <int kTileTokens, bool kMayFit>
+template <int kTileTokens>
 __device__ void start_fixed_walk(const SplitParams &p, PieceBatch &batch) {
   const int lane = threadIdx.x % 32;
   int64_t split_tokens = p.split_tokens;
   int used_splits = p.num_splits;
-  if (kMayFit && p.fitted_split_floor > 0) {
+  if (p.fitted_split_floor > 0) {
     // 32-bit and float arithmetic: every CTA pays this before its first
     // load. Lengths are clamped to kv_capacity (an int32); the total only
     // steers the length, so its float rounding costs nothing but that.
@@ -392,23 +409,21 @@ __device__ inline void next_fitted_pieces(const SplitParams &p, PieceBatch &batc
 // The next pieces of the fixed schedule (warp 0, all lanes; lane 0 writes).
 // Row y of the grid takes the sequences of rank y, y + gridDim.y, ...: the
 // rank is the sequence, or with sequence_order the sequence it names.
-template <bool kSplitFastest>
-__device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
-  if (!kSplitFastest && p.fitted_ctas > 0) {
+__device__ inline void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
+  if (p.fitted_ctas > 0) {
     next_fitted_pieces(p, batch);
     return;
   }
   if (threadIdx.x != 0) return;
-  const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
   Piece piece;
-  piece.chunk = unit_cta % p.head_chunks;
-  piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
-  piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
+  piece.chunk = blockIdx.x % p.head_chunks;
+  piece.kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
+  piece.split = blockIdx.x / (p.head_chunks * p.kv_heads);
   piece.pieces = batch.used_splits;
   int count = 0;
   int64_t rank = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
   for (; rank < p.batch && count < kPieceBatch; rank += gridDim.y) {
-    piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
+    piece.b = p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
     piece.range = split_range(p, piece.b, piece.split, batch.split_tokens);
     batch.pieces[count++] = piece;
   }
@@ -420,36 +435,52 @@ __device__ void next_fixed_pieces(const SplitParams &p, PieceBatch &batch) {
 
 // Calls piece_body(const Piece &) for every piece of this CTA's work, in
 // order, with every thread of the CTA (the body may use __syncthreads).
-// kSplitFastest: the fixed schedule's CTAs are numbered split-fastest (the
-// cluster merge: a unit's splits form one cluster), else chunk-fastest,
-// then KV head, then split (the chunks of one KV head are neighbours, so
-// their reads of the same K/V meet in L2).
-template <int kTileTokens, bool kSplitFastest = false, class Body>
+// The fixed schedule numbers CTAs split-fastest in the cluster kernels (a
+// unit's splits form one cluster), else chunk-fastest, then KV head, then
+// split (the chunks of one KV head are neighbours, so their reads of the
+// same K/V meet in L2).
+template <int kTileTokens, SplitSchedule kSchedule = SplitSchedule::walked, class Body>
 __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piece_body) {
   using namespace schedule_detail;
-  __shared__ PieceBatch batch;
-  const bool balanced = !kSplitFastest && p.balanced_workers > 0;
-  if (threadIdx.x < 32) {
-    if (balanced) {
-      start_balanced_walk<kTileTokens>(p, batch);
-    } else {
-      start_fixed_walk<kTileTokens, !kSplitFastest>(p, batch);
+  if constexpr (kSchedule != SplitSchedule::walked) {
+    // No walk, no hand-off, no barrier before the first copy.
+    constexpr bool kSplitFastest = kSchedule == SplitSchedule::cluster;
+    const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
+    Piece piece;
+    piece.chunk = unit_cta % p.head_chunks;
+    piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
+    piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
+    piece.pieces = p.num_splits;
+    for (int64_t rank = blockIdx.y; rank < p.batch; rank += gridDim.y) {
+      piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
+      piece.range = split_range(p, piece.b, piece.split, p.split_tokens);
+      piece_body(piece);
     }
-  }
-  for (;;) {
+  } else {
+    __shared__ PieceBatch batch;
+    const bool balanced = p.balanced_workers > 0;
     if (threadIdx.x < 32) {
-      __syncwarp();
       if (balanced) {
-        next_balanced_pieces<kTileTokens>(p, batch);
+        start_balanced_walk<kTileTokens>(p, batch);
       } else {
-        next_fixed_pieces<kSplitFastest>(p, batch);
+        start_fixed_walk<kTileTokens>(p, batch);
       }
     }
-    __syncthreads();  // the batch is written
-    const int count = batch.count;
-    for (int i = 0; i < count; ++i) piece_body(batch.pieces[i]);
-    if (count < kPieceBatch) return;
-    __syncthreads();  // everyone has read the batch: warp 0 refills it
+    for (;;) {
+      if (threadIdx.x < 32) {
+        __syncwarp();
+        if (balanced) {
+          next_balanced_pieces<kTileTokens>(p, batch);
+        } else {
+          next_fixed_pieces(p, batch);
+        }
+      }
+      __syncthreads();  // the batch is written
+      const int count = batch.count;
+      for (int i = 0; i < count; ++i) piece_body(batch.pieces[i]);
+      if (count < kPieceBatch) return;
+      __syncthreads();  // everyone has read the batch: warp 0 refills it
+    }
   }
 }
 
@@ -457,8 +488,10 @@ __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piec
 // chunk) goes: the fixed schedule's workspace layout (core/plan.h: rows in
 // workspace_row order, splits inside), or the balanced schedule's slots of
 // heads_per_chunk rows each.
+template <SplitSchedule kSchedule = SplitSchedule::walked>
 __device__ __forceinline__ int64_t partial_state_index(const SplitParams &p, const Piece &piece, int row) {
-  if (p.balanced_workers > 0) return static_cast<int64_t>(piece.slot) * p.heads_per_chunk + row;
+  if (kSchedule == SplitSchedule::walked && p.balanced_workers > 0)
+    return static_cast<int64_t>(piece.slot) * p.heads_per_chunk + row;
   return workspace_row(p, piece.b, piece.kv_head, piece.chunk * p.heads_per_chunk + row) * p.num_splits + piece.split;
 }
 
@@ -466,8 +499,9 @@ __device__ __forceinline__ int64_t partial_state_index(const SplitParams &p, con
 // balanced schedule's whole units, a plan of one split, and fitted splits
 // of which one is in use (every sequence within the first; the merge kernel
 // then returns at once).
+template <SplitSchedule kSchedule = SplitSchedule::walked>
 __device__ __forceinline__ bool piece_writes_output(const SplitParams &p, const Piece &piece) {
-  if (p.balanced_workers > 0) return piece.slot < 0;
+  if (kSchedule == SplitSchedule::walked && p.balanced_workers > 0) return piece.slot < 0;
   return p.write_output || (p.used_splits != nullptr && piece.pieces == 1);
 }
 
