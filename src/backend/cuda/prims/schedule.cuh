@@ -58,8 +58,8 @@ struct Piece {
 
 // Which pieces a split kernel can take: a template parameter, so that each
 // kernel carries only the code of its own (the walks and the balanced
-// merge cost the host-planned calls of a kernel that also has them: dense
-// shape 5, 2.4%, instruction fetch; tests/bench/policy.md).
+// merge slow the host-planned calls of a kernel that also has them:
+// instruction fetch; tests/bench/policy.md).
 // - walked: any schedule (balanced, fitted, fixed), pieces handed out by
 //   warp 0 through shared memory;
 // - planned: the fixed schedule with the host's split length
@@ -406,6 +406,30 @@ __device__ inline void next_fitted_pieces(const SplitParams &p, PieceBatch &batc
   }
 }
 
+// The fixed schedule's unit and split of this CTA: CTAs numbered
+// split-fastest (the cluster kernels), else chunk-fastest, then KV head,
+// then split; `pieces` the splits in use.
+template <bool kSplitFastest>
+__device__ __forceinline__ Piece fixed_unit_piece(const SplitParams &p, int used_splits) {
+  const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
+  Piece piece;
+  piece.chunk = unit_cta % p.head_chunks;
+  piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
+  piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
+  piece.pieces = used_splits;
+  return piece;
+}
+
+// The piece's sequence of rank `rank` (the rank itself, or with
+// sequence_order the sequence it names; the cluster kernels have none) and
+// its split's tokens.
+template <bool kSplitFastest>
+__device__ __forceinline__ void place_fixed_piece(const SplitParams &p, int64_t rank, int64_t split_tokens,
+                                                  Piece &piece) {
+  piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
+  piece.range = split_range(p, piece.b, piece.split, split_tokens);
+}
+
 // The next pieces of the fixed schedule (warp 0, all lanes; lane 0 writes).
 // Row y of the grid takes the sequences of rank y, y + gridDim.y, ...: the
 // rank is the sequence, or with sequence_order the sequence it names.
@@ -415,16 +439,11 @@ __device__ inline void next_fixed_pieces(const SplitParams &p, PieceBatch &batch
     return;
   }
   if (threadIdx.x != 0) return;
-  Piece piece;
-  piece.chunk = blockIdx.x % p.head_chunks;
-  piece.kv_head = (blockIdx.x / p.head_chunks) % p.kv_heads;
-  piece.split = blockIdx.x / (p.head_chunks * p.kv_heads);
-  piece.pieces = batch.used_splits;
+  Piece piece = fixed_unit_piece<false>(p, batch.used_splits);
   int count = 0;
   int64_t rank = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
   for (; rank < p.batch && count < kPieceBatch; rank += gridDim.y) {
-    piece.b = p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
-    piece.range = split_range(p, piece.b, piece.split, batch.split_tokens);
+    place_fixed_piece<false>(p, rank, batch.split_tokens, piece);
     batch.pieces[count++] = piece;
   }
   batch.b = rank;
@@ -445,15 +464,9 @@ __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piec
   if constexpr (kSchedule != SplitSchedule::walked) {
     // No walk, no hand-off, no barrier before the first copy.
     constexpr bool kSplitFastest = kSchedule == SplitSchedule::cluster;
-    const unsigned unit_cta = kSplitFastest ? blockIdx.x / p.num_splits : blockIdx.x;
-    Piece piece;
-    piece.chunk = unit_cta % p.head_chunks;
-    piece.kv_head = (unit_cta / p.head_chunks) % p.kv_heads;
-    piece.split = kSplitFastest ? blockIdx.x % p.num_splits : blockIdx.x / (p.head_chunks * p.kv_heads);
-    piece.pieces = p.num_splits;
+    Piece piece = fixed_unit_piece<kSplitFastest>(p, p.num_splits);
     for (int64_t rank = blockIdx.y; rank < p.batch; rank += gridDim.y) {
-      piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
-      piece.range = split_range(p, piece.b, piece.split, p.split_tokens);
+      place_fixed_piece<kSplitFastest>(p, rank, p.split_tokens, piece);
       piece_body(piece);
     }
   } else {
