@@ -56,7 +56,14 @@ projection are L2-resident in an engine too). Against two copies of the
 same bytes, each one graph node: `d2d-copy` (cudaMemcpy of the new K/V) and
 `torch-cast` (PyTorch's one-kernel f16 -> e4m3 conversion into a contiguous
 buffer: the same bytes read and written, no scatter). Each written element
-is checked bit for bit against PyTorch's conversion of new / scale. Then
+is checked bit for bit against PyTorch's conversion of new / scale. And
+against the floors of any append that reads the lengths and the block table
+on the device (kernels compiled with NVRTC, nvrtc_module.py, of
+fd_append_kv's launch shape, copying the 16-bit rows): `floor-copy` (no
+dependent load), `floor-length` (the store's address from the length: the
+dense floor) and `floor-page` (the length, then the page: the paged floor,
+writing the bits fd_append_kv writes into the 16-bit paged cache);
+fd_append_kv's rows show their time over their floor's. Then
 "decode step with append" against "decode alone" under one graph, on a
 decode of 32 query heads over the same caches of --append-kv-len tokens
 (sets rotated above L2): the target is at most 3 us more.
@@ -110,6 +117,7 @@ from compare_sdpa import (  # noqa: E402
     time_graph,
 )
 from flashdecode._library import FdDecodeArgs, FdTensor  # noqa: E402
+from nvrtc_module import NvrtcModule  # noqa: E402
 
 FD_DTYPE_CODES.update({"float8_e4m3fn": 4, "float8_e5m2": 5, "int8": 6})  # fd_tensor() reads this table
 FD_DTYPE_F32 = 0
@@ -597,6 +605,118 @@ def measure(timed, rounds, replays):
 
 APPEND_SHAPE = (256, 32, 8, 128)  # batch, q heads (for the decode), KV heads, head_dim; one new token
 
+# The floors of a graph-safe append: 16-bit rows copied by a kernel of
+# fd_append_kv's shape (a block per sequence, a thread per 16 bytes of K and
+# of V), with none, one (the length) or two (the length, then the page)
+# dependent loads ahead of the stores. Their differences are what reading the
+# lengths and the block table on the device costs, whatever the kernel.
+APPEND_FLOOR_KERNELS = r"""
+extern "C" __global__ void append_floor_copy(const uint4 *k_new, const uint4 *v_new, uint4 *k_out, uint4 *v_out,
+                                             int row_vectors) {
+  const int item = blockIdx.x * blockDim.x + threadIdx.x;
+  if (item >= row_vectors) return;
+  const size_t at = (size_t)blockIdx.y * row_vectors + item;
+  k_out[at] = k_new[at];
+  v_out[at] = v_new[at];
+}
+
+// Dense: the row lands at the sequence's length; out is [batch, slots, row].
+extern "C" __global__ void append_floor_length(const uint4 *k_new, const uint4 *v_new, uint4 *k_out, uint4 *v_out,
+                                               int row_vectors, const int *lens, int slots) {
+  const int item = blockIdx.x * blockDim.x + threadIdx.x;
+  if (item >= row_vectors) return;
+  const size_t at = (size_t)blockIdx.y * row_vectors + item;
+  const uint4 k = k_new[at], v = v_new[at];
+  const int pos = lens[blockIdx.y] - 1;
+  const size_t to = ((size_t)blockIdx.y * slots + pos % slots) * row_vectors + item;
+  k_out[to] = k;
+  v_out[to] = v;
+}
+
+// Paged: the length, then the block table's page; the pools are [pages, page_size, row].
+extern "C" __global__ void append_floor_page(const uint4 *k_new, const uint4 *v_new, uint4 *k_pool, uint4 *v_pool,
+                                             int row_vectors, const int *lens, const int *table, int columns,
+                                             int page_size) {
+  const int item = blockIdx.x * blockDim.x + threadIdx.x;
+  if (item >= row_vectors) return;
+  const size_t at = (size_t)blockIdx.y * row_vectors + item;
+  const uint4 k = k_new[at], v = v_new[at];
+  const int pos = lens[blockIdx.y] - 1;
+  const int page = table[(size_t)blockIdx.y * columns + pos / page_size];
+  const size_t to = ((size_t)page * page_size + pos % page_size) * row_vectors + item;
+  k_pool[to] = k;
+  v_pool[to] = v;
+}
+"""
+APPEND_FLOOR_THREADS = 128  # fd_append_kv's block
+
+
+def append_floor_rows(row_of, k_new, v_new, lens, table, pool_k, pool_v):
+    """(row, calls) for the three floor kernels, or one row with the reason they cannot run.
+    pool_k/pool_v: the 16-bit paged cache (floor-page writes there the bits fd_append_kv writes)."""
+    batch, _, kv_heads, d = k_new.shape
+    moved = 2 * 2 * k_new.numel() * k_new.element_size()  # K and V, read and written
+    try:
+        module = NvrtcModule(APPEND_FLOOR_KERNELS, ("append_floor_copy", "append_floor_length", "append_floor_page"))
+    except Exception as error:
+        return [(row_of("append", "floor-copy", "contiguous", error=str(error).splitlines()[0][:140]), None)]
+    row_vectors = kv_heads * d * k_new.element_size() // 16
+    slots = PAGE
+    out_k = torch.empty(batch, slots, kv_heads, d, device=k_new.device, dtype=k_new.dtype)
+    out_v = torch.empty_like(out_k)
+
+    def pointer(t):
+        return ctypes.c_void_p(t.data_ptr())
+
+    common = [pointer(k_new), pointer(v_new)]
+    launches = {
+        "floor-copy": ("append_floor_copy", common + [pointer(out_k), pointer(out_v), ctypes.c_int(row_vectors)]),
+        "floor-length": (
+            "append_floor_length",
+            common + [pointer(out_k), pointer(out_v), ctypes.c_int(row_vectors), pointer(lens), ctypes.c_int(slots)],
+        ),
+        "floor-page": (
+            "append_floor_page",
+            common
+            + [pointer(pool_k), pointer(pool_v), ctypes.c_int(row_vectors), pointer(lens), pointer(table)]
+            + [ctypes.c_int(table.shape[1]), ctypes.c_int(PAGE)],
+        ),
+    }
+    grid = (-(-row_vectors // APPEND_FLOOR_THREADS), batch)
+    pos = lens.long() - 1
+    b = torch.arange(batch, device=k_new.device)
+    rows = []
+    for impl, (kernel, values) in launches.items():
+        params = NvrtcModule.arguments(values)
+        row = row_of("append", impl, "contiguous" if impl == "floor-copy" else impl[6:], bytes=moved)
+        # Once before timing, every row it writes checked bit for bit.
+        out_k.fill_(float("nan"))
+        out_v.fill_(float("nan"))
+        try:
+            module.launch(kernel, grid, APPEND_FLOOR_THREADS, params)
+            torch.cuda.synchronize()
+        except Exception as error:
+            row["error"] = str(error).splitlines()[0][:140]
+            rows.append((row, None))
+            continue
+        if impl == "floor-page":
+            row["mismatches"] = append_mismatches(pool_k, pool_v, k_new, v_new, lens, table, None)
+        else:  # out_k/out_v as [batch * slots] rows: copy fills the first `batch`, length row b * slots + pos % slots
+            at = b if impl == "floor-copy" else b * slots + pos % slots
+            row["mismatches"] = sum(
+                int((got.view(batch * slots, kv_heads, d)[at].view(torch.int16) != new[:, 0].view(torch.int16)).sum())
+                for got, new in ((out_k, k_new), (out_v, v_new))
+            )
+        row["ok"] = row["mismatches"] == 0
+
+        def calls(kernel=kernel, params=params, values=values, keep=(out_k, out_v)):
+            for _ in range(APPEND_CALLS):
+                module.launch(kernel, grid, APPEND_FLOOR_THREADS, params)
+            return APPEND_CALLS
+
+        rows.append((row, calls))
+    return rows
+
 
 def run_append(fd, handle, dtype, args):
     """fd_append_kv alone against two copies of its bytes, and decode with
@@ -658,6 +778,9 @@ def run_append(fd, handle, dtype, args):
         rows.append(row)
         timed.append((row, calls))
 
+    # Checked after the caches exist: floor-page writes into the 16-bit paged one.
+    floor_at = len(timed)
+
     caches = []  # (label, paged, cache dtype or fmt, per-set k, v, scale tensors)
     kinds = (("paged", True), ("dense", False))
     for label, paged in kinds:
@@ -675,6 +798,14 @@ def run_append(fd, handle, dtype, args):
             ks = [torch.randn(*size, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
             vs = [torch.randn(*size, device=dev, dtype=dtype, generator=gen) for _ in range(sets)]
             caches.append((f"16-bit {label}", paged, ks, vs, None))
+
+    paged16 = next(c for c in caches if c[0] == "16-bit paged")
+    floors = append_floor_rows(row_of, k_new[0], v_new[0], lens, table, paged16[2][0], paged16[3][0])
+    for row, calls in floors:
+        rows.append(row)
+        if calls is not None:
+            timed.insert(floor_at, (row, calls))
+            floor_at += 1
 
     bound = BOUNDS[dtype_name]
     for cache, paged, ks, vs, scales in caches:
@@ -751,8 +882,16 @@ def run_append(fd, handle, dtype, args):
     copy_row = next((r for r in rows if r["impl"] == "torch-cast" and "us" in r), None) or next(
         (r for r in rows if r["impl"] == "d2d-copy" and "us" in r), None
     )
+    floor_of = {r["impl"]: r for r in rows if r["impl"].startswith("floor-") and "us" in r}
     for r in rows:
         if r["impl"] == "fd_append_kv" and "us" in r and copy_row is not None:
+            r["x_copy"] = r["us"] / copy_row["us"]
+            r["copy_ref"] = copy_row["impl"]
+        floor = floor_of.get("floor-page" if "paged" in r["cache"] else "floor-length")
+        if r["impl"] == "fd_append_kv" and "us" in r and floor is not None:
+            r["x_floor"] = r["us"] / floor["us"]
+            r["floor_ref"] = floor["impl"]
+        if r["impl"].startswith("floor-") and "us" in r and copy_row is not None:
             r["x_copy"] = r["us"] / copy_row["us"]
             r["copy_ref"] = copy_row["impl"]
     del caches, timed
@@ -835,6 +974,8 @@ def report(rows, append_rows, shapes, dtypes, plot_path):
             extra = ""
             if "x_copy" in r:
                 extra += f"  {r['x_copy']:.2f}x {r['copy_ref']}"
+            if "x_floor" in r:
+                extra += f"  {r['x_floor']:.2f}x {r['floor_ref']}"
             if "mismatches" in r:
                 extra += f"  mismatches {r['mismatches']}"
             if "extra_us" in r:
@@ -967,7 +1108,7 @@ def main():
             got = run_append(fd, handle, dtype, args)
             for base_name, base_fd, base_handle in bases:
                 for r in run_append(base_fd, base_handle, dtype, args):
-                    if r["impl"] not in ("d2d-copy", "torch-cast"):
+                    if r["impl"] not in ("d2d-copy", "torch-cast") and not r["impl"].startswith("floor-"):
                         r["impl"] = f"{base_name}:{r['impl']}"
                         got.append(r)
             append_rows.extend(got)

@@ -81,7 +81,6 @@ Missing FlashInfer (or a module of it that does not load) makes its rows
 
 import argparse
 import ctypes
-import glob
 import json
 import math
 import os
@@ -108,6 +107,7 @@ from compare_sdpa import (  # noqa: E402
     rel_error,
 )
 from flashdecode._library import FdPlanInfo  # noqa: E402
+from nvrtc_module import NvrtcModule  # noqa: E402
 
 DEVICE = "cuda"
 IMPLS = ("fd", "fi-cc", "fi-tc")
@@ -449,103 +449,11 @@ extern "C" __global__ void __launch_bounds__(1024) read_u4(const uint4 *__restri
 """
 
 
-def _nvrtc_candidates():
-    """Where libnvrtc may be: beside torch's CUDA libraries (the nvidia-* wheels), the loader's path, the toolkit."""
-    site = os.path.dirname(os.path.dirname(torch.__file__))
-    found = []
-    for pattern in ("nvidia/cu*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*"):
-        found += sorted(glob.glob(os.path.join(site, pattern)), reverse=True)
-    found += ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
-    for home in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        for sub in ("lib64", "lib"):
-            if home:
-                found += sorted(glob.glob(os.path.join(home, sub, "libnvrtc.so*")), reverse=True)
-    unique = []
-    for name in found:
-        if name not in unique:
-            unique.append(name)
-    return unique
-
-
-class ReadSweep:
-    """READ_KERNELS compiled with NVRTC for this GPU (a cubin; PTX if this
-    NVRTC does not know the architecture), loaded and launched through the
-    driver API on torch's current stream."""
+class ReadSweep(NvrtcModule):
+    """READ_KERNELS compiled with NVRTC for this GPU (nvrtc_module.py)."""
 
     def __init__(self):
-        torch.zeros(1, device=DEVICE)  # the runtime's primary context, current on this thread
-        major, minor = torch.cuda.get_device_capability()
-        image, errors = None, []
-        for name in _nvrtc_candidates():
-            try:
-                nvrtc = ctypes.CDLL(name)
-            except OSError:
-                continue
-            try:
-                image = self._compile(nvrtc, f"sm_{major}{minor}", cubin=True)
-            except RuntimeError as error:
-                errors.append(f"{name}: {error}")
-                try:
-                    image = self._compile(nvrtc, f"compute_{major}{minor}", cubin=False)
-                except RuntimeError as error2:
-                    errors.append(f"{name}: {error2}")
-            if image is not None:
-                self.nvrtc_path = name
-                break
-        if image is None:
-            raise RuntimeError("no usable libnvrtc" + (": " + "; ".join(errors) if errors else " found"))
-        cuda = self.cuda = ctypes.CDLL("libcuda.so.1")
-        cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        self._check(cuda.cuInit(0), "cuInit")
-        context = ctypes.c_void_p()
-        self._check(cuda.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
-        if not context.value:
-            device = ctypes.c_int()
-            self._check(cuda.cuDeviceGet(ctypes.byref(device), torch.cuda.current_device()), "cuDeviceGet")
-            self._check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-            self._check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        self.module = ctypes.c_void_p()
-        self._image = ctypes.create_string_buffer(image)
-        self._check(cuda.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
-        self.functions = {}
-        for name in ("read_u1", "read_u4"):
-            function = ctypes.c_void_p()
-            self._check(cuda.cuModuleGetFunction(ctypes.byref(function), self.module, name.encode()), name)
-            self.functions[name] = function
-
-    @staticmethod
-    def _compile(nvrtc, arch, cubin):
-        program = ctypes.c_void_p()
-        status = nvrtc.nvrtcCreateProgram(ctypes.byref(program), READ_KERNELS.encode(), b"read.cu", 0, None, None)
-        if status:
-            raise RuntimeError(f"nvrtcCreateProgram: {status}")
-        try:
-            options = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
-            status = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
-            if status:
-                size = ctypes.c_size_t()
-                nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-                text = ctypes.create_string_buffer(size.value + 1)
-                nvrtc.nvrtcGetProgramLog(program, text)
-                raise RuntimeError(f"{arch}: {text.value.decode(errors='replace').strip()[:200]}")
-            size = ctypes.c_size_t()
-            get_size, get = (
-                (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if cubin else (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
-            )
-            if get_size(program, ctypes.byref(size)) or size.value == 0:
-                raise RuntimeError(f"{arch}: no {'cubin' if cubin else 'PTX'}")
-            image = ctypes.create_string_buffer(size.value)
-            if get(program, image):
-                raise RuntimeError(f"{arch}: {'cubin' if cubin else 'PTX'} not returned")
-            return image.raw
-        finally:
-            nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
-
-    def _check(self, status, what):
-        if status:
-            text = ctypes.c_char_p()
-            self.cuda.cuGetErrorString(status, ctypes.byref(text))
-            raise RuntimeError(f"{what}: CUDA error {status} ({(text.value or b'').decode()})")
+        super().__init__(READ_KERNELS, ("read_u1", "read_u4"), "read.cu")
 
     def measure(self, gib=4):
         """GB/s of every configuration, each the median of 7 timed launches
@@ -562,9 +470,7 @@ class ReadSweep:
             ctypes.c_ulonglong(n),
             ctypes.c_void_p(sink.data_ptr()),
         )
-        params = (ctypes.c_void_p * 3)(
-            ctypes.addressof(pointer), ctypes.addressof(count), ctypes.addressof(sink_pointer)
-        )
+        params = self.arguments((pointer, count, sink_pointer))
         configs = []
         for kernel in ("read_u1", "read_u4"):
             for threads in (128, 256, 512, 1024):
@@ -576,11 +482,7 @@ class ReadSweep:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def launch(kernel, threads, grid):
-            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-            self._check(
-                self.cuda.cuLaunchKernel(self.functions[kernel], grid, 1, 1, threads, 1, 1, 0, stream, params, None),
-                f"{kernel}<<<{grid}, {threads}>>>",
-            )
+            self.launch(kernel, grid, threads, params)
 
         for _ in range(20):
             launch(*configs[-1][:3])
