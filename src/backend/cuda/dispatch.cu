@@ -3,7 +3,8 @@
 // table of split-kernel variants: each row names a variant and holds what
 // the host needs of it (names, shapes, preparation, launch), built from its
 // kernel family (dispatch_families.cuh). Every kernel instantiation of the
-// library is here, but the 8-bit families' (dispatch_8bit.cu); every switch
+// library is here, but those of the families that compile in translation
+// units of their own (dispatch_8bit*.cu, dispatch_rows*.cu); every switch
 // fails closed (FD_ERROR_INTERNAL) on a value no kernel was built for.
 #include "backend/cuda/dispatch.h"
 
@@ -26,7 +27,7 @@ using namespace dispatch;  // NOLINT: the families and their templates (dispatch
 
 namespace dispatch {
 // The 8-bit families' row functions are instantiated in dispatch_8bit.cu
-// (the keys-on-M family's in dispatch_8bit_keys.cu),
+// (16 rows), dispatch_8bit_cuda_core.cu and dispatch_8bit_keys.cu (keys on M),
 // the rows families' and the compact tiles' in dispatch_rows.cu (the wide
 // 64-row one's in dispatch_rows64_wide.cu).
 FD_FAMILY_FUNCTIONS(extern template, CudaCoreQuantizedFamily)

@@ -2,8 +2,9 @@
 // The kernel families and the templates that turn runtime choices into
 // their template parameters (dispatch.cu's table rows), shared by the two
 // translation units that instantiate kernels: dispatch.cu (16-bit caches,
-// merges, the rest) and dispatch_8bit.cu (the 8-bit families), which
-// compile in parallel. Every switch fails closed (FD_ERROR_INTERNAL).
+// merges, the rest) and one for each large family (dispatch_8bit*.cu,
+// dispatch_rows*.cu), which compile in parallel. Every switch fails closed
+// (FD_ERROR_INTERNAL).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -487,7 +488,7 @@ cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const
 }
 
 // A family's row functions, for a translation unit that instantiates them
-// (kind `template`: dispatch_8bit.cu, dispatch_rows.cu, which compile in
+// (kind `template`: dispatch_8bit*.cu, dispatch_rows*.cu, which compile in
 // parallel with dispatch.cu) and for dispatch.cu, which declares them
 // (kind `extern template`) and puts them in its table.
 #define FD_FAMILY_FUNCTIONS(kind, Family)                                                                             \
