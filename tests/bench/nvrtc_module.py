@@ -8,7 +8,8 @@ extension: only libnvrtc and libcuda, found as the benchmarks find them.
     module.launch("kernel_a", (blocks_x, blocks_y), threads, [ctypes.c_void_p(ptr), ctypes.c_int(n)])
 
 compile_image() needs no GPU and no torch: the source can be checked for the
-card's architecture on a machine without one.
+card's architecture on a machine without one. Modules stay loaded until the
+process ends (a benchmark loads a few).
 """
 
 import ctypes
@@ -67,19 +68,40 @@ def _compile(nvrtc, source, filename, arch, cubin):
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
 
 
+def _newest_known_below(nvrtc, major, minor):
+    """The newest architecture this NVRTC compiles for that is not newer than
+    the device's (the driver JIT-compiles its PTX), or None."""
+    try:
+        count = ctypes.c_int()
+        if nvrtc.nvrtcGetNumSupportedArchs(ctypes.byref(count)) or count.value <= 0:
+            return None
+        archs = (ctypes.c_int * count.value)()
+        if nvrtc.nvrtcGetSupportedArchs(archs):
+            return None
+    except AttributeError:  # an NVRTC before 11.2
+        return None
+    known = [a for a in archs if a <= major * 10 + minor]
+    return max(known) if known else None
+
+
 def compile_image(source, filename, major, minor):
-    """(image, libnvrtc used): a cubin for sm_<major><minor>, else PTX for
-    compute_<major><minor> if this NVRTC does not know the architecture."""
+    """(image, libnvrtc used): a cubin for sm_<major><minor>; if this NVRTC
+    does not know the architecture, PTX for the newest one it knows below it."""
     errors = []
     for name in nvrtc_candidates():
         try:
             nvrtc = ctypes.CDLL(name)
         except OSError:
             continue
-        for arch, cubin in ((f"sm_{major}{minor}", True), (f"compute_{major}{minor}", False)):
+        try:
+            return _compile(nvrtc, source, filename, f"sm_{major}{minor}", True), name
+        except (RuntimeError, AttributeError) as error:
+            errors.append(f"{name}: {error}")
+        older = _newest_known_below(nvrtc, major, minor)
+        if older is not None:
             try:
-                return _compile(nvrtc, source, filename, arch, cubin), name
-            except RuntimeError as error:
+                return _compile(nvrtc, source, filename, f"compute_{older}", False), name
+            except (RuntimeError, AttributeError) as error:
                 errors.append(f"{name}: {error}")
     raise RuntimeError("no usable libnvrtc" + (": " + "; ".join(errors) if errors else " found"))
 
