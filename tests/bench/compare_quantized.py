@@ -789,9 +789,6 @@ def run_append(fd, handle, dtype, args, with_floors=True):
         rows.append(row)
         timed.append((row, calls))
 
-    # Checked after the caches exist: floor-page writes into the 16-bit paged one.
-    floor_at = len(timed)
-
     caches = []  # (label, paged, cache dtype or fmt, per-set k, v, scale tensors)
     kinds = (("paged", True), ("dense", False))
     for label, paged in kinds:
@@ -816,8 +813,7 @@ def run_append(fd, handle, dtype, args, with_floors=True):
     for row, calls in floors:
         rows.append(row)
         if calls is not None:
-            timed.insert(floor_at, (row, calls))
-            floor_at += 1
+            timed.append((row, calls))
 
     bound = BOUNDS[dtype_name]
     for cache, paged, ks, vs, scales in caches:
