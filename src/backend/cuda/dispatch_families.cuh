@@ -114,9 +114,10 @@ struct TensorCoreQuantizedFamily {
 };
 
 // 8-bit caches with up to 8 query rows a KV head: the keys on the MMA's M,
-// the rows on its N (split_8bit_keys.cuh). No cluster
-// merge, a kernel per format. Its pipeline stages, FD_Q8_KEYS_STAGES, are
-// overridable at build time for A/B measurements ("8-bit caches").
+// the rows on its N (split_8bit_keys.cuh). No cluster merge; a kernel for
+// host-planned pieces; a kernel per format. Its pipeline stages,
+// FD_Q8_KEYS_STAGES, are overridable at build time for A/B measurements
+// ("8-bit caches").
 #ifndef FD_Q8_KEYS_STAGES
 #define FD_Q8_KEYS_STAGES 2
 #endif
@@ -125,7 +126,7 @@ struct TensorCoreQuantizedKeysFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = false;
+  static constexpr bool kHasPlanned = true;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -134,7 +135,7 @@ struct TensorCoreQuantizedKeysFamily {
   template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat>
   struct Kernel {
     using Traits = KeysTraits<T, kBucket, FD_Q8_KEYS_STAGES>;
-    static constexpr auto function = mma_keys_split_kernel<T, kBucket, kVariants, kFormat, Traits>;
+    static constexpr auto function = mma_keys_split_kernel<T, kBucket, kSchedule, kVariants, kFormat, Traits>;
   };
 };
 

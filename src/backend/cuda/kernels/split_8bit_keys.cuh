@@ -291,13 +291,15 @@ __device__ __forceinline__ void attend_keys_tile(const unsigned char *stage, int
   }
 }
 
-// kVariants: scores go through the attention variants. kFormat: the
-// cache's 8-bit fd_dtype (a kernel per format, as mma_split_kernel's).
-// Traits: KeysTraits of the tile shape the family builds.
-template <class T, int kBucket, bool kVariants, int kFormat, class Traits>
+// kSchedule: the pieces it takes (prims/schedule.cuh; walked or planned,
+// no cluster merge). kVariants: scores go through the attention variants.
+// kFormat: the cache's 8-bit fd_dtype (a kernel per format, as
+// mma_split_kernel's). Traits: KeysTraits of the tile shape the family builds.
+template <class T, int kBucket, SplitSchedule kSchedule, bool kVariants, int kFormat, class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys_split_kernel(const SplitParams p) {
   static_assert(Traits::kBucket == kBucket, "the traits' bucket");
   static_assert(kFormat == FD_DTYPE_E4M3 || kFormat == FD_DTYPE_E5M2 || kFormat == FD_DTYPE_I8, "an 8-bit format");
+  static_assert(kSchedule != SplitSchedule::cluster, "no cluster merge for the 8-bit keys kernel");
   extern __shared__ __align__(16) unsigned char smem[];
   FD_TIMELINE_BEGIN(timeline);
   split_kernel_prologue();
@@ -310,7 +312,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
   // The query tile's staging area: the last pipeline stage.
   unsigned char *q_stage = smem + (Traits::kStages - 1) * Traits::kStageBytes;
 
-  for_each_piece<Traits::kTileTokens>(p, [&](const Piece &piece) {
+  for_each_piece<Traits::kTileTokens, kSchedule>(p, [&](const Piece &piece) {
     const int64_t b = piece.b;
     const int kv_head = piece.kv_head;
     const int first_row = piece.chunk * p.heads_per_chunk;  // within the KV head's rows
@@ -420,9 +422,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
       }
     }
     __syncthreads();
-    write_token_groups<T, Traits, SplitSchedule::walked>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
+    write_token_groups<T, Traits, kSchedule>(p, piece, b, kv_head, parts, smem, first_row, heads_here);
     FD_TIMELINE_MARK(timeline, 4);
-    if (merge_piece<T, Traits, SplitSchedule::walked>(p, piece, b, kv_head, piece.chunk, smem, first_row, heads_here)) {
+    if (merge_piece<T, Traits, kSchedule>(p, piece, b, kv_head, piece.chunk, smem, first_row, heads_here)) {
       FD_TIMELINE_MERGED(timeline);
     }
     __syncthreads();  // shared memory is reused by the next piece
