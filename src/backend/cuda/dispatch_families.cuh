@@ -484,6 +484,9 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
 template <class Family>
 cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const SplitParams &split, bool programmatic,
                           cudaStream_t stream) {
+  // Kernels without the variants' scoring read no q_lens (sequence_q_len).
+  if (split.q_lens != nullptr && !split.variant_scores)
+    fail(FD_ERROR_INTERNAL, "CUDA backend: ragged query lengths need the variants' scoring");
   return with_kernel<Family>(q_dtype, kv_dtype, bucket, schedule_of<Family>(split), split.variant_scores,
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }

@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks) mma_keys
 
     const int64_t tiles = loader.start(smem, begin, end);
 
-    const int q_len_b = sequence_q_len(p, b);
+    const int q_len_b = sequence_q_len<kVariants>(p, b);
     RowScoring scoring[2] = {};
     if constexpr (kVariants) {
       for (int r = 0; r < 2; ++r) {

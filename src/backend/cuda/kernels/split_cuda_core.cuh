@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(SplitTraits<std::conditional_t<kQuantized, uin
     const int64_t begin = range.begin;
     const int64_t end = range.end;
 
-    const int q_len_b = sequence_q_len(p, b);
+    const int q_len_b = sequence_q_len<kVariants>(p, b);
     RowScoring scoring{};
     if constexpr (kVariants) scoring = row_scoring(p, range, q_len_b, query, head_real);
     float q[kVector];

@@ -55,8 +55,11 @@ __device__ __forceinline__ int64_t sequence_length(const SplitParams &p, int64_t
 
 // Sequence b's query tokens: q_lens[b] clamped to [0, q_len] (as the
 // lengths are), or q_len. Tokens past it are padding: never read, no keys.
+// kQueryLens false: a kernel without the variants' scoring, which every
+// call with q_lens runs (launch_family checks it): q_len, no load.
+template <bool kQueryLens = true>
 __device__ __forceinline__ int sequence_q_len(const SplitParams &p, int64_t b) {
-  if (p.q_lens == nullptr) return p.q_len;
+  if (!kQueryLens || p.q_lens == nullptr) return p.q_len;
   return min(max(__ldg(p.q_lens + b * p.q_lens_stride), 0), p.q_len);
 }
 
@@ -85,10 +88,11 @@ struct TokenRange {
 // The tokens split `split` of sequence b reads: its share of split_tokens
 // of the keys the sequence's queries see (from first_key: the window's
 // start, else 0), cut at the sequence's length; empty when the sequence
-// ends before it.
+// ends before it. kQueryLens: as sequence_q_len's.
+template <bool kQueryLens = true>
 __device__ __forceinline__ TokenRange split_range(const SplitParams &p, int64_t b, int split, int64_t split_tokens) {
   const int64_t len = sequence_length(p, b);
-  const int q_len_b = sequence_q_len(p, b);
+  const int q_len_b = sequence_q_len<kQueryLens>(p, b);
   const int64_t begin = min(len, first_key(p, len, q_len_b) + split * split_tokens);
   return {begin, min(len, begin + split_tokens), len};
 }

@@ -422,12 +422,12 @@ __device__ __forceinline__ Piece fixed_unit_piece(const SplitParams &p, int used
 
 // The piece's sequence of rank `rank` (the rank itself, or with
 // sequence_order the sequence it names; the cluster kernels have none) and
-// its split's tokens.
-template <bool kSplitFastest>
+// its split's tokens (kQueryLens: split_range's).
+template <bool kSplitFastest, bool kQueryLens = true>
 __device__ __forceinline__ void place_fixed_piece(const SplitParams &p, int64_t rank, int64_t split_tokens,
                                                   Piece &piece) {
   piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
-  piece.range = split_range(p, piece.b, piece.split, split_tokens);
+  piece.range = split_range<kQueryLens>(p, piece.b, piece.split, split_tokens);
 }
 
 // The next pieces of the fixed schedule (warp 0, all lanes; lane 0 writes).
@@ -462,11 +462,12 @@ template <int kTileTokens, SplitSchedule kSchedule = SplitSchedule::walked, clas
 __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piece_body) {
   using namespace schedule_detail;
   if constexpr (kSchedule != SplitSchedule::walked) {
-    // No walk, no hand-off, no barrier before the first copy.
+    // No walk, no hand-off, no barrier before the first copy; and no
+    // variants' scoring (with_schedule), so no q_lens.
     constexpr bool kSplitFastest = kSchedule == SplitSchedule::cluster;
     Piece piece = fixed_unit_piece<kSplitFastest>(p, p.num_splits);
     for (int64_t rank = blockIdx.y; rank < p.batch; rank += gridDim.y) {
-      place_fixed_piece<kSplitFastest>(p, rank, p.split_tokens, piece);
+      place_fixed_piece<kSplitFastest, false>(p, rank, p.split_tokens, piece);
       piece_body(piece);
     }
   } else {
@@ -511,10 +512,11 @@ __device__ __forceinline__ int64_t partial_state_index(const SplitParams &p, con
 // Whether the piece writes out and lse itself (else a partial state): the
 // balanced schedule's whole units, a plan of one split, and fitted splits
 // of which one is in use (every sequence within the first; the merge kernel
-// then returns at once).
+// then returns at once). The planned and cluster kernels run neither.
 template <SplitSchedule kSchedule = SplitSchedule::walked>
 __device__ __forceinline__ bool piece_writes_output(const SplitParams &p, const Piece &piece) {
-  if (kSchedule == SplitSchedule::walked && p.balanced_workers > 0) return piece.slot < 0;
+  if (kSchedule != SplitSchedule::walked) return p.write_output;
+  if (p.balanced_workers > 0) return piece.slot < 0;
   return p.write_output || (p.used_splits != nullptr && piece.pieces == 1);
 }
 
