@@ -62,16 +62,19 @@ struct Piece {
 // instruction fetch; tests/bench/policy.md).
 // - walked: any schedule (balanced, fitted, fixed), pieces handed out by
 //   warp 0 through shared memory;
-// - planned: the fixed schedule with the host's split length
-//   (balanced_workers == 0, fitted_split_floor == 0): every thread knows its
-//   pieces from the grid, CTAs numbered chunk-fastest;
+// - planned: the fixed schedule with the host's split length, sequences in
+//   index order (balanced_workers == 0, fitted_split_floor == 0, no
+//   sequence_order): every thread knows its pieces from the grid, CTAs
+//   numbered chunk-fastest;
 // - cluster: planned, CTAs numbered split-fastest, a unit's splits one
 //   cluster (the cluster merge).
 enum class SplitSchedule { walked, planned, cluster };
 
-// Whether a launch's pieces are the host's (a planned kernel can run it).
+// Whether a launch's pieces are the host's, in index order (a planned
+// kernel can run it: a sequence read from sequence_order is one more
+// dependent load, and registers the 128-register kernels spill).
 __host__ __device__ __forceinline__ bool host_planned(const SplitParams &p) {
-  return p.balanced_workers == 0 && p.fitted_split_floor == 0;
+  return p.balanced_workers == 0 && p.fitted_split_floor == 0 && p.sequence_order == nullptr;
 }
 
 namespace schedule_detail {
@@ -420,13 +423,13 @@ __device__ __forceinline__ Piece fixed_unit_piece(const SplitParams &p, int used
   return piece;
 }
 
-// The piece's sequence of rank `rank` (the rank itself, or with
-// sequence_order the sequence it names; the cluster kernels have none) and
-// its split's tokens (kQueryLens: split_range's).
-template <bool kSplitFastest, bool kQueryLens = true>
+// The piece's sequence of rank `rank` (the rank itself, or with kOrdered
+// and a sequence_order the sequence it names) and its split's tokens
+// (kQueryLens: split_range's).
+template <bool kOrdered, bool kQueryLens = true>
 __device__ __forceinline__ void place_fixed_piece(const SplitParams &p, int64_t rank, int64_t split_tokens,
                                                   Piece &piece) {
-  piece.b = !kSplitFastest && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
+  piece.b = kOrdered && p.sequence_order != nullptr ? int64_t{p.sequence_order[rank]} : rank;
   piece.range = split_range<kQueryLens>(p, piece.b, piece.split, split_tokens);
 }
 
@@ -443,7 +446,7 @@ __device__ inline void next_fixed_pieces(const SplitParams &p, PieceBatch &batch
   int count = 0;
   int64_t rank = piece.split < batch.used_splits ? batch.b : p.batch;  // a split past those in use: nothing
   for (; rank < p.batch && count < kPieceBatch; rank += gridDim.y) {
-    place_fixed_piece<false>(p, rank, batch.split_tokens, piece);
+    place_fixed_piece<true>(p, rank, batch.split_tokens, piece);
     batch.pieces[count++] = piece;
   }
   batch.b = rank;
@@ -462,12 +465,13 @@ template <int kTileTokens, SplitSchedule kSchedule = SplitSchedule::walked, clas
 __device__ __forceinline__ void for_each_piece(const SplitParams &p, Body &&piece_body) {
   using namespace schedule_detail;
   if constexpr (kSchedule != SplitSchedule::walked) {
-    // No walk, no hand-off, no barrier before the first copy; and no
-    // variants' scoring (with_schedule), so no q_lens.
+    // No walk, no hand-off, no barrier before the first copy; sequences in
+    // index order (host_planned); no variants' scoring (with_schedule), so
+    // no q_lens.
     constexpr bool kSplitFastest = kSchedule == SplitSchedule::cluster;
     Piece piece = fixed_unit_piece<kSplitFastest>(p, p.num_splits);
     for (int64_t rank = blockIdx.y; rank < p.batch; rank += gridDim.y) {
-      place_fixed_piece<kSplitFastest, false>(p, rank, p.split_tokens, piece);
+      place_fixed_piece<false, false>(p, rank, p.split_tokens, piece);
       piece_body(piece);
     }
   } else {
