@@ -4,7 +4,8 @@
 
     eval "$(bash .anchors/flashinfer/setup.sh)"   # optional: FlashInfer rows (skipped with a reason without it)
     python3 tests/bench/compare_quantized.py --lib build-h200/src/libflashdecode.so.0 \
-        [--dtypes float16,bfloat16] [--shapes 1,...,10] [--parts decode,append] [--json out.json] [--plot out.png]
+        [--dtypes float16,bfloat16] [--shapes 1,...,10] [--extra BxHq/HkvxNxD[:kind],...]
+        [--parts decode,append] [--json out.json] [--plot out.png]
         [--base-lib NAME=PATH ...]
 
 Same method as compare_sdpa.py (whose helpers it imports): in one process, on
@@ -113,6 +114,7 @@ from compare_sdpa import (  # noqa: E402
     base_libraries,
     fd_tensor,
     flashdecode_calls,
+    parse_extra_shapes,
     plot,
     reference,
     rel_error,
@@ -1013,6 +1015,12 @@ def main():
     parser.add_argument("--plot", help="write a PNG of %% of the read ceiling per shape and implementation here")
     parser.add_argument("--dtypes", default="float16", help="q dtypes, comma-separated: float16, bfloat16")
     parser.add_argument("--shapes", default="1,2,3,4,5,6,7,8,9,10", help="compare_sdpa.py's shape ids, 1..10")
+    parser.add_argument(
+        "--extra",
+        default="",
+        help="more shapes, 'BxHq/HkvxNxD[:kind]' comma-separated, kind dense (default), ragged or paged "
+        "(ids 101, 102, ...; '--shapes \"\"' runs only these), e.g. 8x128/8x16384x128 for groups of 16",
+    )
     parser.add_argument("--parts", default="decode,append", help="comma-separated: decode, append, scaling")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, order alternating (median of rounds)")
@@ -1054,7 +1062,10 @@ def main():
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
     wanted = {int(x) for x in args.shapes.split(",") if x}
-    shapes = [s for s in DECODE_SHAPES if s[0] in wanted]
+    shapes = [s for s in DECODE_SHAPES if s[0] in wanted] + parse_extra_shapes(args.extra, parser)
+    for shape in shapes:
+        if shape[6] not in ("dense", "ragged", "paged"):
+            parser.error(f"--extra: {shape_label(shape)}: this script runs dense, ragged and paged caches")
     parts = {p for p in args.parts.split(",") if p}
     if args.append_kv_len < 2 or args.append_kv_len % PAGE:
         parser.error(f"--append-kv-len must be a multiple of {PAGE}")
