@@ -75,7 +75,8 @@ struct TensorCoreFamily {
 
 // 8-bit caches: the CUDA-core kernel for any q type (one for the three
 // formats, read at run time), the tensor cores for 16-bit q (standard
-// tiles, no cluster merge, a kernel per format: kFormatKernels).
+// tiles, no cluster merge, a kernel for host-planned pieces, a kernel per
+// format: kFormatKernels).
 struct CudaCoreQuantizedFamily {
   static constexpr bool kQuantized = true;
   template <class T>
@@ -99,7 +100,7 @@ struct TensorCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = false;
+  static constexpr bool kHasPlanned = true;
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -109,7 +110,7 @@ struct TensorCoreQuantizedFamily {
   struct Kernel {
     using Traits = MmaTraits<T, kBucket, MmaTiles::standard, true>;
     static constexpr auto function =
-        mma_split_kernel<T, kBucket, MmaTiles::standard, SplitSchedule::walked, kVariants, true, 1, kFormat>;
+        mma_split_kernel<T, kBucket, MmaTiles::standard, kSchedule, kVariants, true, 1, kFormat>;
   };
 };
 
