@@ -163,11 +163,11 @@ static const kernel_spec kernel_8bit_specs[] = {
      0.0, 0, 1, 1, 0, 0, "tensor-core-8bit-keys-64"},
     {"e5m2, group 4, wide per-head scales, splits", FD_DTYPE_F16, FD_DTYPE_E5M2, FDT_BHND, 2, 16, 4, 128, 5000, 16, 1,
      0, 0.0, 0, 0, 1, 0, 6, "tensor-core-8bit-keys-128"},
-    /* Every sequence at the capacity, no variants: the host plans the pieces (SplitSchedule::planned). */
+    /* Every sequence at the capacity, no variants, head_dim 128: the host plans the pieces (SplitSchedule::planned). */
     {"e4m3, group 16, host-planned pieces", FD_DTYPE_BF16, FD_DTYPE_E4M3, FDT_BNHD, 3, 32, 2, 128, 3000, 16, 1, 0, 0.0,
      0, 0, 0, 0, 0, "tensor-core-8bit-128"},
-    {"int8, group 16, head_dim 256, host-planned splits", FD_DTYPE_F16, FD_DTYPE_I8, FDT_BHND, 2, 32, 2, 256, 2500, 16,
-     1, 0, 0.0, 0, 0, 0, 0, 5, "tensor-core-8bit-256"},
+    {"int8, group 16, host-planned splits", FD_DTYPE_F16, FD_DTYPE_I8, FDT_BHND, 2, 32, 2, 128, 2500, 16, 1, 0, 0.0, 0,
+     0, 0, 0, 5, "tensor-core-8bit-128"},
 };
 
 /* kernel_8bit_specs' scales, case by case: the mode, and whether drawn over 2^-12 .. 2^12 with zeros

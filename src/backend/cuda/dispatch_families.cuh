@@ -23,8 +23,9 @@ namespace cuda {
 namespace dispatch {
 
 // A kernel family: a kernel template, the storage types it is built for,
-// whether it has a cluster-merge instantiation and one for host-planned
-// pieces (SplitSchedule, prims/schedule.cuh), whether it is built only
+// whether it has a cluster-merge instantiation, the head-dim buckets with
+// one for host-planned pieces (has_planned: SplitSchedule,
+// prims/schedule.cuh; other buckets walk the host's pieces), whether it is built only
 // with the variants' scoring, its largest head-dim bucket (larger ones have
 // no kernel: 0 resident CTAs), and the shared memory a block must be able
 // to opt into for the family to be used at all.
@@ -35,7 +36,7 @@ struct CudaCoreFamily {
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = false;
+  static constexpr bool has_planned(int) { return false; }
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -60,7 +61,7 @@ struct TensorCoreFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = kTiles != MmaTiles::compact;
-  static constexpr bool kHasPlanned = kTiles != MmaTiles::compact;
+  static constexpr bool has_planned(int) { return kTiles != MmaTiles::compact; }
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = kTiles == MmaTiles::compact ? 128 : 256;
   static constexpr int kMinSmemOptin = kTiles == MmaTiles::wide ? 200 * 1024 : 0;
@@ -75,14 +76,17 @@ struct TensorCoreFamily {
 
 // 8-bit caches: the CUDA-core kernel for any q type (one for the three
 // formats, read at run time), the tensor cores for 16-bit q (standard
-// tiles, no cluster merge, a kernel for host-planned pieces, a kernel per
-// format: kFormatKernels).
+// tiles, no cluster merge, a kernel per format: kFormatKernels). The
+// tensor-core families' host-planned kernels are built for head_dim 128
+// alone: they take 1-5% off its calls (tests/bench/policy.md, "8-bit
+// caches"), and every planned bucket of the 8-bit families costs minutes of
+// compile time a target, three formats by two q types over.
 struct CudaCoreQuantizedFamily {
   static constexpr bool kQuantized = true;
   template <class T>
   static constexpr bool kTakes = true;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = false;
+  static constexpr bool has_planned(int) { return false; }
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -100,7 +104,7 @@ struct TensorCoreQuantizedFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = true;
+  static constexpr bool has_planned(int bucket) { return bucket == 128; }
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -116,7 +120,7 @@ struct TensorCoreQuantizedFamily {
 
 // 8-bit caches with up to 8 query rows a KV head: the keys on the MMA's M,
 // the rows on its N (split_8bit_keys.cuh). No cluster merge; a kernel for
-// host-planned pieces; a kernel per format. Its pipeline stages,
+// host-planned pieces at head_dim 128 (above); a kernel per format. Its pipeline stages,
 // FD_Q8_KEYS_STAGES, are overridable at build time for A/B measurements
 // ("8-bit caches").
 #ifndef FD_Q8_KEYS_STAGES
@@ -127,7 +131,7 @@ struct TensorCoreQuantizedKeysFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = true;
+  static constexpr bool has_planned(int bucket) { return bucket == 128; }
   static constexpr bool kVariantsOnly = false;
   static constexpr int kMaxBucket = 256;
   static constexpr int kMinSmemOptin = 0;
@@ -156,7 +160,7 @@ struct TensorCoreRowsFamily {
   template <class T>
   static constexpr bool kTakes = sizeof(T) == 2;
   static constexpr bool kHasClusters = false;
-  static constexpr bool kHasPlanned = false;
+  static constexpr bool has_planned(int) { return false; }
   static constexpr bool kVariantsOnly = true;
   static constexpr int kMaxBucket = 128;
   // Two token groups: 192 KiB of stages, one CTA a multiprocessor, on sm_90
@@ -176,13 +180,28 @@ struct TensorCoreRowsFamily {
 // The 64-row kernel in two token groups (tensor_core_rows64_wide).
 using TensorCoreRows64WideFamily = TensorCoreRowsFamily<4, 2>;
 
+// Whether the family has a kernel for (bucket, schedule): the planned
+// schedule only in its has_planned buckets.
+template <class Family, int kBucket, SplitSchedule kSchedule>
+constexpr bool has_kernel = kBucket <= Family::kMaxBucket &&
+                            (kSchedule != SplitSchedule::planned || Family::has_planned(kBucket));
+
+template <class Family>
+constexpr bool has_any_planned = Family::has_planned(64) || Family::has_planned(128) || Family::has_planned(256);
+
 template <class Family, class T, int kFormat, SplitSchedule kSchedule, bool kVariants, class Body>
 auto with_bucket(int bucket, Body &&body) {
   switch (bucket) {
-    case 64: return body(typename Family::template Kernel<T, 64, kSchedule, kVariants, kFormat>{});
-    case 128: return body(typename Family::template Kernel<T, 128, kSchedule, kVariants, kFormat>{});
+    case 64:
+      if constexpr (has_kernel<Family, 64, kSchedule>)
+        return body(typename Family::template Kernel<T, 64, kSchedule, kVariants, kFormat>{});
+      break;
+    case 128:
+      if constexpr (has_kernel<Family, 128, kSchedule>)
+        return body(typename Family::template Kernel<T, 128, kSchedule, kVariants, kFormat>{});
+      break;
     case 256:
-      if constexpr (Family::kMaxBucket >= 256)
+      if constexpr (has_kernel<Family, 256, kSchedule>)
         return body(typename Family::template Kernel<T, 256, kSchedule, kVariants, kFormat>{});
       break;
     default: break;
@@ -199,7 +218,7 @@ auto with_schedule(int bucket, SplitSchedule schedule, bool variants, Body &&bod
     if (schedule == SplitSchedule::cluster && !variants)
       return with_bucket<Family, T, kFormat, SplitSchedule::cluster, false>(bucket, body);
   }
-  if constexpr (Family::kHasPlanned) {
+  if constexpr (has_any_planned<Family>) {
     if (schedule == SplitSchedule::planned && !variants)
       return with_bucket<Family, T, kFormat, SplitSchedule::planned, false>(bucket, body);
   }
@@ -219,11 +238,12 @@ auto with_schedule(int bucket, SplitSchedule schedule, bool variants, Body &&bod
 
 // The kernel a launch of the family runs: the cluster schedule for the
 // cluster merge, the planned one for the host's pieces where the family
-// has it (not with the variants' scoring), else the walked one.
+// has it for the bucket (not with the variants' scoring), else the walked
+// one, which walks the same pieces.
 template <class Family>
-SplitSchedule schedule_of(const SplitParams &split) {
+SplitSchedule schedule_of(const SplitParams &split, int bucket) {
   if (split.cluster_merge) return SplitSchedule::cluster;
-  if (Family::kHasPlanned && !split.variant_scores && host_planned(split)) return SplitSchedule::planned;
+  if (Family::has_planned(bucket) && !split.variant_scores && host_planned(split)) return SplitSchedule::planned;
   return SplitSchedule::walked;
 }
 
@@ -469,7 +489,7 @@ cudaError_t prepare_family(fd_dtype dtype, int bucket, const DeviceLimits &devic
                                   [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
       }
       // The host-planned kernel has the walked one's shape and launch bounds.
-      if (Family::kHasPlanned && err == cudaSuccess) {
+      if (Family::has_planned(bucket) && err == cudaSuccess) {
         err = with_kernel<Family>(q, kv, bucket, SplitSchedule::planned, false,
                                   [&](auto kernel) { return prepare<decltype(kernel)>(other_ctas); });
       }
@@ -488,7 +508,7 @@ cudaError_t launch_family(fd_dtype q_dtype, fd_dtype kv_dtype, int bucket, const
   // Kernels without the variants' scoring read no q_lens (sequence_q_len).
   if (split.q_lens != nullptr && !split.variant_scores)
     fail(FD_ERROR_INTERNAL, "CUDA backend: ragged query lengths need the variants' scoring");
-  return with_kernel<Family>(q_dtype, kv_dtype, bucket, schedule_of<Family>(split), split.variant_scores,
+  return with_kernel<Family>(q_dtype, kv_dtype, bucket, schedule_of<Family>(split, bucket), split.variant_scores,
                              [&](auto kernel) { return launch_split<decltype(kernel)>(split, programmatic, stream); });
 }
 
