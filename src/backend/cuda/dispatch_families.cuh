@@ -78,9 +78,9 @@ struct TensorCoreFamily {
 // formats, read at run time), the tensor cores for 16-bit q (standard
 // tiles, no cluster merge, a kernel per format: kFormatKernels). The
 // tensor-core families' host-planned kernels are built for head_dim 128
-// alone: they take 1-5% off its calls (tests/bench/policy.md, "8-bit
-// caches"), and every planned bucket of the 8-bit families costs minutes of
-// compile time a target, three formats by two q types over.
+// alone, where their gain is (tests/bench/policy.md, "Kernel variants as
+// template parameters"): every planned bucket of the 8-bit families adds
+// six kernels (three formats, two q types) to the slowest translation units.
 struct CudaCoreQuantizedFamily {
   static constexpr bool kQuantized = true;
   template <class T>
