@@ -25,10 +25,10 @@ namespace dispatch {
 // A kernel family: a kernel template, the storage types it is built for,
 // whether it has a cluster-merge instantiation, the head-dim buckets with
 // one for host-planned pieces (has_planned: SplitSchedule,
-// prims/schedule.cuh; other buckets walk the host's pieces), whether it is built only
-// with the variants' scoring, its largest head-dim bucket (larger ones have
-// no kernel: 0 resident CTAs), and the shared memory a block must be able
-// to opt into for the family to be used at all.
+// prims/schedule.cuh; other buckets walk the host's pieces), whether it is
+// built only with the variants' scoring, its largest head-dim bucket
+// (larger ones have no kernel: 0 resident CTAs), and the shared memory a
+// block must be able to opt into for the family to be used at all.
 // T is the storage type of q (and, but for the 8-bit families, of K/V);
 // kQuantized families read 8-bit caches of any of the three formats.
 struct CudaCoreFamily {
@@ -120,9 +120,9 @@ struct TensorCoreQuantizedFamily {
 
 // 8-bit caches with up to 8 query rows a KV head: the keys on the MMA's M,
 // the rows on its N (split_8bit_keys.cuh). No cluster merge; a kernel for
-// host-planned pieces at head_dim 128 (above); a kernel per format. Its pipeline stages,
-// FD_Q8_KEYS_STAGES, are overridable at build time for A/B measurements
-// ("8-bit caches").
+// host-planned pieces at head_dim 128 (above); a kernel per format. Its
+// pipeline stages, FD_Q8_KEYS_STAGES, are overridable at build time for
+// A/B measurements ("8-bit caches").
 #ifndef FD_Q8_KEYS_STAGES
 #define FD_Q8_KEYS_STAGES 2
 #endif
